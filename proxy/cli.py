@@ -1,0 +1,181 @@
+"""`settle-proxy` / `python -m proxy`: run the proxy in front of `opencode serve`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from aiohttp import BasicAuth, web
+from yarl import URL
+
+from proxy import __version__
+from proxy.app import create_app
+from proxy.config import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_UPSTREAM, DEFAULT_USERNAME, Settings
+
+log = logging.getLogger("proxy")
+
+_DESCRIPTION = """\
+A reverse proxy for `opencode serve`. Everything is forwarded unchanged, except that in
+message views (v1 /session/{id}/message..., v2 /api/session/{id}/message...) a tool part
+still "running" in a session the server says is not active -- left behind by a crashed
+server -- is shown settled, in the shape opencode writes for an interrupted tool.
+
+Every flag can also be set by the environment variable named in its help. For its own
+liveness look-ups the proxy uses the client's credentials; when a client sends none it uses
+OPENCODE_SERVER_PASSWORD (user OPENCODE_SERVER_USERNAME, default "opencode"). It never
+answers a client with data the upstream refused that client.
+"""
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """A bad flag gets one clear line on stderr, not the whole usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def _typed(parse: Callable[[str], object], what: str) -> Callable[[str], object]:
+    def convert(text: str) -> object:
+        try:
+            return parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what}, got {text!r}") from None
+
+    return convert
+
+
+def _upstream(text: str) -> URL:
+    url = URL(text)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(text)
+    return url
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise ValueError(text)
+    return port
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface; defaults come from the environment."""
+    parser = _OneLineParser(
+        prog="settle-proxy", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--upstream",
+        type=_typed(_upstream, "an http(s) URL such as http://127.0.0.1:4096"),
+        default=_env("SETTLE_UPSTREAM", DEFAULT_UPSTREAM),
+        help="the opencode server to proxy [SETTLE_UPSTREAM, default %(default)s]",
+    )
+    parser.add_argument(
+        "--host",
+        default=_env("SETTLE_HOST", DEFAULT_HOST),
+        help="address to listen on; anything but loopback is warned about [SETTLE_HOST, default %(default)s]",
+    )
+    parser.add_argument(
+        "--port",
+        type=_typed(_port, "a port number from 0 to 65535"),
+        default=_env("SETTLE_PORT", str(DEFAULT_PORT)),
+        help="port to listen on [SETTLE_PORT, default %(default)s]",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=_typed(float, "a number of seconds"),
+        default=_env("SETTLE_CONNECT_TIMEOUT", "10"),
+        help="seconds to connect upstream before answering 502 [SETTLE_CONNECT_TIMEOUT, default %(default)s]",
+    )
+    parser.add_argument(
+        "--liveness-timeout",
+        type=_typed(float, "a number of seconds"),
+        default=_env("SETTLE_LIVENESS_TIMEOUT", "5"),
+        help="seconds a liveness look-up may take before a body is passed on unchanged "
+        "[SETTLE_LIVENESS_TIMEOUT, default %(default)s]",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default=_env("SETTLE_LOG_LEVEL", "info"),
+        help="how much to log [SETTLE_LOG_LEVEL, default %(default)s]",
+    )
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """Settings from parsed flags and the opencode credentials in the environment."""
+    password = os.environ.get("OPENCODE_SERVER_PASSWORD")
+    username = os.environ.get("OPENCODE_SERVER_USERNAME") or DEFAULT_USERNAME
+    return Settings(
+        upstream=args.upstream,
+        host=args.host,
+        port=args.port,
+        credentials=BasicAuth(username, password) if password else None,
+        connect_timeout=args.connect_timeout,
+        liveness_timeout=args.liveness_timeout,
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def serve(settings: Settings) -> None:
+    """Serve until cancelled. Handlers are cancelled when their client goes away, which
+    closes the matching upstream request (an abandoned event stream must not live on)."""
+    runner = web.AppRunner(create_app(settings), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, settings.host, settings.port).start()
+        log.info(
+            "settle-proxy %s on http://%s:%d -> %s",
+            __version__,
+            settings.host,
+            settings.port,
+            settings.upstream_origin,
+        )
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop  # noqa: PLC0415 - optional speed-up
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the console script and of `python -m proxy`."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = settings_from(args)
+    if not _is_loopback(settings.host):
+        log.warning("listening on %s: clients beyond this machine can reach the proxy", settings.host)
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(serve(settings))
+    except KeyboardInterrupt:
+        pass
+    except OSError as error:
+        sys.exit(f"settle-proxy: error: cannot listen on {settings.host}:{settings.port}: {error.strerror}")

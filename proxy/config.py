@@ -1,0 +1,37 @@
+"""The proxy's settings: one immutable object built by the CLI or by an embedding app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import BasicAuth
+from yarl import URL
+
+DEFAULT_UPSTREAM = "http://127.0.0.1:4096"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 4097
+DEFAULT_USERNAME = "opencode"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the application needs to know; nothing here is read from the environment."""
+
+    upstream: URL
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    credentials: BasicAuth | None = None
+    """Used for the proxy's own liveness look-ups when the client sent none (never for clients)."""
+    connect_timeout: float = 10.0
+    """Seconds to open an upstream connection before answering 502."""
+    liveness_timeout: float = 5.0
+    """Seconds a liveness look-up may take; past it the body is passed on unchanged."""
+
+    def __post_init__(self) -> None:
+        if self.upstream.scheme not in ("http", "https") or not self.upstream.host:
+            raise ValueError(f"upstream must be an http(s) URL with a host, got {self.upstream}")
+
+    @property
+    def upstream_origin(self) -> URL:
+        """The upstream without credentials or path: safe to show in errors and logs."""
+        return self.upstream.origin()

@@ -1,0 +1,19 @@
+"""Errors the proxy answers itself, always as JSON a client can show."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from yarl import URL
+
+
+def bad_gateway(upstream: URL, error: BaseException) -> web.Response:
+    """502 saying which upstream failed and why (the URL carries no credentials)."""
+    reason = str(error) or type(error).__name__
+    return web.json_response(
+        {
+            "error": "bad_gateway",
+            "message": f"upstream {upstream} is unreachable: {reason}",
+            "upstream": str(upstream),
+        },
+        status=502,
+    )

@@ -1,0 +1,59 @@
+"""Header hygiene for a reverse proxy (RFC 9110 §7.6.1), in the manner of Go's httputil.
+
+Hop-by-hop headers describe one connection and must not be forwarded; the `X-Forwarded-*`
+headers tell the upstream who the client is and which host and scheme it used, which
+opencode needs to build pagination links that point at the proxy rather than at itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from aiohttp import hdrs, web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+HOP_BY_HOP = frozenset(
+    header.lower()
+    for header in (
+        hdrs.CONNECTION,
+        hdrs.KEEP_ALIVE,
+        hdrs.PROXY_AUTHENTICATE,
+        hdrs.PROXY_AUTHORIZATION,
+        hdrs.TE,
+        hdrs.TRAILER,
+        hdrs.TRANSFER_ENCODING,
+        hdrs.UPGRADE,
+        "Proxy-Connection",
+    )
+)
+
+
+def end_to_end(
+    headers: CIMultiDictProxy[str] | CIMultiDict[str], drop: Iterable[str] = ()
+) -> CIMultiDict[str]:
+    """Return `headers` without hop-by-hop ones, those named in `Connection`, and `drop`."""
+    named = {
+        token.strip().lower() for value in headers.getall(hdrs.CONNECTION, ()) for token in value.split(",")
+    }
+    excluded = HOP_BY_HOP | named | {name.lower() for name in drop}
+    return CIMultiDict((name, value) for name, value in headers.items() if name.lower() not in excluded)
+
+
+def upstream_request_headers(request: web.Request) -> CIMultiDict[str]:
+    """Headers to send upstream for `request`: end-to-end ones plus `X-Forwarded-*`.
+
+    `Host` is kept as the client sent it (as nginx's `proxy_set_header Host $host`) so the
+    links opencode builds from it lead back through the proxy.
+    """
+    headers = end_to_end(request.headers, drop=(hdrs.CONTENT_LENGTH,) if not request.body_exists else ())
+    peer = request.remote or ""
+    prior = request.headers.get(hdrs.X_FORWARDED_FOR)
+    headers[hdrs.X_FORWARDED_FOR] = f"{prior}, {peer}" if prior else peer
+    headers.setdefault(hdrs.X_FORWARDED_PROTO, request.scheme)
+    headers.setdefault(hdrs.X_FORWARDED_HOST, request.host)
+    return headers
+
+
+def client_response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """Headers to send the client: end-to-end ones; framing is decided by the proxy."""
+    return end_to_end(headers, drop=(hdrs.CONTENT_LENGTH,))

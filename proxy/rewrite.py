@@ -1,0 +1,135 @@
+"""Rewrite a message-view body: run the rules and splice only the changed messages in.
+
+Clients fetch long histories; re-serializing a whole body to change one message would cost
+time and would reformat bytes no rule touched. Each changed message is located in the
+original bytes and replaced there; the location is verified before it is trusted, and when
+it cannot be proven the whole document is re-serialized instead (same meaning, new bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.routes import MessageRoute
+from rules import DEFAULT_RULES, OPEN_STATUSES, Api, Change, Liveness, Rule, Settlement, settle
+
+_NEEDLES = {
+    api: tuple(b'"' + status.encode() + b'"' for status in statuses)
+    for api, statuses in OPEN_STATUSES.items()
+}
+_DECODER = json.JSONDecoder()
+
+
+class NotAMessageView(ValueError):
+    """The body is not JSON of the route's shape; it is passed on unchanged."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rewritten:
+    """A rewritten body and the changes that went into it."""
+
+    body: bytes
+    changes: tuple[Change, ...]
+    spliced: bool
+    """False when the changed messages could not be located and the body was re-serialized."""
+
+    @property
+    def settled_parts(self) -> int:
+        """How many tool parts were settled (message-level changes are not counted)."""
+        return sum(1 for change in self.changes if change.path and change.path[0] in ("parts", "content"))
+
+
+def mentions_open_status(body: bytes, api: Api) -> bool:
+    """A byte scan that rules out most bodies before any parse or liveness look-up."""
+    return any(needle in body for needle in _NEEDLES[api])
+
+
+def rewrite(
+    body: bytes, route: MessageRoute, liveness: Liveness, rules: Sequence[Rule] = DEFAULT_RULES
+) -> Rewritten | None:
+    """Return the settled body, or None when no rule changes anything."""
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise NotAMessageView(f"body is not JSON: {error}") from error
+    messages = _messages(document, route)
+    settlements = [
+        (index, settle(message, route.api, liveness, rules)) for index, message in enumerate(messages)
+    ]
+    changed = [(index, found) for index, found in settlements if found is not None]
+    if not changed:
+        return None
+    changes = tuple(change for _, found in changed for change in found.changes)
+    spliced = _splice(body, [(messages[index], found) for index, found in changed], route.api)
+    if spliced is not None:
+        return Rewritten(spliced, changes, spliced=True)
+    for index, found in changed:
+        messages[index] = found.message
+    return Rewritten(orjson.dumps(_rebuild(document, route, messages)), changes, spliced=False)
+
+
+def _messages(document: Any, route: MessageRoute) -> list[Any]:
+    container = document.get("data") if route.api is Api.V2 and isinstance(document, dict) else document
+    if route.single and isinstance(container, dict):
+        return [container]
+    if not route.single and isinstance(container, list):
+        return list(container)
+    raise NotAMessageView(
+        f"{route.api} {'message' if route.single else 'message list'} has an unexpected shape"
+    )
+
+
+def _rebuild(document: Any, route: MessageRoute, messages: list[Any]) -> Any:
+    container: Any = messages[0] if route.single else messages
+    return {**document, "data": container} if route.api is Api.V2 else container
+
+
+def _splice(body: bytes, changed: list[tuple[Any, Settlement]], api: Api) -> bytes | None:
+    spans = []
+    for original, found in changed:
+        span = _locate(body, original, api)
+        if span is None:
+            return None
+        spans.append((span, orjson.dumps(found.message)))
+    pieces, cursor = [], 0
+    for (start, end), replacement in sorted(spans):
+        pieces += [body[cursor:start], replacement]
+        cursor = end
+    pieces.append(body[cursor:])
+    return b"".join(pieces)
+
+
+def _locate(body: bytes, message: Any, api: Api) -> tuple[int, int] | None:
+    """Find the byte span of `message` in `body`, proven by comparing what is there."""
+    identifier = message["info"]["id"] if api is Api.V1 else message["id"]
+    anchor = _anchor(api, orjson.dumps(identifier))
+    compact = orjson.dumps(message)
+    for found in anchor.finditer(body):
+        start = found.start()
+        if body.startswith(compact, start):
+            return start, start + len(compact)
+        end = _decoded_end(body, start, message)
+        if end is not None:
+            return start, end
+    return None
+
+
+def _anchor(api: Api, identifier: bytes) -> re.Pattern[bytes]:
+    prefix = rb'\{\s*"info"\s*:\s*\{\s*"id"\s*:\s*' if api is Api.V1 else rb'\{\s*"id"\s*:\s*'
+    return re.compile(prefix + re.escape(identifier))
+
+
+def _decoded_end(body: bytes, start: int, message: Any) -> int | None:
+    """The end of the JSON value at `start` if it equals `message` (for non-compact bodies)."""
+    tail = body[start:].decode("utf-8", errors="strict")
+    try:
+        value, end = _DECODER.raw_decode(tail)
+    except ValueError:
+        return None
+    return start + len(tail[:end].encode()) if value == message else None

@@ -1,0 +1,37 @@
+"""Which upstream routes return message views the rules check, and how their bodies are shaped."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rules import Api
+
+_MESSAGE_ROUTES = (
+    (Api.V2, re.compile(r"^/api/session/(?P<session>[^/]+)/message(?:/(?P<message>[^/]+))?/?$")),
+    (Api.V1, re.compile(r"^/session/(?P<session>[^/]+)/message(?:/(?P<message>[^/]+))?/?$")),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRoute:
+    """A message view: of which runtime, which session, and one message or a list.
+
+    Body shapes: v1 list `[{info, parts}]`, v1 single `{info, parts}`; v2 list
+    `{"data": [message], "cursor": {...}}`, v2 single `{"data": message}`.
+    """
+
+    api: Api
+    session_id: str
+    single: bool
+
+
+def match_message_route(method: str, path: str) -> MessageRoute | None:
+    """Return the message view `path` names, or None for every other route."""
+    if method != "GET":
+        return None
+    for api, pattern in _MESSAGE_ROUTES:
+        found = pattern.match(path)
+        if found:
+            return MessageRoute(api, found["session"], single=found["message"] is not None)
+    return None

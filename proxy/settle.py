@@ -1,0 +1,91 @@
+"""The `settle` addon: message views are made to agree with the server's liveness.
+
+A body is only parsed when a byte scan finds an open tool status in it, and only after a
+liveness reading taken once the whole body has arrived says the session is inactive. Any
+doubt leaves the body exactly as the upstream sent it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import ClassVar
+
+from aiohttp import hdrs
+
+from proxy.addons import Addon, Flow
+from proxy.liveness import LivenessProbe, LivenessUnknown
+from proxy.rewrite import NotAMessageView, mentions_open_status, rewrite
+from proxy.routes import MessageRoute, match_message_route
+from rules import DEFAULT_RULES, Rule, UnexpectedShape
+
+log = logging.getLogger(__name__)
+
+SETTLED_HEADER = "X-Settle-Settled"
+RULES_HEADER = "X-Settle-Rules"
+_VALIDATORS = (hdrs.ETAG, hdrs.LAST_MODIFIED, "Content-MD5")
+
+
+class Settle(Addon):
+    """Rewrite orphaned tool parts in message views of inactive sessions."""
+
+    name: ClassVar[str] = "settle"
+
+    def __init__(self, probe: LivenessProbe, rules: Sequence[Rule] = DEFAULT_RULES) -> None:
+        self._probe = probe
+        self._rules = rules
+        self._reported: set[tuple[str, str]] = set()
+
+    async def request_headers(self, flow: Flow) -> None:
+        if _route(flow) is not None:
+            # The body must be readable to be checked; an uncompressed answer costs nothing on loopback.
+            flow.upstream_headers[hdrs.ACCEPT_ENCODING] = "identity"
+
+    async def response_headers(self, flow: Flow) -> None:
+        if _route(flow) is None or flow.status != 200:
+            return
+        content_type = flow.response_headers.get(hdrs.CONTENT_TYPE, "")
+        encoded = flow.response_headers.get(hdrs.CONTENT_ENCODING, "identity").lower() != "identity"
+        flow.read_body = content_type.startswith("application/json") and not encoded
+
+    async def response(self, flow: Flow) -> None:
+        route = _route(flow)
+        if route is None or not mentions_open_status(flow.body, route.api):
+            return
+        try:
+            liveness = await self._probe.read(route, flow.request)
+            rewritten = rewrite(flow.body, route, liveness, self._rules)
+        except LivenessUnknown as error:
+            log.warning("liveness of %s unknown, body passed on unchanged: %s", route.session_id, error)
+            return
+        except (NotAMessageView, UnexpectedShape) as error:
+            self._report_once(route, str(error))
+            return
+        if rewritten is None:
+            return
+        for change in rewritten.changes:
+            log.info(
+                "settled rule=%s api=%s session=%s path=%s reason=%s",
+                change.rule,
+                route.api,
+                route.session_id,
+                "/".join(map(str, change.path)),
+                change.reason,
+            )
+        flow.body = rewritten.body
+        for name in _VALIDATORS:
+            flow.response_headers.popall(name, None)
+        flow.response_headers[SETTLED_HEADER] = str(rewritten.settled_parts)
+        flow.response_headers[RULES_HEADER] = ",".join(
+            dict.fromkeys(change.rule for change in rewritten.changes)
+        )
+
+    def _report_once(self, route: MessageRoute, problem: str) -> None:
+        key = (route.session_id, problem)
+        if key not in self._reported:
+            self._reported.add(key)
+            log.warning("session %s: %s; body passed on unchanged", route.session_id, problem)
+
+
+def _route(flow: Flow) -> MessageRoute | None:
+    return match_message_route(flow.request.method, flow.request.path)

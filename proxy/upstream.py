@@ -1,0 +1,36 @@
+"""The one upstream `ClientSession` the application owns, and the keys to find it.
+
+A single session keeps upstream connections alive across requests. It never decompresses
+(bodies pass through under their own `Content-Encoding`), never keeps cookies (they belong
+to the clients, not to the proxy) and never adds headers the client did not send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import hdrs, web
+
+from proxy.config import Settings
+
+SETTINGS = web.AppKey("settings", Settings)
+UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
+
+_READ_BUFFER = 2**18
+
+
+async def upstream_session(app: web.Application) -> AsyncIterator[None]:
+    """`cleanup_ctx` entry: open the upstream session at start-up, close it at shutdown."""
+    settings = app[SETTINGS]
+    timeout = aiohttp.ClientTimeout(total=None, connect=settings.connect_timeout)
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
+        timeout=timeout,
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=(hdrs.USER_AGENT, hdrs.ACCEPT, hdrs.ACCEPT_ENCODING),
+        read_bufsize=_READ_BUFFER,
+    ) as session:
+        app[UPSTREAM] = session
+        yield

@@ -1,0 +1,86 @@
+"""Relay a WebSocket (opencode's PTYs: `GET /pty/{id}/connect`) between client and upstream.
+
+The upstream handshake happens first, so a refusal (401, 404) reaches the client as the
+upstream's own HTTP answer. Each side answers its own pings; data frames and the close
+code are relayed, and when either side goes away the other is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from aiohttp import WSMsgType, hdrs, web
+from yarl import URL
+
+from proxy.errors import bad_gateway
+from proxy.headers import upstream_request_headers
+from proxy.upstream import SETTINGS, UPSTREAM
+
+_HANDSHAKE_HEADERS = (
+    "Sec-WebSocket-Key",
+    "Sec-WebSocket-Version",
+    "Sec-WebSocket-Extensions",
+    "Sec-WebSocket-Protocol",
+)
+_PASSED_ON_REFUSAL = (hdrs.WWW_AUTHENTICATE, hdrs.CONTENT_TYPE)
+
+
+def is_websocket_upgrade(request: web.Request) -> bool:
+    """Whether the client asks to switch this request to the WebSocket protocol."""
+    connection = {token.strip().lower() for token in request.headers.get(hdrs.CONNECTION, "").split(",")}
+    return "upgrade" in connection and request.headers.get(hdrs.UPGRADE, "").lower() == "websocket"
+
+
+async def relay_websocket(request: web.Request, url: URL) -> web.StreamResponse:
+    """Open the upstream WebSocket, then accept the client's and pump frames both ways."""
+    protocols = tuple(
+        p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()
+    )
+    headers = upstream_request_headers(request)
+    for name in _HANDSHAKE_HEADERS:
+        headers.popall(name, None)
+    try:
+        upstream = await request.app[UPSTREAM].ws_connect(
+            url, headers=headers, protocols=protocols, max_msg_size=0
+        )
+    except aiohttp.WSServerHandshakeError as refusal:
+        passed = {
+            name: refusal.headers[name]
+            for name in _PASSED_ON_REFUSAL
+            if refusal.headers and name in refusal.headers
+        }
+        return web.Response(status=refusal.status, text=refusal.message, headers=passed)
+    except (aiohttp.ClientConnectionError, TimeoutError) as error:
+        return bad_gateway(request.app[SETTINGS].upstream_origin, error)
+    async with upstream:
+        client = web.WebSocketResponse(
+            protocols=(upstream.protocol,) if upstream.protocol else (), max_msg_size=0
+        )
+        await client.prepare(request)
+        await _pump_both_ways(client, upstream)
+        return client
+
+
+async def _pump_both_ways(client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse) -> None:
+    async with asyncio.TaskGroup() as group:
+        to_upstream = group.create_task(_pump(client, upstream))
+        to_client = group.create_task(_pump(upstream, client))
+        done, _ = await asyncio.wait((to_upstream, to_client), return_when=asyncio.FIRST_COMPLETED)
+        for task in (to_upstream, to_client):
+            if task not in done:
+                task.cancel()
+    code = upstream.close_code or client.close_code or aiohttp.WSCloseCode.OK
+    await client.close(code=code)
+    await upstream.close(code=code)
+
+
+async def _pump(
+    source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+    sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+) -> None:
+    async for message in source:
+        if message.type is WSMsgType.TEXT:
+            await sink.send_str(message.data)
+        elif message.type is WSMsgType.BINARY:
+            await sink.send_bytes(message.data)

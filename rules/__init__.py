@@ -1,0 +1,30 @@
+"""Pure consistency rules: opencode message views checked against the server's liveness.
+
+Nothing here performs I/O or knows about HTTP or SQLite, so the same rules serve the proxy,
+write-back, the offline `settle` command and any other framework.
+"""
+
+from rules.changes import Change, apply_changes, merge_patch
+from rules.engine import Settlement, UnexpectedShape, settle
+from rules.liveness import Liveness
+from rules.models import Api, Message, V1Message, V2Message
+from rules.registry import DEFAULT_RULES
+from rules.rule import Rule
+from rules.tools import OPEN_STATUSES
+
+__all__ = [
+    "DEFAULT_RULES",
+    "OPEN_STATUSES",
+    "Api",
+    "Change",
+    "Liveness",
+    "Message",
+    "Rule",
+    "Settlement",
+    "UnexpectedShape",
+    "V1Message",
+    "V2Message",
+    "apply_changes",
+    "merge_patch",
+    "settle",
+]

@@ -1,0 +1,87 @@
+"""Facts about tool parts shared by the rules: which are open, and when to say they ended.
+
+The server died at an unknown moment, so every timestamp a rule writes is derived from the
+part itself: the last moment the part is known to have been alive. That keeps rules pure
+and makes the value stable: every fetch, every proxy instance and a later write-back agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rules.models import Api, Message, V1Message
+
+OPEN_STATUSES: Mapping[Api, frozenset[str]] = {
+    Api.V1: frozenset({"pending", "running"}),
+    Api.V2: frozenset({"streaming", "running"}),
+}
+
+
+def has_open_tool(raw_message: Any, api: Api) -> bool:
+    """Cheap check on the raw JSON, so only candidate messages are validated into models."""
+    if not isinstance(raw_message, Mapping):
+        return False
+    items = raw_message.get("parts" if api is Api.V1 else "content")
+    if not isinstance(items, list):
+        return False
+    open_statuses = OPEN_STATUSES[api]
+    for item in items:
+        state = item.get("state") if isinstance(item, Mapping) else None
+        if isinstance(state, Mapping) and state.get("status") in open_statuses:
+            return True
+    return False
+
+
+def open_tool_indexes(message: Message) -> list[int]:
+    """Positions of the tool items of `message` whose status is still open."""
+    if isinstance(message, V1Message):
+        statuses = [
+            part.state.status if part.type == "tool" and part.state else None for part in message.parts
+        ]
+        open_statuses = OPEN_STATUSES[Api.V1]
+    else:
+        statuses = [
+            item.state.status if item.type == "tool" and item.state else None for item in message.content
+        ]
+        open_statuses = OPEN_STATUSES[Api.V2]
+    return [index for index, status in enumerate(statuses) if status in open_statuses]
+
+
+def tool_settled_at(message: Message, index: int) -> int:
+    """The end time to record for the open tool at `index`: its last known sign of life."""
+    if isinstance(message, V1Message):
+        state = message.parts[index].state
+        start = state.time.start if state is not None and state.time is not None else None
+        return start if start is not None else message.info.time.created
+    time = message.content[index].time
+    known = [] if time is None else [t for t in (time.ran, time.created) if t is not None]
+    return max(known, default=message.time.created)
+
+
+def message_settled_at(message: Message) -> int:
+    """The completion time to record for a message: when its last open tool is settled."""
+    created = message.info.time.created if isinstance(message, V1Message) else message.time.created
+    return max((tool_settled_at(message, index) for index in open_tool_indexes(message)), default=created)
+
+
+def message_completed(message: Message) -> bool:
+    """Whether the server already recorded the message as finished."""
+    time = message.info.time if isinstance(message, V1Message) else message.time
+    return time.completed is not None
+
+
+def is_assistant(message: Message) -> bool:
+    """Only assistant messages run tools; user messages never carry a completion time."""
+    return message.info.role == "assistant" if isinstance(message, V1Message) else message.type == "assistant"
+
+
+__all__ = [
+    "OPEN_STATUSES",
+    "has_open_tool",
+    "is_assistant",
+    "message_completed",
+    "message_settled_at",
+    "open_tool_indexes",
+    "tool_settled_at",
+]

@@ -1,0 +1,137 @@
+"""Pass-through: everything that is not a message view reaches the client as the upstream sent it."""
+
+import asyncio
+import gzip
+import socket
+from collections.abc import AsyncIterator
+
+import orjson
+from yarl import URL
+
+from proxy.app import create_app
+from proxy.config import Settings
+from tests.proxy.conftest import ProxyClient
+from tests.proxy.fake_opencode import FakeOpencode
+
+
+async def test_method_path_query_and_body_are_forwarded(proxy: ProxyClient) -> None:
+    exact = URL(f"http://127.0.0.1:{proxy.port}/echo?a=1&b=%2F", encoded=True)
+    response = await proxy.session.post(exact, data=b"payload", headers={"Authorization": "Basic eA=="})
+    echoed = await response.json()
+    assert echoed["method"] == "POST"
+    assert echoed["path_qs"] == "/echo?a=1&b=%2F"
+    assert echoed["body"] == "payload"
+    assert echoed["headers"]["Authorization"] == "Basic eA=="
+
+
+async def test_request_body_is_streamed_in_chunks(proxy: ProxyClient) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        for piece in (b"one ", b"two ", b"three"):
+            yield piece
+            await asyncio.sleep(0.01)
+
+    response = await proxy.put("/echo", data=chunks())
+    assert (await response.json())["body"] == "one two three"
+
+
+async def test_hop_by_hop_headers_are_dropped_both_ways(proxy: ProxyClient) -> None:
+    response = await proxy.get(
+        "/echo",
+        headers={
+            "Connection": "keep-alive, X-Secret-Hop",
+            "X-Secret-Hop": "1",
+            "Proxy-Authorization": "x",
+            "TE": "trailers",
+            "X-Kept": "y",
+        },
+    )
+    sent = (await response.json())["headers"]
+    assert "X-Secret-Hop" not in sent
+    assert "Proxy-Authorization" not in sent
+    assert "TE" not in sent
+    assert sent["X-Kept"] == "y"
+    assert "X-Hop" not in response.headers
+    assert response.headers["X-End"] == "2"
+
+
+async def test_forwarded_headers_point_back_at_the_proxy(proxy: ProxyClient) -> None:
+    response = await proxy.get("/echo", headers={"X-Forwarded-For": "10.1.1.1"})
+    sent = (await response.json())["headers"]
+    assert sent["X-Forwarded-For"] == "10.1.1.1, 127.0.0.1"
+    assert sent["X-Forwarded-Proto"] == "http"
+    assert sent["X-Forwarded-Host"] == sent["Host"] == f"127.0.0.1:{proxy.port}"
+
+
+async def test_no_headers_are_invented(proxy: ProxyClient) -> None:
+    response = await proxy.get("/echo", skip_auto_headers=("Accept-Encoding", "Accept", "User-Agent"))
+    sent = (await response.json())["headers"]
+    assert "Accept-Encoding" not in sent
+    assert "User-Agent" not in sent
+
+
+async def test_compressed_body_passes_through_with_its_encoding(proxy: ProxyClient) -> None:
+    response = await proxy.get("/gzip", headers={"Accept-Encoding": "gzip"}, auto_decompress=False)
+    body = await response.read()
+    assert response.headers["Content-Encoding"] == "gzip"
+    assert int(response.headers["Content-Length"]) == len(body)
+    assert orjson.loads(gzip.decompress(body))["big"] == "x" * 2048
+
+
+async def test_message_views_are_fetched_uncompressed(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    fake.bodies["/api/session/s/message"] = b'{"data":[]}'
+    response = await proxy.get("/api/session/s/message", headers={"Accept-Encoding": "gzip, zstd"})
+    assert await response.read() == b'{"data":[]}'
+    assert fake.seen[-1].headers["Accept-Encoding"] == "identity"
+
+
+async def test_sse_arrives_event_by_event(proxy: ProxyClient) -> None:
+    response = await proxy.get("/events?count=3&gap=0.3")
+    assert response.headers["Content-Type"] == "text/event-stream"
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    first = await response.content.readuntil(b"\n\n")
+    assert first == b"data: 0\n\n"
+    assert loop.time() - started < 0.25, "the first event must not wait for the rest"
+    assert await response.read() == b"data: 1\n\ndata: 2\n\n"
+
+
+async def test_websocket_is_relayed_both_ways(proxy: ProxyClient) -> None:
+    async with proxy.ws_connect("/pty/pty_1/connect") as ws:
+        await ws.send_str("echo hi")
+        assert (await ws.receive_str()) == "echo:echo hi"
+        await ws.send_bytes(b"\x01\x02")
+        assert (await ws.receive_bytes()) == b"\x02\x01"
+
+
+async def test_refused_websocket_handshake_reaches_the_client(proxy: ProxyClient) -> None:
+    response = await proxy.get(
+        "/api/nothing",
+        headers={
+            "Connection": "Upgrade",
+            "Upgrade": "websocket",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            "Sec-WebSocket-Version": "13",
+        },
+    )
+    assert response.status == 404
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_unreachable_upstream_is_a_json_502(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    upstream = URL(f"http://127.0.0.1:{_free_port()}")
+    client: ProxyClient = await aiohttp_client(create_app(Settings(upstream=upstream)))
+    response = await client.get("/api/session/active")
+    assert response.status == 502
+    error = await response.json()
+    assert error["upstream"] == str(upstream)
+    assert str(upstream) in error["message"]
+
+
+async def test_upstream_status_and_headers_pass(proxy: ProxyClient) -> None:
+    response = await proxy.get("/missing/thing")
+    assert response.status == 404
