@@ -11,12 +11,19 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from aiohttp import BasicAuth, web
+from aiohttp import web
 from yarl import URL
 
 from proxy import __version__
 from proxy.app import create_app
-from proxy.config import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_UPSTREAM, DEFAULT_USERNAME, Settings
+from proxy.config import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEFAULT_UPSTREAM,
+    DEFAULT_USERNAME,
+    Settings,
+    basic_authorization,
+)
 
 log = logging.getLogger("proxy")
 
@@ -121,7 +128,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         upstream=args.upstream,
         host=args.host,
         port=args.port,
-        credentials=BasicAuth(username, password) if password else None,
+        authorization=basic_authorization(username, password) if password else None,
         connect_timeout=args.connect_timeout,
         liveness_timeout=args.liveness_timeout,
     )

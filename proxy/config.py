@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import base64
+from dataclasses import dataclass, field
 
-from aiohttp import BasicAuth
 from yarl import URL
 
 DEFAULT_UPSTREAM = "http://127.0.0.1:4096"
@@ -20,8 +20,8 @@ class Settings:
     upstream: URL
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
-    credentials: BasicAuth | None = None
-    """Used for the proxy's own liveness look-ups when the client sent none (never for clients)."""
+    authorization: str | None = field(default=None, repr=False)
+    """`Authorization` for the proxy's own look-ups when a client sent none; never sent for clients."""
     connect_timeout: float = 10.0
     """Seconds to open an upstream connection before answering 502."""
     liveness_timeout: float = 5.0
@@ -35,3 +35,8 @@ class Settings:
     def upstream_origin(self) -> URL:
         """The upstream without credentials or path: safe to show in errors and logs."""
         return self.upstream.origin()
+
+
+def basic_authorization(username: str, password: str) -> str:
+    """The `Authorization` header value opencode's HTTP Basic auth expects."""
+    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode("ascii")

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import BasicAuth, hdrs, web
+from aiohttp import hdrs, web
 
 from proxy.config import Settings
 from proxy.routes import MessageRoute
@@ -40,13 +40,13 @@ class Credentials:
     params: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def for_request(cls, request: web.Request, fallback: BasicAuth | None) -> Credentials:
+    def for_request(cls, request: web.Request, fallback: str | None) -> Credentials:
         if authorization := request.headers.get(hdrs.AUTHORIZATION):
             return cls(headers={hdrs.AUTHORIZATION: authorization})
         if token := request.query.get(AUTH_TOKEN_PARAM):
             return cls(params={AUTH_TOKEN_PARAM: token})
         if fallback is not None:
-            return cls(headers={hdrs.AUTHORIZATION: fallback.encode()})
+            return cls(headers={hdrs.AUTHORIZATION: fallback})
         return cls()
 
 
@@ -80,7 +80,7 @@ class LivenessProbe:
 
     async def read(self, route: MessageRoute, request: web.Request) -> Liveness:
         """A fresh reading for the route's session; raises `LivenessUnknown` when in doubt."""
-        credentials = Credentials.for_request(request, self._settings.credentials)
+        credentials = Credentials.for_request(request, self._settings.authorization)
         try:
             async with asyncio.timeout(self._settings.liveness_timeout):
                 if route.api is Api.V2:
