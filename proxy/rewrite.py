@@ -75,7 +75,10 @@ def rewrite(
 
 
 def _messages(document: Any, route: MessageRoute) -> list[Any]:
-    container = document.get("data") if route.api is Api.V2 and isinstance(document, dict) else document
+    if route.api is Api.V2:
+        container = document.get("data") if isinstance(document, dict) else None
+    else:
+        container = document
     if route.single and isinstance(container, dict):
         return [container]
     if not route.single and isinstance(container, list):

@@ -1,0 +1,120 @@
+"""The body splicer: only changed messages get new bytes, and only where that is proven safe."""
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.rewrite import NotAMessageView, mentions_open_status, rewrite
+from proxy.routes import MessageRoute, match_message_route
+from rules import Api, Liveness, settle
+from tests.fixtures import load
+
+INACTIVE = Liveness("ses_x", active=False)
+V2_LIST = MessageRoute(Api.V2, "ses_x", single=False)
+V1_LIST = MessageRoute(Api.V1, "ses_x", single=False)
+
+
+def v2_history(stale_at: set[int], size: int = 6) -> dict[str, Any]:
+    """A v2 list of `size` assistant messages with the ones at `stale_at` still running."""
+    template = load("v2-message-stale-running.json")["data"][0]
+    messages = []
+    for index in range(size):
+        message = json.loads(json.dumps(template))
+        message["id"] = f"msg_{index:04d}"
+        message["content"][0]["id"] = f"call_{index}"
+        message["content"][0]["state"]["input"]["description"] = f"héllo ✓ {index}"
+        if index not in stale_at:
+            message["content"][0]["state"]["status"] = "completed"
+            message["time"]["completed"] = 1
+        messages.append(message)
+    return {"data": messages, "cursor": {"previous": None, "next": None}}
+
+
+def expected(document: dict[str, Any], stale_at: set[int]) -> dict[str, Any]:
+    data = [
+        settled.message if (settled := settle(m, Api.V2, INACTIVE)) and i in stale_at else m
+        for i, m in enumerate(document["data"])
+    ]
+    return {**document, "data": data}
+
+
+@pytest.mark.parametrize("stale_at", [{0}, {5}, {1, 3, 4}])
+@pytest.mark.parametrize("indent", [None, 2])
+def test_changed_messages_are_spliced_into_the_original_bytes(stale_at: set[int], indent: int | None) -> None:
+    document = v2_history(stale_at)
+    body = json.dumps(document, indent=indent, ensure_ascii=False).encode()
+    result = rewrite(body, V2_LIST, INACTIVE)
+    assert result is not None
+    assert result.spliced
+    assert orjson.loads(result.body) == expected(document, stale_at)
+    assert result.settled_parts == len(stale_at)
+    untouched = json.dumps(document["data"][2], indent=indent, ensure_ascii=False).encode()
+    if 2 not in stale_at and indent is None:
+        assert untouched in result.body
+
+
+def test_unprovable_location_falls_back_to_a_full_dump() -> None:
+    document = v2_history({1})
+    document["data"][1] = {
+        "type": document["data"][1].pop("type"),
+        **document["data"][1],
+    }  # id no longer first
+    result = rewrite(orjson.dumps(document), V2_LIST, INACTIVE)
+    assert result is not None
+    assert not result.spliced
+    assert orjson.loads(result.body) == expected(document, {1})
+
+
+def test_nothing_to_change_returns_none() -> None:
+    assert rewrite(orjson.dumps(v2_history(set())), V2_LIST, INACTIVE) is None
+    assert rewrite(orjson.dumps(v2_history({2})), V2_LIST, Liveness("ses_x", active=True)) is None
+
+
+def test_v1_list_splices_the_last_message() -> None:
+    messages = load("v1-message-stale-running.json")
+    body = orjson.dumps(messages)
+    result = rewrite(body, V1_LIST, INACTIVE)
+    assert result is not None
+    assert result.spliced
+    assert result.body.startswith(b"[" + orjson.dumps(messages[0]) + b",")
+    assert orjson.loads(result.body)[1]["parts"][1]["state"]["status"] == "error"
+
+
+@pytest.mark.parametrize(
+    ("body", "route"),
+    [
+        (b"[]", MessageRoute(Api.V2, "s", single=False)),
+        (b"{}", V1_LIST),
+        (b"[1", V1_LIST),
+        (b"\xff", V1_LIST),
+    ],
+)
+def test_wrong_shapes_are_refused(body: bytes, route: MessageRoute) -> None:
+    with pytest.raises(NotAMessageView):
+        rewrite(body, route, INACTIVE)
+
+
+def test_byte_scan() -> None:
+    assert mentions_open_status(b'{"status":"streaming"}', Api.V2)
+    assert not mentions_open_status(b'{"status":"pending"}', Api.V2)
+    assert mentions_open_status(b'{"status":"pending"}', Api.V1)
+    assert not mentions_open_status(b'{"status":"completed"}', Api.V1)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "route"),
+    [
+        ("GET", "/api/session/ses_1/message", MessageRoute(Api.V2, "ses_1", single=False)),
+        ("GET", "/api/session/ses_1/message/msg_2", MessageRoute(Api.V2, "ses_1", single=True)),
+        ("GET", "/session/ses_1/message", MessageRoute(Api.V1, "ses_1", single=False)),
+        ("GET", "/session/ses_1/message/msg_2/", MessageRoute(Api.V1, "ses_1", single=True)),
+        ("POST", "/session/ses_1/message", None),
+        ("GET", "/session/ses_1/message/msg_2/part/prt_3", None),
+        ("GET", "/session/status", None),
+        ("GET", "/api/session/ses_1/event", None),
+    ],
+)
+def test_message_routes(method: str, path: str, route: MessageRoute | None) -> None:
+    assert match_message_route(method, path) == route
