@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,11 +110,8 @@ def _splice(body: bytes, changed: list[tuple[Any, Settlement]], api: Api) -> byt
 
 def _locate(body: bytes, message: Any, api: Api) -> tuple[int, int] | None:
     """Find the byte span of `message` in `body`, proven by comparing what is there."""
-    identifier = message["info"]["id"] if api is Api.V1 else message["id"]
-    anchor = _anchor(api, orjson.dumps(identifier))
     compact = orjson.dumps(message)
-    for found in anchor.finditer(body):
-        start = found.start()
+    for start in _candidate_starts(body, message, api):
         if body.startswith(compact, start):
             return start, start + len(compact)
         end = _decoded_end(body, start, message)
@@ -123,9 +120,27 @@ def _locate(body: bytes, message: Any, api: Api) -> tuple[int, int] | None:
     return None
 
 
-def _anchor(api: Api, identifier: bytes) -> re.Pattern[bytes]:
-    prefix = rb'\{\s*"info"\s*:\s*\{\s*"id"\s*:\s*' if api is Api.V1 else rb'\{\s*"id"\s*:\s*'
-    return re.compile(prefix + re.escape(identifier))
+def _candidate_starts(body: bytes, message: Any, api: Api) -> Iterator[int]:
+    """Where the message may begin: found from its id, which only a JSON key can precede.
+
+    A quote inside a JSON string is always escaped, so `"id":"msg_…"` cannot match inside
+    text. A v2 message opens right before its id; a v1 message at the `{"info":` before its
+    id, wherever `id` sits among the info keys (paged v1 lists order them differently).
+    """
+    identifier = message["info"]["id"] if api is Api.V1 else message["id"]
+    for found in re.finditer(rb'"id"\s*:\s*' + re.escape(orjson.dumps(identifier)), body):
+        key = found.start() if api is Api.V2 else body.rfind(b'"info"', 0, found.start())
+        brace = _previous_non_space(body, key)
+        if brace >= 0 and body[brace] == ord("{"):
+            yield brace
+
+
+def _previous_non_space(body: bytes, position: int) -> int:
+    """Index of the last byte before `position` that is not JSON whitespace (-1 if none)."""
+    index = position - 1
+    while index >= 0 and body[index] in b" \t\r\n":
+        index -= 1
+    return index
 
 
 def _decoded_end(body: bytes, start: int, message: Any) -> int | None:

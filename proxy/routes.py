@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from rules import Api
 
 _MESSAGE_ROUTES = (
-    (Api.V2, re.compile(r"^/api/session/(?P<session>[^/]+)/message(?:/(?P<message>[^/]+))?/?$")),
+    (Api.V2, re.compile(r"^/api/session/(?P<session>[^/]+)/(?:context|message(?:/(?P<message>[^/]+))?)/?$")),
     (Api.V1, re.compile(r"^/session/(?P<session>[^/]+)/message(?:/(?P<message>[^/]+))?/?$")),
 )
 
@@ -18,7 +18,8 @@ class MessageRoute:
     """A message view: of which runtime, which session, and one message or a list.
 
     Body shapes: v1 list `[{info, parts}]`, v1 single `{info, parts}`; v2 list
-    `{"data": [message], "cursor": {...}}`, v2 single `{"data": message}`.
+    `{"data": [message], "cursor": {...}}` (the context view has no cursor), v2 single
+    `{"data": message}`.
     """
 
     api: Api

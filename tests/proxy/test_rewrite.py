@@ -118,3 +118,26 @@ def test_byte_scan() -> None:
 )
 def test_message_routes(method: str, path: str, route: MessageRoute | None) -> None:
     assert match_message_route(method, path) == route
+
+
+def test_v1_paged_key_order_still_splices() -> None:
+    messages = load("v1-message-stale-running.json")
+    info = messages[1]["info"]
+    messages[1]["info"] = {
+        key: info[key] for key in [*(k for k in info if k not in ("id", "sessionID")), "id", "sessionID"]
+    }
+    result = rewrite(orjson.dumps(messages), V1_LIST, INACTIVE)
+    assert result is not None
+    assert result.spliced
+    settled = orjson.loads(result.body)[1]
+    assert list(settled["info"])[-3:] == ["id", "sessionID", "error"]
+
+
+def test_v2_context_view_is_a_message_list() -> None:
+    assert match_message_route("GET", "/api/session/ses_1/context") == MessageRoute(
+        Api.V2, "ses_1", single=False
+    )
+    document = {"data": v2_history({0})["data"]}
+    result = rewrite(orjson.dumps(document), MessageRoute(Api.V2, "ses_1", single=False), INACTIVE)
+    assert result is not None
+    assert list(orjson.loads(result.body)) == ["data"]
