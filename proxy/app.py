@@ -12,11 +12,12 @@ from proxy.forward import ADDONS, forward
 from proxy.liveness import LivenessProbe
 from proxy.settle import Settle
 from proxy.upstream import SETTINGS, UPSTREAM, upstream_session
+from proxy.upstream_api import UpstreamApi
 
 
 def default_addons(app: web.Application) -> list[Addon]:
     """The addons a stand-alone proxy runs, in hook order."""
-    return [Settle(LivenessProbe(app[UPSTREAM], app[SETTINGS]))]
+    return [Settle(LivenessProbe(UpstreamApi(app[UPSTREAM], app[SETTINGS]), app[SETTINGS]))]
 
 
 async def _addons(app: web.Application) -> AsyncIterator[None]:

@@ -53,7 +53,8 @@ class Settle(Addon):
         if route is None or not mentions_open_status(flow.body, route.api):
             return
         try:
-            liveness = await self._probe.read(route, flow.request)
+            credentials = self._probe.credentials(flow.request)
+            liveness = await self._probe.read(route.api, route.session_id, credentials)
             rewritten = rewrite(flow.body, route, liveness, self._rules)
         except LivenessUnknown as error:
             log.warning("liveness of %s unknown, body passed on unchanged: %s", route.session_id, error)
