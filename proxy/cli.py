@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from aiohttp import web
@@ -22,8 +23,10 @@ from proxy.config import (
     DEFAULT_UPSTREAM,
     DEFAULT_USERNAME,
     Settings,
+    WriteBackMode,
     basic_authorization,
 )
+from proxy.database import default_path
 
 log = logging.getLogger("proxy")
 
@@ -112,6 +115,28 @@ def build_parser() -> argparse.ArgumentParser:
         "[SETTLE_LIVENESS_TIMEOUT, default %(default)s]",
     )
     parser.add_argument(
+        "--write-back",
+        choices=[mode.value for mode in WriteBackMode],
+        default=_env("SETTLE_WRITE_BACK", WriteBackMode.OFF.value),
+        help="make settlements durable: `api` through the server (every client is told; v1 parts and v2 "
+        "tools), `db` straight into opencode.db (also closes v1 messages; for a server you cannot reach), "
+        "`off` to only rewrite views. Only parts inactive in two readings --grace apart are written "
+        "[SETTLE_WRITE_BACK, default %(default)s]",
+    )
+    parser.add_argument(
+        "--grace",
+        type=_typed(float, "a number of seconds"),
+        default=_env("SETTLE_GRACE", "2"),
+        help="seconds between the two liveness readings before a write-back "
+        "[SETTLE_GRACE, default %(default)s]",
+    )
+    parser.add_argument(
+        "--db",
+        type=Path,
+        default=_env("SETTLE_DB", str(default_path())),
+        help="opencode's database, for --write-back db [SETTLE_DB, default %(default)s]",
+    )
+    parser.add_argument(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
         default=_env("SETTLE_LOG_LEVEL", "info"),
@@ -131,6 +156,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         authorization=basic_authorization(username, password) if password else None,
         connect_timeout=args.connect_timeout,
         liveness_timeout=args.liveness_timeout,
+        write_back=WriteBackMode(args.write_back),
+        grace=args.grace,
+        db_path=Path(args.db),
     )
 
 
@@ -184,5 +212,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             runner.run(serve(settings))
     except KeyboardInterrupt:
         pass
+    except FileNotFoundError as error:
+        sys.exit(f"settle-proxy: error: {error}")
     except OSError as error:
         sys.exit(f"settle-proxy: error: cannot listen on {settings.host}:{settings.port}: {error.strerror}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
 
 from yarl import URL
 
@@ -11,6 +13,14 @@ DEFAULT_UPSTREAM = "http://127.0.0.1:4096"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4097
 DEFAULT_USERNAME = "opencode"
+
+
+class WriteBackMode(StrEnum):
+    """Where settlements are made durable: nowhere, through the server's API, or in its database."""
+
+    OFF = "off"
+    API = "api"
+    DB = "db"
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +36,11 @@ class Settings:
     """Seconds to open an upstream connection before answering 502."""
     liveness_timeout: float = 5.0
     """Seconds a liveness look-up may take; past it the body is passed on unchanged."""
+    write_back: WriteBackMode = WriteBackMode.OFF
+    grace: float = 2.0
+    """Seconds between the two liveness readings that must both find a session inactive."""
+    db_path: Path | None = None
+    """opencode's database for `write_back="db"`; None means the default location."""
 
     def __post_init__(self) -> None:
         if self.upstream.scheme not in ("http", "https") or not self.upstream.host:

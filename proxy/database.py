@@ -26,11 +26,12 @@ from typing import Any
 import aiosqlite
 import orjson
 
-from proxy.event_log import PROMPT_ADMITTED, call_left_open
+from proxy.event_log import PROMPT_ADMITTED, call_left_open, tool_failed_data
 from proxy.ids import ascending_id
+from proxy.writeback import Written
 from rules import OPEN_STATUSES, Api, Change, Liveness, settle
 from rules.models import JSONObject
-from rules.orphaned_tool import V2_ERROR, OrphanedTool
+from rules.orphaned_tool import OrphanedTool
 
 BUSY_TIMEOUT_MS = 5000
 _V1_IDS = ("id", "sessionID", "messageID")
@@ -54,18 +55,6 @@ class OpenTool:
     part: str
     tool: str
     since: int
-
-
-@dataclass(frozen=True, slots=True)
-class Written:
-    """One row settled in storage, for the log."""
-
-    api: Api
-    session_id: str
-    message_id: str
-    part: str | None
-    """The part (v1) or call (v2) written; None for a change to the message itself."""
-    rule: str
 
 
 class OpencodeDatabase:
@@ -153,7 +142,7 @@ class OpencodeDatabase:
             for change in changes:
                 item = settlement.message["content"][int(change.path[1])]
                 await self._append(
-                    session_id, "session.next.tool.failed.1", _tool_failed(session_id, message_id, item)
+                    session_id, "session.next.tool.failed.1", tool_failed_data(session_id, message_id, item)
                 )
                 written.append(Written(Api.V2, session_id, message_id, item["id"], change.rule))
             settled = _apply_only(view, settlement.message, changes)
@@ -205,17 +194,6 @@ class OpencodeDatabase:
     async def _rows(self, sql: str, *parameters: Any) -> Sequence[Any]:
         async with self._db.execute(sql, parameters) as cursor:
             return list(await cursor.fetchall())
-
-
-def _tool_failed(session_id: str, message_id: str, item: JSONObject) -> JSONObject:
-    return {
-        "timestamp": item["time"]["completed"],
-        "sessionID": session_id,
-        "assistantMessageID": message_id,
-        "callID": item["id"],
-        "error": V2_ERROR,
-        "provider": item.get("provider", {"executed": False}),
-    }
 
 
 def _apply_only(view: JSONObject, settled: JSONObject, changes: list[Change]) -> JSONObject:

@@ -8,7 +8,10 @@ on 1.18.33: `/sync/replay` accepts a second `tool.failed` for the same call.)
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rules.orphaned_tool import V2_ERROR
 
 _VERSION = re.compile(r"\.\d+$")
 _OPENING = ("session.next.tool.input.started", "session.next.tool.input.ended", "session.next.tool.called")
@@ -30,3 +33,15 @@ def call_left_open(call_events: Iterable[tuple[int, str]], prompt_seqs: Iterable
     if last is None or event_name(last[1]) not in _OPENING:
         return False
     return all(seq < last[0] for seq in prompt_seqs)
+
+
+def tool_failed_data(session_id: str, message_id: str, item: Mapping[str, Any]) -> dict[str, Any]:
+    """The payload of `session.next.tool.failed.1` for a settled tool item, as the server writes it."""
+    return {
+        "timestamp": item["time"]["completed"],
+        "sessionID": session_id,
+        "assistantMessageID": message_id,
+        "callID": item["id"],
+        "error": V2_ERROR,
+        "provider": item.get("provider", {"executed": False}),
+    }

@@ -17,6 +17,7 @@ from proxy.addons import Addon, Flow
 from proxy.liveness import LivenessProbe, LivenessUnknown
 from proxy.rewrite import NotAMessageView, mentions_open_status, rewrite
 from proxy.routes import MessageRoute, match_message_route
+from proxy.writeback import WriteBack
 from rules import DEFAULT_RULES, Rule, UnexpectedShape
 
 log = logging.getLogger(__name__)
@@ -31,9 +32,12 @@ class Settle(Addon):
 
     name: ClassVar[str] = "settle"
 
-    def __init__(self, probe: LivenessProbe, rules: Sequence[Rule] = DEFAULT_RULES) -> None:
+    def __init__(
+        self, probe: LivenessProbe, rules: Sequence[Rule] = DEFAULT_RULES, write_back: WriteBack | None = None
+    ) -> None:
         self._probe = probe
         self._rules = rules
+        self._write_back = write_back
         self._reported: set[tuple[str, str]] = set()
 
     async def request_headers(self, flow: Flow) -> None:
@@ -52,8 +56,8 @@ class Settle(Addon):
         route = _route(flow)
         if route is None or not mentions_open_status(flow.body, route.api):
             return
+        credentials = self._probe.credentials(flow.request)
         try:
-            credentials = self._probe.credentials(flow.request)
             liveness = await self._probe.read(route.api, route.session_id, credentials)
             rewritten = rewrite(flow.body, route, liveness, self._rules)
         except LivenessUnknown as error:
@@ -80,6 +84,8 @@ class Settle(Addon):
         flow.response_headers[RULES_HEADER] = ",".join(
             dict.fromkeys(change.rule for change in rewritten.changes)
         )
+        if self._write_back is not None:
+            self._write_back.schedule(route.api, route.session_id, credentials)
 
     def _report_once(self, route: MessageRoute, problem: str) -> None:
         key = (route.session_id, problem)

@@ -1,0 +1,176 @@
+"""`--write-back api`: settlements written through the server's own API, so that every
+connected client hears of them.
+
+v1: `PATCH /session/{sid}/message/{mid}/part/{pid}` with the whole settled part. The route
+upserts, so only a part read an instant before is ever sent. The API cannot set a v1
+message's `time.completed`; that stays a view-only settlement.
+
+v2: `POST /sync/replay` with a `session.next.tool.failed.1` event at the next sequence
+number. Measured on 1.18.33: a sequence number already taken or one that leaves a gap is
+refused (HTTP 500) and nothing is stored; the next free one is accepted; a second failure
+of the same call is accepted too (no duplicate check). So the log is read just before the
+append, the call must still be open there, and a refusal means the server appended
+concurrently: the log is read again and the append retried at the new next number, or
+dropped when the call is no longer open. Never a gap, never a duplicate.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.config import WriteBackMode
+from proxy.event_log import PROMPT_ADMITTED, call_left_open, event_name, tool_failed_data
+from proxy.ids import ascending_id
+from proxy.upstream_api import Credentials, UpstreamApi, UpstreamRefused
+from proxy.writeback import Written
+from rules import Api, Liveness, settle
+from rules.models import JSONObject
+from rules.orphaned_tool import OrphanedTool
+
+log = logging.getLogger(__name__)
+
+_APPEND_ATTEMPTS = 3
+_PAGE = 200
+_MAX_PAGES = 100
+
+
+@dataclass(frozen=True, slots=True)
+class _OpenCall:
+    message_id: str
+    item: JSONObject
+    """The tool item as settled by the rule (its `time.completed` is the failure time)."""
+
+
+@dataclass(slots=True)
+class _Log:
+    """What the session's event log says right now."""
+
+    last_seq: int
+    events: list[tuple[int, str, str | None]]
+    """(seq, event name, callID) of every event."""
+
+    def call_open(self, call: str) -> bool:
+        calls = [(seq, name) for seq, name, call_id in self.events if call_id == call]
+        prompts = [seq for seq, name, _ in self.events if name == PROMPT_ADMITTED]
+        return call_left_open(calls, prompts)
+
+
+class ApiWriter:
+    """Writes through the upstream with the credentials of the client whose fetch found the orphan."""
+
+    mode = WriteBackMode.API
+
+    def __init__(self, upstream: UpstreamApi) -> None:
+        self._upstream = upstream
+
+    async def write(
+        self, api: Api, session_id: str, credentials: Credentials, liveness: Liveness
+    ) -> list[Written]:
+        if api is Api.V1:
+            return await self._write_v1(session_id, credentials, liveness)
+        return await self._write_v2(session_id, credentials, liveness)
+
+    async def _write_v1(self, session_id: str, credentials: Credentials, liveness: Liveness) -> list[Written]:
+        written = []
+        for message in await self._upstream.get(f"/session/{session_id}/message", credentials):
+            settlement = settle(message, Api.V1, liveness)
+            if settlement is None:
+                continue
+            message_id = settlement.message["info"]["id"]
+            for change in settlement.changes:
+                if change.path[:1] != ("parts",):
+                    continue
+                part = settlement.message["parts"][int(change.path[1])]
+                path = f"/session/{session_id}/message/{message_id}/part/{part['id']}"
+                await self._upstream.call("PATCH", path, credentials, json=part)
+                written.append(Written(Api.V1, session_id, message_id, part["id"], change.rule))
+        return written
+
+    async def _write_v2(self, session_id: str, credentials: Credentials, liveness: Liveness) -> list[Written]:
+        calls = [call async for call in self._open_calls(session_id, credentials, liveness)]
+        if not calls:
+            return []
+        info = await self._upstream.get(f"/api/session/{session_id}", credentials)
+        directory = info["data"]["location"]["directory"]
+        event_log = await self._read_log(session_id, credentials)
+        written = []
+        for call in calls:
+            if await self._append_failure(session_id, directory, call, event_log, credentials):
+                written.append(
+                    Written(Api.V2, session_id, call.message_id, call.item["id"], OrphanedTool.name)
+                )
+        return written
+
+    async def _append_failure(
+        self, session_id: str, directory: str, call: _OpenCall, event_log: _Log, credentials: Credentials
+    ) -> bool:
+        for _ in range(_APPEND_ATTEMPTS):
+            if not event_log.call_open(call.item["id"]):
+                return False
+            event = _tool_failed(session_id, call, event_log.last_seq + 1)
+            try:
+                await self._upstream.call(
+                    "POST", "/sync/replay", credentials, json={"directory": directory, "events": [event]}
+                )
+            except UpstreamRefused as refusal:
+                log.info(
+                    "replay at seq %d refused (%s); re-reading the log of %s",
+                    event["seq"],
+                    refusal,
+                    session_id,
+                )
+                fresh = await self._read_log(session_id, credentials)
+                event_log.last_seq, event_log.events = fresh.last_seq, fresh.events
+                continue
+            event_log.last_seq += 1
+            event_log.events.append((event_log.last_seq, event_name(event["type"]), call.item["id"]))
+            return True
+        log.warning(
+            "gave up appending tool.failed for %s in %s: the log kept moving", call.item["id"], session_id
+        )
+        return False
+
+    async def _open_calls(
+        self, session_id: str, credentials: Credentials, liveness: Liveness
+    ) -> AsyncIterator[_OpenCall]:
+        async for message in self._v2_messages(session_id, credentials):
+            settlement = settle(message, Api.V2, liveness, rules=(OrphanedTool(),))
+            if settlement is None:
+                continue
+            for change in settlement.changes:
+                yield _OpenCall(message["id"], settlement.message["content"][int(change.path[1])])
+
+    async def _v2_messages(self, session_id: str, credentials: Credentials) -> AsyncIterator[Any]:
+        """Every message, newest first, following the list's cursor."""
+        params = {"limit": str(_PAGE)}
+        for _ in range(_MAX_PAGES):
+            page = await self._upstream.get(f"/api/session/{session_id}/message", credentials, **params)
+            for message in page["data"]:
+                yield message
+            cursor = (page.get("cursor") or {}).get("next")
+            if len(page["data"]) < _PAGE or not cursor:
+                return
+            params = {"limit": str(_PAGE), "cursor": cursor}
+
+    async def _read_log(self, session_id: str, credentials: Credentials) -> _Log:
+        """The whole log through `/sync/history`, the same view of it `/sync/replay` checks."""
+        rows = await self._upstream.call("POST", "/sync/history", credentials, json={session_id: -1})
+        events = [
+            (int(row["seq"]), event_name(row["type"]), (row.get("data") or {}).get("callID"))
+            for row in rows
+            if row.get("aggregate_id") == session_id
+        ]
+        return _Log(max((seq for seq, _, _ in events), default=-1), events)
+
+
+def _tool_failed(session_id: str, call: _OpenCall, seq: int) -> JSONObject:
+    return {
+        "id": ascending_id("evt"),
+        "aggregateID": session_id,
+        "seq": seq,
+        "type": "session.next.tool.failed.1",
+        "data": tool_failed_data(session_id, call.message_id, call.item),
+    }

@@ -1,0 +1,28 @@
+"""`--write-back db`: settlements written straight into `opencode.db`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from proxy.config import WriteBackMode
+from proxy.database import OpencodeDatabase
+from proxy.upstream_api import Credentials
+from proxy.writeback import Written
+from rules import Api, Liveness
+
+
+class DbWriter:
+    """Serializes passes over one connection: a connection holds one transaction at a time."""
+
+    mode = WriteBackMode.DB
+
+    def __init__(self, database: OpencodeDatabase) -> None:
+        self._database = database
+        self._lock = asyncio.Lock()
+
+    async def write(
+        self, api: Api, session_id: str, credentials: Credentials, liveness: Liveness
+    ) -> list[Written]:
+        del credentials  # the database needs none
+        async with self._lock:
+            return await self._database.settle_session(api, session_id, liveness)
