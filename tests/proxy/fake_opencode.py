@@ -6,6 +6,7 @@ import asyncio
 import gzip
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from aiohttp import WSMsgType, web
@@ -23,6 +24,12 @@ class FakeOpencode:
     seen: list[web.Request] = field(default_factory=list)
     liveness_requests: int = 0
     liveness_fails: bool = False
+    patches: list[tuple[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    """The durable event log, as `/sync/history` rows."""
+    before_replay: list[dict[str, Any]] = field(default_factory=list)
+    """Events the "server" appends itself just before the next replay: a concurrent append."""
+    replays: list[tuple[int, Any]] = field(default_factory=list)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -34,6 +41,10 @@ class FakeOpencode:
         app.router.add_get("/gzip", self._gzip)
         app.router.add_get("/events", self._events)
         app.router.add_get("/pty/{id}/connect", self._pty)
+        app.router.add_patch("/session/{session}/message/{message}/part/{part}", self._patch_part)
+        app.router.add_post("/sync/history", self._history)
+        app.router.add_post("/sync/replay", self._replay)
+        app.router.add_get("/api/session/{session}", self._v2_session)
         app.router.add_get("/{tail:.*}", self._body)
         return app
 
@@ -102,6 +113,37 @@ class FakeOpencode:
             elif message.type is WSMsgType.BINARY:
                 await socket.send_bytes(message.data[::-1])
         return socket
+
+    async def _patch_part(self, request: web.Request) -> web.Response:
+        part = await request.json()
+        self.patches.append((request.path, part))
+        path = f"/session/{request.match_info['session']}/message"
+        messages = orjson.loads(self.bodies[path])
+        for message in messages:
+            message["parts"] = [part if old["id"] == part["id"] else old for old in message["parts"]]
+        self.bodies[path] = orjson.dumps(messages)
+        return web.json_response(part)
+
+    async def _history(self, request: web.Request) -> web.Response:
+        after = await request.json()
+        return web.json_response([e for e in self.events if e["seq"] > after.get(e["aggregate_id"], -1)])
+
+    async def _replay(self, request: web.Request) -> web.Response:
+        self.events += self.before_replay
+        self.before_replay = []
+        body = await request.json()
+        (event,) = body["events"]
+        last = max((e["seq"] for e in self.events if e["aggregate_id"] == event["aggregateID"]), default=-1)
+        self.replays.append((event["seq"], event))
+        if event["seq"] != last + 1:
+            return web.json_response({"name": "UnknownError"}, status=500)
+        self.events.append({"aggregate_id": event["aggregateID"], **event})
+        return web.json_response({"sessionID": event["aggregateID"]})
+
+    async def _v2_session(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"data": {"id": request.match_info["session"], "location": {"directory": "/cwd"}}}
+        )
 
     async def _body(self, request: web.Request) -> web.Response:
         body = self.bodies.get(request.path)

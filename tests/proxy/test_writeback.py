@@ -1,0 +1,116 @@
+"""Write-back through the API against the fake upstream: what is sent, and when nothing is."""
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from yarl import URL
+
+from proxy.app import WRITE_BACK, create_app
+from proxy.config import Settings, WriteBackMode
+from tests.fixtures import compact, load
+from tests.proxy.conftest import ProxyClient
+from tests.proxy.fake_opencode import FakeOpencode
+
+V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
+V2 = "ses_dd6bd0f33ffejRStwdnQDIkDom"
+CALL = "call_mock_1"
+
+
+@pytest.fixture
+async def proxy(
+    upstream: TestServer, aiohttp_client: Callable[[web.Application], Awaitable[ProxyClient]]
+) -> ProxyClient:
+    settings = Settings(upstream=URL(str(upstream.make_url("/"))), write_back=WriteBackMode.API, grace=0.05)
+    return await aiohttp_client(create_app(settings))
+
+
+async def fetch_and_write_back(proxy: ProxyClient, path: str) -> Any:
+    response = await proxy.get(path)
+    document = await response.json()
+    await proxy.server.app[WRITE_BACK].idle()
+    return document
+
+
+def v2_log(fake: FakeOpencode) -> None:
+    kinds = [
+        "prompt.admitted",
+        "prompted",
+        "step.started",
+        "tool.input.started",
+        "tool.input.ended",
+        "tool.called",
+    ]
+    fake.events = [
+        {
+            "aggregate_id": V2,
+            "seq": seq,
+            "type": f"session.next.{kind}.1",
+            "data": {"callID": CALL} if "tool" in kind else {},
+        }
+        for seq, kind in enumerate(kinds, start=1)
+    ]
+    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
+
+
+async def test_v1_settled_part_is_patched(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    shown = await fetch_and_write_back(proxy, f"/session/{V1}/message")
+    ((path, part),) = fake.patches
+    assert path == f"/session/{V1}/message/msg_229432faa0010ifWjJPo42f8Zo/part/prt_229433856001UdZM6dtgAYZqVe"
+    assert part == shown[1]["parts"][1]
+    assert orjson.loads(fake.bodies[f"/session/{V1}/message"])[1]["parts"][1]["state"]["status"] == "error"
+
+
+async def test_v2_failure_is_replayed_at_the_next_seq(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    v2_log(fake)
+    shown = await fetch_and_write_back(proxy, f"/api/session/{V2}/message")
+    ((seq, event),) = fake.replays
+    assert seq == 7
+    assert event["type"] == "session.next.tool.failed.1"
+    assert event["data"]["callID"] == CALL
+    assert event["data"]["timestamp"] == shown["data"][0]["content"][0]["time"]["completed"]
+    assert event["data"]["error"] == {"type": "unknown", "message": "Tool execution interrupted"}
+
+
+async def test_v2_concurrent_append_is_retried_without_gap(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    v2_log(fake)
+    fake.before_replay = [{"aggregate_id": V2, "seq": 7, "type": "session.updated.1", "data": {}}]
+    await fetch_and_write_back(proxy, f"/api/session/{V2}/message")
+    assert [seq for seq, _ in fake.replays] == [7, 8]
+    assert [e["seq"] for e in fake.events] == list(range(1, 9))
+    assert [e["type"] for e in fake.events].count("session.next.tool.failed.1") == 1
+
+
+async def test_v2_call_settled_by_the_server_meanwhile_is_not_duplicated(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    v2_log(fake)
+    fake.before_replay = [
+        {"aggregate_id": V2, "seq": 7, "type": "session.next.tool.failed.1", "data": {"callID": CALL}}
+    ]
+    await fetch_and_write_back(proxy, f"/api/session/{V2}/message")
+    assert [seq for seq, _ in fake.replays] == [7]
+    assert [e["type"] for e in fake.events].count("session.next.tool.failed.1") == 1
+
+
+async def test_nothing_is_written_when_the_second_reading_finds_the_session_active(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    response = await proxy.get(f"/session/{V1}/message")
+    assert (await response.json())[1]["parts"][1]["state"]["status"] == "error"
+    fake.v1_busy["/cwd"] = {V1}
+    await proxy.server.app[WRITE_BACK].idle()
+    assert fake.patches == []
+
+
+async def test_active_session_schedules_nothing(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    busy = next(iter(load("v2-active-busy.json")["data"]))
+    fake.v2_active.add(busy)
+    fake.bodies[f"/api/session/{busy}/message"] = compact("v2-message-busy-running.json")
+    await fetch_and_write_back(proxy, f"/api/session/{busy}/message")
+    assert fake.replays == []
