@@ -28,10 +28,14 @@ async def proxy(
     return await aiohttp_client(create_app(settings))
 
 
+async def write_backs_done(proxy: ProxyClient) -> None:
+    await proxy.app[WRITE_BACK].idle()
+
+
 async def fetch_and_write_back(proxy: ProxyClient, path: str) -> Any:
     response = await proxy.get(path)
     document = await response.json()
-    await proxy.server.app[WRITE_BACK].idle()
+    await write_backs_done(proxy)
     return document
 
 
@@ -104,7 +108,7 @@ async def test_nothing_is_written_when_the_second_reading_finds_the_session_acti
     response = await proxy.get(f"/session/{V1}/message")
     assert (await response.json())[1]["parts"][1]["state"]["status"] == "error"
     fake.v1_busy["/cwd"] = {V1}
-    await proxy.server.app[WRITE_BACK].idle()
+    await write_backs_done(proxy)
     assert fake.patches == []
 
 
