@@ -15,7 +15,7 @@ from typing import NoReturn
 from aiohttp import web
 from yarl import URL
 
-from proxy import __version__
+from proxy import __version__, offline
 from proxy.app import create_app
 from proxy.config import (
     DEFAULT_HOST,
@@ -40,6 +40,9 @@ Every flag can also be set by the environment variable named in its help. For it
 liveness look-ups the proxy uses the client's credentials; when a client sends none it uses
 OPENCODE_SERVER_PASSWORD (user OPENCODE_SERVER_USERNAME, default "opencode"). It never
 answers a client with data the upstream refused that client.
+
+`settle-proxy settle --help` describes the offline command, which settles opencode.db
+directly while no server runs on it.
 """
 
 
@@ -199,8 +202,12 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of the console script and of `python -m proxy`."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the console script and of `python -m proxy`; `settle` runs the offline command."""
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == ["settle"]:
+        offline.main(arguments[1:])
+        return
+    args = build_parser().parse_args(arguments)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

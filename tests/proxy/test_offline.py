@@ -1,0 +1,112 @@
+"""`settle-proxy settle` on a database shaped like the one a crash leaves."""
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestServer
+from rich.console import Console
+from yarl import URL
+
+from proxy.offline import Exit, build_parser, run
+from tests.fixtures.stale_db import V1_SESSION, V2_SESSION, build_stale_db
+from tests.proxy.fake_opencode import FakeOpencode
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return build_stale_db(tmp_path / "opencode.db")
+
+
+def settle(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", "settle", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_dry_run_lists_and_writes_nothing(db_path: Path) -> None:
+    before = db_path.read_bytes()
+    result = settle("--db", str(db_path), "--dry-run")
+    assert result.returncode == Exit.SETTLED
+    assert V1_SESSION in result.stdout
+    assert V2_SESSION in result.stdout
+    assert "would settle 2 tool call(s)" in result.stdout
+    assert db_path.read_bytes() == before
+
+
+def test_settles_then_has_nothing_to_do(db_path: Path) -> None:
+    first = settle("--db", str(db_path))
+    assert first.returncode == Exit.SETTLED, first.stderr
+    assert "settled 2 tool call(s) in 2 session(s)" in first.stdout
+    second = settle("--db", str(db_path))
+    assert second.returncode == Exit.NOTHING_TO_DO
+    assert "nothing to do" in second.stdout
+
+
+@pytest.fixture
+def database_in_use(db_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import sqlite3, time; c = sqlite3.connect({str(db_path)!r}); "
+            "c.execute('select 1 from part').fetchall(); print('open', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == b"open\n"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_refuses_when_another_process_has_the_database_open(
+    db_path: Path, database_in_use: subprocess.Popen[bytes]
+) -> None:
+    result = settle("--db", str(db_path))
+    assert result.returncode == Exit.REFUSED
+    assert f"pid {database_in_use.pid}" in result.stderr
+    assert "--upstream" in result.stderr
+    assert settle("--db", str(db_path), "--dry-run").returncode == Exit.REFUSED
+
+
+async def test_upstream_says_which_sessions_are_live(
+    db_path: Path, fake: FakeOpencode, upstream: TestServer
+) -> None:
+    fake.v2_active.add(V2_SESSION)
+    fake.directories[V1_SESSION] = "/home/dev/work/proj"
+    args = build_parser().parse_args(["--db", str(db_path), "--upstream", str(upstream.make_url("/"))])
+    console = Console(record=True, width=200)
+    assert await run(args, console) == Exit.SETTLED
+    assert "settled 1 tool call(s) in 1 session(s)" in console.export_text()
+    args = build_parser().parse_args(["--db", str(db_path), "--upstream", str(upstream.make_url("/"))])
+    assert await run(args, console) == Exit.NOTHING_TO_DO
+    assert "(1 live left alone)" in console.export_text()
+
+
+async def test_upstream_in_doubt_is_a_refusal(
+    db_path: Path, fake: FakeOpencode, upstream: TestServer
+) -> None:
+    fake.liveness_fails = True
+    args = build_parser().parse_args(
+        ["--db", str(db_path), "--upstream", str(URL(str(upstream.make_url("/"))))]
+    )
+    with pytest.raises(Exception, match="could not say which sessions are live"):
+        await run(args, Console())
+
+
+def test_missing_database(tmp_path: Path) -> None:
+    result = settle("--db", str(tmp_path / "none.db"))
+    assert result.returncode == Exit.BAD_USAGE
+    assert (
+        result.stderr.strip() == f"settle-proxy settle: error: no opencode database at {tmp_path / 'none.db'}"
+    )
