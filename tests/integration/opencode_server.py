@@ -1,0 +1,200 @@
+"""The real `opencode serve` as a test fixture: start, crash (SIGKILL with all tools), restart, stop.
+
+One instance owns one root directory holding fresh XDG config/data/state/cache dirs and the
+project directories. The dirs survive `crash()`/`restart()`, which is the point: the restarted
+server reads the same SQLite store and shows what the crash left behind. The config dir is
+reused across restarts because the first start npm-installs a plugin into it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from urllib.parse import quote
+
+import orjson
+
+from .http_client import free_port, get_json, request
+from .polling import poll
+from .proctree import kill_tree
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_BINARY = "node_modules/.bin/opencode"
+"""Where CI's `npm install opencode-ai@1.18.33` in the repo root puts the binary."""
+
+_READY_TIMEOUT_S = 60.0
+_WARMUP_REQUEST_TIMEOUT_S = 30.0
+_LOG_TAIL_CHARS = 3000
+
+
+def opencode_binary() -> Path:
+    """The binary from `OPENCODE_BIN`, else the repo's npm install; fail clearly when it is missing."""
+    configured = Path(os.environ.get("OPENCODE_BIN", DEFAULT_BINARY))
+    binary = configured if configured.is_absolute() else REPO_ROOT / configured
+    if not binary.exists():
+        raise FileNotFoundError(
+            f"opencode binary not found at {binary}: run `npm install opencode-ai@1.18.33` in the "
+            "repo root or set OPENCODE_BIN"
+        )
+    return binary
+
+
+def directory_header(directory: Path) -> dict[str, str]:
+    """The header opencode's clients use to pick the per-directory instance of a request."""
+    return {"x-opencode-directory": quote(str(directory), safe="")}
+
+
+class OpencodeServer:
+    """A real `opencode serve` on a fixed loopback port, whose data outlives crashes."""
+
+    def __init__(self, binary: Path, root: Path, model_base_url: str) -> None:
+        self._binary = binary
+        self._root = root
+        self._model_base_url = model_base_url
+        self._port = free_port()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._projects: list[Path] = []
+        self.project = self.add_project("main")
+
+    @property
+    def url(self) -> str:
+        """Base URL without a trailing slash; it stays the same across restarts."""
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def pid(self) -> int:
+        """The server's process id (its tools are its descendants)."""
+        if self._process is None:
+            raise RuntimeError("opencode is not running")
+        return self._process.pid
+
+    @property
+    def log_path(self) -> Path:
+        """Combined `--print-logs` output of every run, for post-mortems."""
+        return self._root / "serve.log"
+
+    def add_project(self, name: str) -> Path:
+        """Create a project directory whose opencode.json points at the mock model; warm it if running.
+
+        Each directory is its own opencode instance: without the warm-up its first v2 prompt fails
+        with `Model unavailable: mock/m`.
+        """
+        directory = self._root / "projects" / name
+        directory.mkdir(parents=True)
+        (directory / "opencode.json").write_bytes(orjson.dumps(self._project_config()))
+        self._projects.append(directory)
+        if self._process is not None:
+            self._warm_project(directory)
+        return directory
+
+    def start(self) -> None:
+        """Start the server and return once every project can take v1 and v2 prompts."""
+        if self._process is not None:
+            raise RuntimeError("opencode is already running")
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                [
+                    str(self._binary),
+                    "serve",
+                    "--port",
+                    str(self._port),
+                    "--hostname",
+                    "127.0.0.1",
+                    "--print-logs",
+                ],
+                cwd=self.project,
+                env=self._environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._wait_ready()
+
+    def crash(self) -> None:
+        """SIGKILL the server and every descendant (tools run in their own process groups)."""
+        process = self._require_process()
+        kill_tree(process.pid)
+        process.wait(timeout=10)
+        self._process = None
+
+    def restart(self) -> None:
+        """Start again on the same port and data dirs, as a supervisor would after a crash."""
+        self.start()
+
+    def stop(self) -> None:
+        """End the server and its tools; idempotent, so it is safe in any teardown.
+
+        A graceful SIGTERM would buy nothing here: it leaves tools orphaned and parts `running` too.
+        """
+        if self._process is not None:
+            self.crash()
+
+    def _require_process(self) -> subprocess.Popen[bytes]:
+        if self._process is None:
+            raise RuntimeError("opencode is not running")
+        return self._process
+
+    def _project_config(self) -> dict[str, object]:
+        provider = {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": "Mock",
+            "options": {"baseURL": self._model_base_url, "apiKey": "x"},
+            "models": {"m": {"name": "Mock", "tool_call": True}},
+        }
+        return {"provider": {"mock": provider}, "model": "mock/m", "permission": "allow"}
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in ("CONFIG", "DATA", "STATE", "CACHE"):
+            xdg_dir = self._root / "xdg" / name.lower()
+            xdg_dir.mkdir(parents=True, exist_ok=True)
+            env[f"XDG_{name}_HOME"] = str(xdg_dir)
+        env["OPENCODE_DISABLE_AUTOUPDATE"] = "1"
+        env.pop("OPENCODE_SERVER_PASSWORD", None)
+        return env
+
+    def _wait_ready(self) -> None:
+        """Health first, then load the main instance, then each project's provider.
+
+        Health answers before the project is loaded, and a request sent the instant the port opens
+        can hang: every request here has a timeout.
+        """
+        try:
+            poll(
+                self._healthy, what=f"opencode health on {self.url}", timeout=_READY_TIMEOUT_S, interval=0.25
+            )
+            get_json(f"{self.url}/config", timeout=_WARMUP_REQUEST_TIMEOUT_S)
+            get_json(f"{self.url}/api/location", timeout=_WARMUP_REQUEST_TIMEOUT_S)
+            for directory in self._projects:
+                self._warm_project(directory)
+        except Exception as err:
+            raise RuntimeError(f"opencode did not become ready; log tail:\n{self._log_tail()}") from err
+
+    def _healthy(self) -> bool | None:
+        process = self._require_process()
+        if process.poll() is not None:
+            raise RuntimeError(f"opencode exited with {process.returncode}")
+        try:
+            reply = request("GET", f"{self.url}/global/health", timeout=2.0)
+        except OSError:
+            return None
+        return True if reply.status == 200 else None
+
+    def _warm_project(self, directory: Path) -> None:
+        """Boot the directory's instance and wait until its `mock` provider is loaded."""
+        headers = directory_header(directory)
+        get_json(f"{self.url}/api/location", headers=headers, timeout=_WARMUP_REQUEST_TIMEOUT_S)
+
+        def provider_loaded() -> bool | None:
+            reply = request("GET", f"{self.url}/api/provider/mock", headers=headers, timeout=5.0)
+            return True if reply.status == 200 else None
+
+        poll(provider_loaded, what=f"provider mock in {directory}", timeout=_READY_TIMEOUT_S, interval=0.25)
+
+    def _log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
+        except FileNotFoundError:
+            return "(no log)"

@@ -1,0 +1,73 @@
+"""The proxy under test as a subprocess: `python -m proxy --upstream URL --port P`.
+
+Running it as a real process (not an in-process app) tests the CLI and the lifecycle the way it
+is deployed, and keeps its event loop and any crash apart from the harness.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from .http_client import free_port, port_open
+from .opencode_server import REPO_ROOT
+from .polling import poll
+
+_START_TIMEOUT_S = 20.0
+_STOP_TIMEOUT_S = 10.0
+_LOG_TAIL_CHARS = 3000
+
+
+class ProxyProcess:
+    """One proxy process in front of `upstream`, listening on a free loopback port."""
+
+    def __init__(self, upstream: str, log_path: Path) -> None:
+        self._upstream = upstream
+        self._log_path = log_path
+        self._port = free_port()
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the proxy, without a trailing slash."""
+        return f"http://127.0.0.1:{self._port}"
+
+    def start(self) -> None:
+        """Launch the proxy and return once its port accepts connections."""
+        with self._log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "proxy", "--upstream", self._upstream, "--port", str(self._port)],
+                cwd=REPO_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        poll(self._listening, what=f"proxy listening on {self.url}", timeout=_START_TIMEOUT_S, interval=0.1)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it does not exit in time; idempotent."""
+        process = self._process
+        if process is None:
+            return
+        self._process = None
+        if process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=_STOP_TIMEOUT_S)
+
+    def _listening(self) -> bool | None:
+        if self._process is None:
+            raise RuntimeError("proxy is not started")
+        if self._process.poll() is not None:
+            raise RuntimeError(f"proxy exited with {self._process.returncode}; log tail:\n{self._log_tail()}")
+        return True if port_open(self._port) else None
+
+    def _log_tail(self) -> str:
+        return self._log_path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]

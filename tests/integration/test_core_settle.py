@@ -1,0 +1,264 @@
+"""End to end: the proxy settles tool calls orphaned by a crash, and nothing else.
+
+One crash/restart cycle serves the whole module (`scene`): stale v1 and v2 sessions are created
+before it, and after the restart a v1 and a v2 session are started in a second project directory
+and left busy. Each test then compares what opencode serves directly with what the proxy serves.
+
+Timing: opencode's bash tool gives up after 120 s by default, so a "really running" tool only
+stays running that long; the tests that need one check that premise first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .http_client import Reply, request
+from .opencode_server import OpencodeServer, directory_header
+from .turns import (
+    RUNTIMES,
+    RunningTool,
+    Runtime,
+    Turn,
+    find_running_tool,
+    read_messages,
+    start_turn,
+    wait_tool_running,
+)
+
+pytestmark = pytest.mark.integration
+
+SETTLED_HEADER = "x-settle-settled"
+V2_TOOL_ERROR = {"type": "unknown", "message": "Tool execution interrupted"}
+V1_PART_ERROR = "Tool execution aborted"
+V1_MESSAGE_ERROR = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A turn and its bash call as seen while it really ran."""
+
+    turn: Turn
+    running: RunningTool
+
+    def paths(self) -> tuple[str, str]:
+        """The list route and the single-message route that hold the tool."""
+        return self.turn.messages_path, self.turn.message_path(self.running.message_id)
+
+
+@dataclass(frozen=True)
+class CrashScene:
+    """`stale`: running in the main project when the server was SIGKILLed, then restarted.
+    `busy_elsewhere`: started after the restart in another project and still running."""
+
+    stale: dict[Runtime, Observed]
+    busy_elsewhere: dict[Runtime, Observed]
+
+
+def _observe_turns(base_url: str, directory: Path, label: str) -> dict[Runtime, Observed]:
+    """Start one turn per runtime (both before waiting, to overlap their start-up) and wait."""
+    turns = {runtime: start_turn(runtime, base_url, directory, f"{label} {runtime}") for runtime in RUNTIMES}
+    return {runtime: Observed(turn, wait_tool_running(base_url, turn)) for runtime, turn in turns.items()}
+
+
+@pytest.fixture(scope="module")
+def scene(opencode: OpencodeServer, other_project: Path) -> CrashScene:
+    """The module's single crash/restart cycle (restarts are the slow part of this suite)."""
+    stale = _observe_turns(opencode.url, opencode.project, "stale")
+    opencode.crash()
+    opencode.restart()
+    busy_elsewhere = _observe_turns(opencode.url, other_project, "busy elsewhere")
+    return CrashScene(stale, busy_elsewhere)
+
+
+def _get_ok(url: str) -> Reply:
+    reply = request("GET", url)
+    assert reply.status == 200, f"GET {url} -> {reply.status}: {reply.body[:500]!r}"
+    return reply
+
+
+def _settled_count(reply: Reply) -> int:
+    """The proxy's count of rewritten tool calls; an absent header means nothing was rewritten."""
+    return int(reply.headers.get(SETTLED_HEADER, "0"))
+
+
+def _message_id(message: dict[str, Any], runtime: Runtime) -> str:
+    return str(message["info"]["id"] if runtime == "v1" else message["id"])
+
+
+def _pick_message(body: Any, runtime: Runtime, message_id: str) -> dict[str, Any]:
+    """The message `message_id` out of a list or single-message body of either runtime."""
+    payload = body if runtime == "v1" else body["data"]
+    if isinstance(payload, dict):
+        return payload
+    matches: list[dict[str, Any]] = [m for m in payload if _message_id(m, runtime) == message_id]
+    assert len(matches) == 1, f"message {message_id} appears {len(matches)} times"
+    return matches[0]
+
+
+def _other_messages(body: Any, runtime: Runtime, message_id: str) -> list[dict[str, Any]]:
+    """Every message of a list body except `message_id` (empty for a single-message body)."""
+    payload = body if runtime == "v1" else body["data"]
+    if isinstance(payload, dict):
+        return []
+    return [m for m in payload if _message_id(m, runtime) != message_id]
+
+
+def _by_id(items: list[dict[str, Any]], item_id: str) -> dict[str, Any]:
+    matches = [item for item in items if item.get("id") == item_id]
+    assert len(matches) == 1, f"{item_id} appears {len(matches)} times"
+    return matches[0]
+
+
+def _kept(direct: dict[str, Any], proxied: dict[str, Any], *, except_keys: set[str]) -> None:
+    """Every field of `direct` outside `except_keys` is in `proxied` with the same value."""
+    for key, value in direct.items():
+        if key not in except_keys:
+            assert proxied.get(key) == value, f"field {key!r} changed: {value!r} -> {proxied.get(key)!r}"
+
+
+def _assert_passes_through(opencode_url: str, proxy_url: str, observed: Observed) -> None:
+    """Both routes of the proxy serve exactly what opencode serves, and say nothing was settled."""
+    for path in observed.paths():
+        direct = _get_ok(opencode_url + path)
+        proxied = _get_ok(proxy_url + path)
+        assert proxied.json() == direct.json(), f"proxy rewrote {path}"
+        assert _settled_count(proxied) == 0, f"{SETTLED_HEADER} on an untouched {path}"
+
+
+def _assert_still_running(opencode_url: str, observed: Observed, why: str) -> None:
+    """The premise of a test: opencode itself still shows this exact tool as running."""
+    found = find_running_tool(read_messages(opencode_url, observed.turn), observed.turn.runtime)
+    assert found is not None, f"premise broken ({why}): the tool is no longer running in opencode's own view"
+    assert found.tool["id"] == observed.running.tool["id"], f"premise broken ({why}): another tool is running"
+
+
+def _fetch_settled(proxy_url: str, path: str) -> Reply:
+    """Fetch through the proxy twice: a settled view must be stable, timestamps included."""
+    first = _get_ok(proxy_url + path)
+    second = _get_ok(proxy_url + path)
+    assert first.body == second.body, f"two fetches of {path} differ"
+    assert _settled_count(first) == 1, (
+        f"{path}: expected {SETTLED_HEADER}: 1, got {first.headers.get(SETTLED_HEADER)}"
+    )
+    return first
+
+
+def _assert_v2_settled(direct: dict[str, Any], proxied: dict[str, Any], call_id: str) -> None:
+    """The v2 item looks like opencode's own interrupt: error state, both `time.completed` set."""
+    d_tool, p_tool = _by_id(direct["content"], call_id), _by_id(proxied["content"], call_id)
+    state = p_tool["state"]
+    assert state["status"] == "error"
+    assert state["error"] == V2_TOOL_ERROR
+    _kept(d_tool["state"], state, except_keys={"status"})
+    _kept(d_tool, p_tool, except_keys={"state", "time"})
+    _kept(d_tool["time"], p_tool["time"], except_keys=set())
+    assert p_tool["time"]["completed"] >= p_tool["time"]["ran"]
+    assert proxied["time"]["completed"] >= p_tool["time"]["completed"]
+    _kept(direct, proxied, except_keys={"time", "content"})
+    _kept(direct["time"], proxied["time"], except_keys=set())
+    assert [c for c in proxied["content"] if c.get("id") != call_id] == [
+        c for c in direct["content"] if c.get("id") != call_id
+    ]
+
+
+def _assert_v1_settled(direct: dict[str, Any], proxied: dict[str, Any], part_id: str) -> None:
+    """The v1 part looks like opencode's in-process cleanup; the message like a graceful abort."""
+    d_part, p_part = _by_id(direct["parts"], part_id), _by_id(proxied["parts"], part_id)
+    state, d_state = p_part["state"], d_part["state"]
+    assert state["status"] == "error"
+    assert state["error"] == V1_PART_ERROR
+    assert state["metadata"]["interrupted"] is True
+    assert state["metadata"]["output"] == d_state["metadata"]["output"]
+    assert state["input"] == d_state["input"]
+    assert state["time"]["start"] == d_state["time"]["start"]
+    assert state["time"]["end"] >= state["time"]["start"]
+    _kept(d_part, p_part, except_keys={"state"})
+    assert [p for p in proxied["parts"] if p["id"] != part_id] == [
+        p for p in direct["parts"] if p["id"] != part_id
+    ]
+    info, d_info = proxied["info"], direct["info"]
+    assert info["time"]["completed"] >= info["time"]["created"]
+    assert info["error"] == V1_MESSAGE_ERROR
+    _kept(d_info, info, except_keys={"time"})
+    _kept(d_info["time"], info["time"], except_keys=set())
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_running_tool_passes_through_untouched(
+    runtime: Runtime, opencode: OpencodeServer, proxy_url: str
+) -> None:
+    """(a) While the tool really runs, the proxy serves opencode's view unchanged."""
+    turn = start_turn(runtime, opencode.url, opencode.project, f"live {runtime}")
+    observed = Observed(turn, wait_tool_running(opencode.url, turn))
+    _assert_passes_through(opencode.url, proxy_url, observed)
+    _assert_still_running(opencode.url, observed, "checked right after the comparison")
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_crash_leaves_tool_running_in_direct_view(
+    runtime: Runtime, scene: CrashScene, opencode: OpencodeServer
+) -> None:
+    """The bug is real: after SIGKILL + restart opencode still says `running`, yet nothing runs it."""
+    observed = scene.stale[runtime]
+    _assert_still_running(opencode.url, observed, "the crash should leave the stale part behind")
+    if runtime == "v1":
+        live = _get_ok(f"{opencode.url}/session/status").json()
+    else:
+        live = _get_ok(f"{opencode.url}/api/session/active").json()["data"]
+    assert observed.turn.session_id not in live
+
+
+def test_v2_stale_tool_settled_in_proxy_view(
+    scene: CrashScene, opencode: OpencodeServer, proxy_url: str
+) -> None:
+    """(b, v2) Both message routes show the orphaned call as interrupted, the rest as stored."""
+    observed = scene.stale["v2"]
+    call_id, message_id = observed.running.tool["id"], observed.running.message_id
+    for path in observed.paths():
+        direct = _get_ok(opencode.url + path).json()
+        proxied = _fetch_settled(proxy_url, path).json()
+        _assert_v2_settled(
+            _pick_message(direct, "v2", message_id), _pick_message(proxied, "v2", message_id), call_id
+        )
+        assert _other_messages(proxied, "v2", message_id) == _other_messages(direct, "v2", message_id)
+        assert proxied.get("cursor") == direct.get("cursor")
+
+
+def test_v1_stale_tool_settled_in_proxy_view(
+    scene: CrashScene, opencode: OpencodeServer, proxy_url: str
+) -> None:
+    """(b, v1) Both message routes show the orphaned part as aborted, the rest as stored."""
+    observed = scene.stale["v1"]
+    part_id, message_id = observed.running.tool["id"], observed.running.message_id
+    for path in observed.paths():
+        direct = _get_ok(opencode.url + path).json()
+        proxied = _fetch_settled(proxy_url, path).json()
+        _assert_v1_settled(
+            _pick_message(direct, "v1", message_id), _pick_message(proxied, "v1", message_id), part_id
+        )
+        assert _other_messages(proxied, "v1", message_id) == _other_messages(direct, "v1", message_id)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_busy_session_in_other_directory_untouched(
+    runtime: Runtime, scene: CrashScene, opencode: OpencodeServer, proxy_url: str
+) -> None:
+    """(c) A tool running in another directory stays `running` through the proxy.
+
+    For v1 this is the trap: `/session/status` asked without the session's directory does not
+    list it, so a proxy that asks the wrong instance would settle a live call.
+    """
+    observed = scene.busy_elsewhere[runtime]
+    _assert_still_running(opencode.url, observed, "started seconds ago with a 600 s sleep")
+    if runtime == "v1":
+        default_instance = _get_ok(f"{opencode.url}/session/status").json()
+        own_instance = request(
+            "GET", f"{opencode.url}/session/status", headers=directory_header(observed.turn.directory)
+        ).json()
+        assert observed.turn.session_id not in default_instance
+        assert own_instance.get(observed.turn.session_id) == {"type": "busy"}
+    _assert_passes_through(opencode.url, proxy_url, observed)

@@ -1,0 +1,143 @@
+"""Start turns in either opencode runtime and wait until their bash tool really runs.
+
+The two runtimes of opencode 1.18.33 keep separate stores, so a `Turn` remembers which one it
+belongs to and knows its own message routes; the same test can then read the view directly from
+opencode or through the proxy by changing only the base URL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from .http_client import request
+from .opencode_server import directory_header
+from .polling import poll
+
+Runtime = Literal["v1", "v2"]
+RUNTIMES: tuple[Runtime, ...] = ("v1", "v2")
+
+_TOOL_START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One prompt sent to one session; `directory` is the project it runs in."""
+
+    runtime: Runtime
+    session_id: str
+    directory: Path
+    prompt: str
+
+    @property
+    def messages_path(self) -> str:
+        """The list route of this runtime's message view."""
+        prefix = "/session" if self.runtime == "v1" else "/api/session"
+        return f"{prefix}/{self.session_id}/message"
+
+    def message_path(self, message_id: str) -> str:
+        """The single-message route of this runtime."""
+        return f"{self.messages_path}/{message_id}"
+
+
+@dataclass(frozen=True)
+class RunningTool:
+    """Where the running bash call sits: the assistant message that holds it, and the tool itself."""
+
+    message_id: str
+    tool: dict[str, Any]
+
+
+def start_v1_turn(base_url: str, directory: Path, prompt: str) -> Turn:
+    """`POST /session` in `directory`, then `POST /session/{id}/prompt_async` (204, runs in background).
+
+    The v1 API takes the directory from `?directory=` or the `x-opencode-directory` header; the
+    header is what opencode's own clients send.
+    """
+    created = request("POST", f"{base_url}/session", json={}, headers=directory_header(directory))
+    _expect(created.status == 200, "POST /session", created.status, created.body)
+    session_id = str(created.json()["id"])
+    body = {"parts": [{"type": "text", "text": prompt}]}
+    prompted = request(
+        "POST",
+        f"{base_url}/session/{session_id}/prompt_async",
+        json=body,
+        headers=directory_header(directory),
+    )
+    _expect(prompted.status == 204, "POST prompt_async", prompted.status, prompted.body)
+    return Turn("v1", session_id, directory, prompt)
+
+
+def start_v2_turn(base_url: str, directory: Path, prompt: str) -> Turn:
+    """`POST /api/session` with the directory as its location, then `POST /api/session/{id}/prompt`."""
+    session = {"location": {"directory": str(directory)}, "model": {"id": "m", "providerID": "mock"}}
+    created = request("POST", f"{base_url}/api/session", json=session)
+    _expect(created.status == 200, "POST /api/session", created.status, created.body)
+    session_id = str(created.json()["data"]["id"])
+    prompted = request(
+        "POST", f"{base_url}/api/session/{session_id}/prompt", json={"prompt": {"text": prompt}}
+    )
+    _expect(prompted.status == 200, "POST /api/session/{id}/prompt", prompted.status, prompted.body)
+    return Turn("v2", session_id, directory, prompt)
+
+
+def start_turn(runtime: Runtime, base_url: str, directory: Path, prompt: str) -> Turn:
+    """Start a turn in the given runtime, so tests can be written once for both."""
+    starter = start_v1_turn if runtime == "v1" else start_v2_turn
+    return starter(base_url, directory, prompt)
+
+
+def wait_tool_running(base_url: str, turn: Turn, *, timeout: float = _TOOL_START_TIMEOUT_S) -> RunningTool:
+    """Poll the message view until the bash call is `running` and its view has stopped changing.
+
+    A v1 part is `running` twice: first without output, then again with `metadata.output` once the
+    command has printed. Only the second is stable until the tool ends, so for v1 the command must
+    print before it blocks (the default `echo hello && sleep 600` does). A v2 item is stable as soon
+    as it is `running` with `time.ran`.
+    """
+    return poll(
+        lambda: find_running_tool(read_messages(base_url, turn), turn.runtime),
+        what=f"{turn.runtime} bash tool running in {turn.session_id}",
+        timeout=timeout,
+        interval=0.25,
+    )
+
+
+def read_messages(base_url: str, turn: Turn) -> list[dict[str, Any]]:
+    """The turn's messages as a plain list (unwrapping the v2 `{"data": [...]}` envelope)."""
+    reply = request("GET", f"{base_url}{turn.messages_path}")
+    _expect(reply.status == 200, f"GET {turn.messages_path}", reply.status, reply.body)
+    body = reply.json()
+    messages: list[dict[str, Any]] = body if turn.runtime == "v1" else body["data"]
+    return messages
+
+
+def find_running_tool(messages: list[dict[str, Any]], runtime: Runtime) -> RunningTool | None:
+    """The first tool that is stably `running` in a message list of `runtime`, if any."""
+    for message in messages:
+        message_id, tools = _tools_of(message, runtime)
+        for tool in tools:
+            if _stably_running(tool, runtime):
+                return RunningTool(message_id, tool)
+    return None
+
+
+def _tools_of(message: dict[str, Any], runtime: Runtime) -> tuple[str, list[dict[str, Any]]]:
+    if runtime == "v1":
+        return message["info"]["id"], [p for p in message["parts"] if p.get("type") == "tool"]
+    return message["id"], [c for c in message.get("content", []) if c.get("type") == "tool"]
+
+
+def _stably_running(tool: dict[str, Any], runtime: Runtime) -> bool:
+    state = tool["state"]
+    if state["status"] != "running":
+        return False
+    if runtime == "v1":
+        return bool(state.get("metadata", {}).get("output"))
+    return "ran" in tool["time"]
+
+
+def _expect(ok: bool, what: str, status: int, body: bytes) -> None:
+    if not ok:
+        raise AssertionError(f"{what} -> {status}: {body[:500]!r}")
