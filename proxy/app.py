@@ -1,4 +1,4 @@
-"""The aiohttp application: one catch-all route, the upstream session and the addons."""
+"""The aiohttp application: the proxy's own routes, the catch-all forwarder, and what they own."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from contextlib import AsyncExitStack
 
 from aiohttp import web
 
+from proxy import health
 from proxy.addons import Addon
 from proxy.api_writer import ApiWriter
 from proxy.config import Settings, WriteBackMode
@@ -14,8 +15,9 @@ from proxy.database import OpencodeDatabase, default_path
 from proxy.db_writer import DbWriter
 from proxy.forward import ADDONS, forward
 from proxy.liveness import LivenessProbe
+from proxy.metrics import METRICS, CountingWriter, Metrics
 from proxy.settle import Settle
-from proxy.upstream import SETTINGS, UPSTREAM, upstream_session
+from proxy.upstream import MOUNT_PREFIX, SETTINGS, UPSTREAM, upstream_session
 from proxy.upstream_api import UpstreamApi
 from proxy.writeback import WriteBack, Writer
 
@@ -33,24 +35,43 @@ async def _writer(settings: Settings, upstream: UpstreamApi, stack: AsyncExitSta
 
 async def _addons(app: web.Application) -> AsyncIterator[None]:
     """`cleanup_ctx` entry: the addons a stand-alone proxy runs, and what they own."""
-    settings = app[SETTINGS]
+    settings, metrics = app[SETTINGS], app[METRICS]
     upstream = UpstreamApi(app[UPSTREAM], settings)
     probe = LivenessProbe(upstream, settings)
     async with AsyncExitStack() as stack:
         writer = await _writer(settings, upstream, stack)
         write_back = None
-        if writer is not None:
-            write_back = app[WRITE_BACK] = WriteBack(probe, writer, settings.grace)
+        if writer is not None and not settings.dry_run:
+            write_back = app[WRITE_BACK] = WriteBack(probe, CountingWriter(writer, metrics), settings.grace)
             stack.push_async_callback(write_back.close)
-        addons: list[Addon] = [Settle(probe, write_back=write_back)]
+        addons: list[Addon] = [Settle(probe, metrics, write_back=write_back, dry_run=settings.dry_run)]
         app[ADDONS] = addons
         yield
 
 
 def create_app(settings: Settings) -> web.Application:
-    """Build the proxy application for `settings`; run it with `aiohttp.web` as usual."""
+    """Build the proxy application for `settings`; run it with `aiohttp.web` as usual.
+
+    To embed settlement in an existing aiohttp application, use `mount` instead.
+    """
     app = web.Application()
     app[SETTINGS] = settings
+    app[METRICS] = Metrics()
+    app[health.LIVENESS_SOURCE] = "on-demand"
     app.cleanup_ctx.extend((upstream_session, _addons))
+    health.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", forward)
+    return app
+
+
+def mount(parent: web.Application, prefix: str, settings: Settings) -> web.Application:
+    """Serve the proxy under `prefix` of an existing application (e.g. "/opencode").
+
+    Requests below the prefix reach the upstream without it; the proxy's lifecycle
+    (upstream connections, write-back) follows the parent's start-up and cleanup.
+    """
+    prefix = "/" + prefix.strip("/")
+    app = create_app(settings)
+    app[MOUNT_PREFIX] = prefix
+    parent.add_subapp(prefix, app)
     return app

@@ -140,6 +140,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="opencode's database, for --write-back db [SETTLE_DB, default %(default)s]",
     )
     parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=_env("SETTLE_DRY_RUN", "") not in ("", "0", "false"),
+        help="log and count what would be settled, but change no response and write nothing [SETTLE_DRY_RUN]",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=_env("SETTLE_LOG_FORMAT", "text"),
+        help="text for people, json (one object per line) for log pipelines "
+        "[SETTLE_LOG_FORMAT, default %(default)s]",
+    )
+    parser.add_argument(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
         default=_env("SETTLE_LOG_LEVEL", "info"),
@@ -162,6 +175,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         write_back=WriteBackMode(args.write_back),
         grace=args.grace,
         db_path=Path(args.db),
+        dry_run=args.dry_run,
     )
 
 

@@ -41,6 +41,8 @@ class Settings:
     """Seconds between the two liveness readings that must both find a session inactive."""
     db_path: Path | None = None
     """opencode's database for `write_back="db"`; None means the default location."""
+    dry_run: bool = False
+    """Decide, log and count settlements, but change no response and write nothing."""
 
     def __post_init__(self) -> None:
         if self.upstream.scheme not in ("http", "https") or not self.upstream.host:

@@ -17,7 +17,18 @@ from typing import Any
 import orjson
 
 from proxy.routes import MessageRoute
-from rules import DEFAULT_RULES, OPEN_STATUSES, Api, Change, Liveness, Rule, Settlement, settle
+from rules import (
+    DEFAULT_RULES,
+    OPEN_STATUSES,
+    Api,
+    Liveness,
+    Rule,
+    Settlement,
+    UnexpectedShape,
+    ViewSettlement,
+    messages_of,
+    settle_view,
+)
 
 _NEEDLES = {
     api: tuple(b'"' + status.encode() + b'"' for status in statuses)
@@ -26,23 +37,14 @@ _NEEDLES = {
 _DECODER = json.JSONDecoder()
 
 
-class NotAMessageView(ValueError):
-    """The body is not JSON of the route's shape; it is passed on unchanged."""
-
-
 @dataclass(frozen=True, slots=True)
 class Rewritten:
-    """A rewritten body and the changes that went into it."""
+    """A rewritten body and the settlement that went into it."""
 
     body: bytes
-    changes: tuple[Change, ...]
+    view: ViewSettlement
     spliced: bool
     """False when the changed messages could not be located and the body was re-serialized."""
-
-    @property
-    def settled_parts(self) -> int:
-        """How many tool parts were settled (message-level changes are not counted)."""
-        return sum(1 for change in self.changes if change.path and change.path[0] in ("parts", "content"))
 
 
 def mentions_open_status(body: bytes, api: Api) -> bool:
@@ -53,44 +55,23 @@ def mentions_open_status(body: bytes, api: Api) -> bool:
 def rewrite(
     body: bytes, route: MessageRoute, liveness: Liveness, rules: Sequence[Rule] = DEFAULT_RULES
 ) -> Rewritten | None:
-    """Return the settled body, or None when no rule changes anything."""
+    """Return the settled body, or None when no rule changes anything.
+
+    Raises `UnexpectedShape` for a body that is not JSON of the route's shape.
+    """
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as error:
-        raise NotAMessageView(f"body is not JSON: {error}") from error
-    messages = _messages(document, route)
-    settlements = [
-        (index, settle(message, route.api, liveness, rules)) for index, message in enumerate(messages)
-    ]
-    changed = [(index, found) for index, found in settlements if found is not None]
-    if not changed:
+        raise UnexpectedShape(f"body is not JSON: {error}") from error
+    originals = messages_of(document, route.api, single=route.single)
+    view = settle_view(document, route.api, liveness, single=route.single, rules=rules)
+    if view is None:
         return None
-    changes = tuple(change for _, found in changed for change in found.changes)
-    spliced = _splice(body, [(messages[index], found) for index, found in changed], route.api)
+    changed = [(originals[index], found) for index, found in view.settled]
+    spliced = _splice(body, changed, route.api)
     if spliced is not None:
-        return Rewritten(spliced, changes, spliced=True)
-    for index, found in changed:
-        messages[index] = found.message
-    return Rewritten(orjson.dumps(_rebuild(document, route, messages)), changes, spliced=False)
-
-
-def _messages(document: Any, route: MessageRoute) -> list[Any]:
-    if route.api is Api.V2:
-        container = document.get("data") if isinstance(document, dict) else None
-    else:
-        container = document
-    if route.single and isinstance(container, dict):
-        return [container]
-    if not route.single and isinstance(container, list):
-        return list(container)
-    raise NotAMessageView(
-        f"{route.api} {'message' if route.single else 'message list'} has an unexpected shape"
-    )
-
-
-def _rebuild(document: Any, route: MessageRoute, messages: list[Any]) -> Any:
-    container: Any = messages[0] if route.single else messages
-    return {**document, "data": container} if route.api is Api.V2 else container
+        return Rewritten(spliced, view, spliced=True)
+    return Rewritten(orjson.dumps(view.document), view, spliced=False)
 
 
 def _splice(body: bytes, changed: list[tuple[Any, Settlement]], api: Api) -> bytes | None:

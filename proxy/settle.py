@@ -15,10 +15,12 @@ from aiohttp import hdrs
 
 from proxy.addons import Addon, Flow
 from proxy.liveness import LivenessProbe, LivenessUnknown
-from proxy.rewrite import NotAMessageView, mentions_open_status, rewrite
+from proxy.metrics import Metrics
+from proxy.rewrite import Rewritten, mentions_open_status, rewrite
 from proxy.routes import MessageRoute, match_message_route
+from proxy.upstream import opencode_path
 from proxy.writeback import WriteBack
-from rules import DEFAULT_RULES, Rule, UnexpectedShape
+from rules import DEFAULT_RULES, Rule, UnexpectedShape, target_of
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +30,28 @@ _VALIDATORS = (hdrs.ETAG, hdrs.LAST_MODIFIED, "Content-MD5")
 
 
 class Settle(Addon):
-    """Rewrite orphaned tool parts in message views of inactive sessions."""
+    """Rewrite orphaned tool parts in message views of inactive sessions.
+
+    With `dry_run` it decides, logs and counts exactly as it would, but sends the body
+    unchanged and schedules no write-back.
+    """
 
     name: ClassVar[str] = "settle"
 
     def __init__(
-        self, probe: LivenessProbe, rules: Sequence[Rule] = DEFAULT_RULES, write_back: WriteBack | None = None
+        self,
+        probe: LivenessProbe,
+        metrics: Metrics,
+        *,
+        rules: Sequence[Rule] = DEFAULT_RULES,
+        write_back: WriteBack | None = None,
+        dry_run: bool = False,
     ) -> None:
         self._probe = probe
+        self._metrics = metrics
         self._rules = rules
         self._write_back = write_back
+        self._dry_run = dry_run
         self._reported: set[tuple[str, str]] = set()
 
     async def request_headers(self, flow: Flow) -> None:
@@ -58,34 +72,45 @@ class Settle(Addon):
             return
         credentials = self._probe.credentials(flow.request)
         try:
+            self._metrics.liveness_requests.labels(route.api).inc()
             liveness = await self._probe.read(route.api, route.session_id, credentials)
             rewritten = rewrite(flow.body, route, liveness, self._rules)
         except LivenessUnknown as error:
             log.warning("liveness of %s unknown, body passed on unchanged: %s", route.session_id, error)
             return
-        except (NotAMessageView, UnexpectedShape) as error:
+        except UnexpectedShape as error:
             self._report_once(route, str(error))
             return
         if rewritten is None:
             return
-        for change in rewritten.changes:
-            log.info(
-                "settled rule=%s api=%s session=%s path=%s reason=%s",
-                change.rule,
-                route.api,
-                route.session_id,
-                "/".join(map(str, change.path)),
-                change.reason,
-            )
+        self._record(route, rewritten)
+        if self._dry_run:
+            return
         flow.body = rewritten.body
         for name in _VALIDATORS:
             flow.response_headers.popall(name, None)
-        flow.response_headers[SETTLED_HEADER] = str(rewritten.settled_parts)
-        flow.response_headers[RULES_HEADER] = ",".join(
-            dict.fromkeys(change.rule for change in rewritten.changes)
-        )
+        flow.response_headers[SETTLED_HEADER] = str(rewritten.view.settled_parts)
+        flow.response_headers[RULES_HEADER] = ",".join(dict.fromkeys(c.rule for c in rewritten.view.changes))
         if self._write_back is not None:
             self._write_back.schedule(route.api, route.session_id, credentials)
+
+    def _record(self, route: MessageRoute, rewritten: Rewritten) -> None:
+        """One structured log line and one count per change."""
+        verb = "would settle" if self._dry_run else "settled"
+        for _, settlement in rewritten.view.settled:
+            for change in settlement.changes:
+                target = target_of(settlement.message, change, route.api)
+                fields = {
+                    "session": route.session_id,
+                    "message": target.message,
+                    "part": target.part,
+                    "tool": target.tool,
+                    "rule": change.rule,
+                    "api": str(route.api),
+                    "why": change.reason,
+                }
+                log.info("%s %s", verb, change.rule, extra={"fields": fields})
+                self._metrics.rewrites.labels(change.rule, route.api, str(not self._dry_run).lower()).inc()
 
     def _report_once(self, route: MessageRoute, problem: str) -> None:
         key = (route.session_id, problem)
@@ -95,4 +120,4 @@ class Settle(Addon):
 
 
 def _route(flow: Flow) -> MessageRoute | None:
-    return match_message_route(flow.request.method, flow.request.path)
+    return match_message_route(flow.request.method, opencode_path(flow.request))

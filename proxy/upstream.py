@@ -16,8 +16,20 @@ from proxy.config import Settings
 
 SETTINGS = web.AppKey("settings", Settings)
 UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
+MOUNT_PREFIX = web.AppKey("mount_prefix", str)
+"""Where the proxy is mounted inside another application ("" when it runs on its own)."""
 
 _READ_BUFFER = 2**18
+
+
+def upstream_path(request: web.Request) -> str:
+    """The path (raw, with its query) the upstream must see: without the mount prefix."""
+    return request.raw_path.removeprefix(request.app.get(MOUNT_PREFIX, ""))
+
+
+def opencode_path(request: web.Request) -> str:
+    """The decoded path as opencode routes it, for matching its routes."""
+    return request.path.removeprefix(request.app.get(MOUNT_PREFIX, ""))
 
 
 async def upstream_session(app: web.Application) -> AsyncIterator[None]:

@@ -15,6 +15,7 @@ from yarl import URL
 
 from proxy.errors import bad_gateway
 from proxy.headers import upstream_request_headers
+from proxy.metrics import METRICS
 from proxy.upstream import SETTINGS, UPSTREAM
 
 _HANDSHAKE_HEADERS = (
@@ -58,7 +59,8 @@ async def relay_websocket(request: web.Request, url: URL) -> web.StreamResponse:
             protocols=(upstream.protocol,) if upstream.protocol else (), max_msg_size=0
         )
         await client.prepare(request)
-        await _pump_both_ways(client, upstream)
+        with request.app[METRICS].open_streams.track_inprogress():
+            await _pump_both_ways(client, upstream)
         return client
 
 

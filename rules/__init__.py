@@ -11,6 +11,7 @@ from rules.models import Api, Message, V1Message, V2Message
 from rules.registry import DEFAULT_RULES
 from rules.rule import Rule
 from rules.tools import OPEN_STATUSES
+from rules.views import Target, ViewSettlement, messages_of, settle_view, target_of, with_messages
 
 __all__ = [
     "DEFAULT_RULES",
@@ -21,10 +22,16 @@ __all__ = [
     "Message",
     "Rule",
     "Settlement",
+    "Target",
     "UnexpectedShape",
     "V1Message",
     "V2Message",
+    "ViewSettlement",
     "apply_changes",
     "merge_patch",
+    "messages_of",
     "settle",
+    "settle_view",
+    "target_of",
+    "with_messages",
 ]

@@ -6,9 +6,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.rewrite import NotAMessageView, mentions_open_status, rewrite
+from proxy.rewrite import mentions_open_status, rewrite
 from proxy.routes import MessageRoute, match_message_route
-from rules import Api, Liveness, settle
+from rules import Api, Liveness, UnexpectedShape, settle
 from tests.fixtures import load
 
 INACTIVE = Liveness("ses_x", active=False)
@@ -49,7 +49,7 @@ def test_changed_messages_are_spliced_into_the_original_bytes(stale_at: set[int]
     assert result is not None
     assert result.spliced
     assert orjson.loads(result.body) == expected(document, stale_at)
-    assert result.settled_parts == len(stale_at)
+    assert result.view.settled_parts == len(stale_at)
     untouched = json.dumps(document["data"][2], indent=indent, ensure_ascii=False).encode()
     if 2 not in stale_at and indent is None:
         assert untouched in result.body
@@ -92,7 +92,7 @@ def test_v1_list_splices_the_last_message() -> None:
     ],
 )
 def test_wrong_shapes_are_refused(body: bytes, route: MessageRoute) -> None:
-    with pytest.raises(NotAMessageView):
+    with pytest.raises(UnexpectedShape):
         rewrite(body, route, INACTIVE)
 
 

@@ -1,0 +1,63 @@
+"""The proxy's own routes under `/_settle/`: they are answered here and never reach upstream."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import hdrs, web
+
+from proxy import __version__
+from proxy.metrics import CONTENT_TYPE_LATEST, METRICS
+from proxy.upstream import SETTINGS, UPSTREAM
+
+PREFIX = "/_settle"
+LIVENESS_SOURCE = web.AppKey("liveness_source", str)
+
+
+async def health(request: web.Request) -> web.Response:
+    """Whether the upstream answers, where liveness comes from, and which version runs.
+
+    503 while the upstream is unreachable, so a supervisor can tell; the proxy itself keeps
+    serving (and answering 502 on forwarded routes) until it is back.
+    """
+    settings = request.app[SETTINGS]
+    upstream: dict[str, object] = {"url": str(settings.upstream_origin)}
+    headers = {hdrs.AUTHORIZATION: settings.authorization} if settings.authorization else {}
+    try:
+        async with request.app[UPSTREAM].get(
+            settings.upstream_origin.with_path("/global/health"),
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=settings.connect_timeout),
+        ) as answer:
+            upstream |= {"reachable": True, "status": answer.status}
+    except (aiohttp.ClientError, TimeoutError) as error:
+        upstream |= {"reachable": False, "error": str(error) or type(error).__name__}
+    body = {
+        "status": "ok" if upstream["reachable"] else "upstream unreachable",
+        "version": __version__,
+        "upstream": upstream,
+        "liveness": {"source": request.app[LIVENESS_SOURCE]},
+        "write_back": str(settings.write_back),
+        "dry_run": settings.dry_run,
+    }
+    return web.json_response(body, status=200 if upstream["reachable"] else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text exposition."""
+    return web.Response(
+        body=request.app[METRICS].exposition(), headers={hdrs.CONTENT_TYPE: CONTENT_TYPE_LATEST}
+    )
+
+
+async def not_found(_: web.Request) -> web.Response:
+    """Anything else under the prefix is the proxy's, and does not exist."""
+    return web.json_response(
+        {"error": "not_found", "message": f"no such settle-proxy route under {PREFIX}/"}, status=404
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the routes; they must come before the catch-all forwarder."""
+    app.router.add_get(f"{PREFIX}/health", health)
+    app.router.add_get(f"{PREFIX}/metrics", metrics)
+    app.router.add_route("*", PREFIX + "/{tail:.*}", not_found)

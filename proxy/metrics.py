@@ -1,0 +1,89 @@
+"""Prometheus metrics, one registry per application so that embedded copies never collide.
+
+Served at `/_settle/metrics` in the Prometheus text format (prometheus-client: the format,
+its escaping and histogram buckets are its job, not ours).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from proxy.config import WriteBackMode
+from proxy.upstream_api import Credentials
+from proxy.writeback import Writer, Written
+from rules import Api, Liveness
+
+__all__ = ["CONTENT_TYPE_LATEST", "METRICS", "CountingWriter", "Metrics"]
+
+
+class Metrics:
+    """Every metric the proxy keeps."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "settle_proxy_requests",
+            "Client requests forwarded, by method and status.",
+            ("method", "status"),
+            registry=self.registry,
+        )
+        self.rewrites = Counter(
+            "settle_proxy_rewrites",
+            "Changes made to message views (applied=false: --dry-run).",
+            ("rule", "api", "applied"),
+            registry=self.registry,
+        )
+        self.write_backs = Counter(
+            "settle_proxy_write_backs",
+            "Write-back passes, by mode and outcome.",
+            ("mode", "outcome"),
+            registry=self.registry,
+        )
+        self.liveness_requests = Counter(
+            "settle_proxy_liveness_requests",
+            "Liveness look-ups made upstream.",
+            ("api",),
+            registry=self.registry,
+        )
+        self.upstream_seconds = Histogram(
+            "settle_proxy_upstream_seconds",
+            "Time until the upstream's response headers arrived.",
+            registry=self.registry,
+        )
+        self.open_streams = Gauge(
+            "settle_proxy_open_streams",
+            "Event streams and WebSockets open right now.",
+            registry=self.registry,
+        )
+
+    def exposition(self) -> bytes:
+        """The text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+METRICS = web.AppKey("metrics", Metrics)
+
+
+class CountingWriter:
+    """A writer that counts what the writer it wraps achieved."""
+
+    def __init__(self, writer: Writer, metrics: Metrics) -> None:
+        self._writer = writer
+        self._metrics = metrics
+
+    @property
+    def mode(self) -> WriteBackMode:
+        return self._writer.mode
+
+    async def write(
+        self, api: Api, session_id: str, credentials: Credentials, liveness: Liveness
+    ) -> list[Written]:
+        outcome = "failed"
+        try:
+            written = await self._writer.write(api, session_id, credentials, liveness)
+            outcome = "written" if written else "nothing"
+            return written
+        finally:
+            self._metrics.write_backs.labels(self.mode, outcome).inc()

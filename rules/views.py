@@ -1,0 +1,98 @@
+"""Whole message views as opencode serves them, settled at once.
+
+This is the entry point for code that already has a parsed body (another framework, a
+script): `settle_view(document, api, liveness)` returns the settled document and what
+changed, with no I/O. The view shapes:
+
+- v1 list `[{info, parts}]`, v1 single `{info, parts}`;
+- v2 list `{"data": [message], "cursor": {...}}` (the context view has no cursor),
+  v2 single `{"data": message}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rules.changes import Change
+from rules.engine import Settlement, UnexpectedShape, settle
+from rules.liveness import Liveness
+from rules.models import Api
+from rules.registry import DEFAULT_RULES
+from rules.rule import Rule
+
+
+@dataclass(frozen=True, slots=True)
+class ViewSettlement:
+    """A settled view: the new document, and each changed message's position and settlement."""
+
+    document: Any
+    settled: tuple[tuple[int, Settlement], ...]
+
+    @property
+    def changes(self) -> tuple[Change, ...]:
+        return tuple(change for _, settlement in self.settled for change in settlement.changes)
+
+    @property
+    def settled_parts(self) -> int:
+        """How many tool parts were settled (changes to messages themselves are not counted)."""
+        return sum(1 for change in self.changes if change.path[:1] in (("parts",), ("content",)))
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What a change touched, named the way a person looks it up."""
+
+    message: str
+    part: str | None
+    tool: str | None
+
+
+def messages_of(document: Any, api: Api, *, single: bool) -> list[Any]:
+    """The messages of a view, in the view's order; `UnexpectedShape` if it is not a view."""
+    container = document.get("data") if api is Api.V2 and isinstance(document, dict) else document
+    if api is Api.V2 and not isinstance(document, dict):
+        container = None
+    if single and isinstance(container, dict):
+        return [container]
+    if not single and isinstance(container, list):
+        return list(container)
+    raise UnexpectedShape(f"{api} {'message' if single else 'message list'} has an unexpected shape")
+
+
+def with_messages(document: Any, api: Api, messages: list[Any], *, single: bool) -> Any:
+    """`document` with its messages replaced; every other field kept in place."""
+    container: Any = messages[0] if single else messages
+    return {**document, "data": container} if api is Api.V2 else container
+
+
+def settle_view(
+    document: Any,
+    api: Api,
+    liveness: Liveness,
+    *,
+    single: bool = False,
+    rules: Sequence[Rule] = DEFAULT_RULES,
+) -> ViewSettlement | None:
+    """Settle every message of a parsed view; None when nothing changes."""
+    messages = messages_of(document, api, single=single)
+    settled = tuple(
+        (index, found)
+        for index, message in enumerate(messages)
+        if (found := settle(message, api, liveness, rules)) is not None
+    )
+    if not settled:
+        return None
+    for index, found in settled:
+        messages[index] = found.message
+    return ViewSettlement(with_messages(document, api, messages, single=single), settled)
+
+
+def target_of(message: Mapping[str, Any], change: Change, api: Api) -> Target:
+    """The message, part and tool a change applies to."""
+    message_id = str(message["info"]["id"] if api is Api.V1 else message["id"])
+    if change.path[:1] not in (("parts",), ("content",)):
+        return Target(message_id, None, None)
+    item = message[str(change.path[0])][int(change.path[1])]
+    return Target(message_id, item.get("id"), item.get("tool" if api is Api.V1 else "name"))

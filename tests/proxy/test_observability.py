@@ -1,0 +1,103 @@
+"""The proxy's own routes, dry run, and structured logs."""
+
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from yarl import URL
+
+from proxy.app import create_app
+from proxy.config import Settings
+from proxy.logs import JsonFormatter, TextFormatter
+from proxy.settle import SETTLED_HEADER
+from tests.fixtures import compact
+from tests.proxy.conftest import ProxyClient
+from tests.proxy.fake_opencode import FakeOpencode
+
+V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
+ClientFactory = Callable[[web.Application], Awaitable[ProxyClient]]
+
+
+async def test_health_reports_upstream_and_version(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    response = await proxy.get("/_settle/health")
+    assert response.status == 200
+    health = await response.json()
+    assert health["status"] == "ok"
+    assert health["upstream"]["reachable"] is True
+    assert health["liveness"] == {"source": "on-demand"}
+    assert health["version"]
+    assert all(not request.path.startswith("/_settle") for request in fake.seen)
+
+
+async def test_health_says_when_upstream_is_down(aiohttp_client: ClientFactory) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = await aiohttp_client(create_app(Settings(upstream=URL(f"http://127.0.0.1:{port}"))))
+    response = await client.get("/_settle/health")
+    assert response.status == 503
+    assert (await response.json())["upstream"]["reachable"] is False
+
+
+async def test_other_settle_paths_never_reach_upstream(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    response = await proxy.post("/_settle/anything/else")
+    assert response.status == 404
+    assert fake.seen == []
+
+
+async def test_metrics_count_requests_and_rewrites(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    await proxy.get(f"/session/{V1}/message")
+    await proxy.get("/missing")
+    text = await (await proxy.get("/_settle/metrics")).text()
+    assert 'settle_proxy_rewrites_total{api="v1",applied="true",rule="orphaned-tool"} 1.0' in text
+    assert 'settle_proxy_rewrites_total{api="v1",applied="true",rule="unfinished-message"} 1.0' in text
+    assert 'settle_proxy_requests_total{method="GET",status="404"} 1.0' in text
+    assert 'settle_proxy_liveness_requests_total{api="v1"} 1.0' in text
+    assert "settle_proxy_upstream_seconds_count 2.0" in text
+
+
+@pytest.fixture
+async def dry_proxy(upstream: TestServer, aiohttp_client: ClientFactory) -> ProxyClient:
+    return await aiohttp_client(create_app(Settings(upstream=URL(str(upstream.make_url("/"))), dry_run=True)))
+
+
+async def test_dry_run_changes_nothing_but_logs_and_counts(
+    dry_proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.bodies[f"/session/{V1}/message"] = original = compact("v1-message-stale-running.json")
+    with caplog.at_level(logging.INFO, logger="proxy.settle"):
+        response = await dry_proxy.get(f"/session/{V1}/message")
+    assert await response.read() == original
+    assert SETTLED_HEADER not in response.headers
+    lines = [record for record in caplog.records if record.getMessage().startswith("would settle")]
+    assert [getattr(record, "fields")["rule"] for record in lines] == ["orphaned-tool", "unfinished-message"]
+    text = await (await dry_proxy.get("/_settle/metrics")).text()
+    assert 'settle_proxy_rewrites_total{api="v1",applied="false",rule="orphaned-tool"} 1.0' in text
+
+
+async def test_one_structured_line_per_settlement(
+    proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    with caplog.at_level(logging.INFO, logger="proxy.settle"):
+        await proxy.get(f"/session/{V1}/message", headers={"Authorization": "Basic c2VjcmV0OnNlY3JldA=="})
+    (tool_line,) = [r for r in caplog.records if getattr(r, "fields", {}).get("rule") == "orphaned-tool"]
+    entry = orjson.loads(JsonFormatter().format(tool_line))
+    assert entry["event"] == "settled orphaned-tool"
+    assert {key: entry[key] for key in ("session", "message", "part", "tool", "rule", "api")} == {
+        "session": V1,
+        "message": "msg_229432faa0010ifWjJPo42f8Zo",
+        "part": "prt_229433856001UdZM6dtgAYZqVe",
+        "tool": "bash",
+        "rule": "orphaned-tool",
+        "api": "v1",
+    }
+    assert "open in inactive session" in entry["why"]
+    assert "part=prt_229433856001UdZM6dtgAYZqVe" in TextFormatter().format(tool_line)
+    assert all("c2VjcmV0" not in record.getMessage() and "secret" not in str(getattr(record, "fields", ""))
+               for record in caplog.records)
