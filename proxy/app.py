@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
@@ -17,6 +19,7 @@ from proxy.forward import ADDONS, forward
 from proxy.liveness import LivenessProbe
 from proxy.metrics import METRICS, CountingWriter, Metrics
 from proxy.settle import Settle
+from proxy.tracker import TRACKER, LivenessTracker
 from proxy.upstream import MOUNT_PREFIX, SETTINGS, UPSTREAM, upstream_session
 from proxy.upstream_api import UpstreamApi
 from proxy.writeback import WriteBack, Writer
@@ -44,9 +47,19 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         if writer is not None and not settings.dry_run:
             write_back = app[WRITE_BACK] = WriteBack(probe, CountingWriter(writer, metrics), settings.grace)
             stack.push_async_callback(write_back.close)
-        addons: list[Addon] = [Settle(probe, metrics, write_back=write_back, dry_run=settings.dry_run)]
+        tracker = app[TRACKER] = LivenessTracker(app[UPSTREAM], settings)
+        following = asyncio.create_task(tracker.run(), name="liveness-tracker")
+        stack.push_async_callback(_cancelled, following)
+        settle = Settle(probe, tracker, metrics, write_back=write_back, dry_run=settings.dry_run)
+        addons: list[Addon] = [settle]
         app[ADDONS] = addons
         yield
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -57,7 +70,6 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application()
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
-    app[health.LIVENESS_SOURCE] = "on-demand"
     app.cleanup_ctx.extend((upstream_session, _addons))
     health.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", forward)

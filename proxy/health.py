@@ -7,10 +7,10 @@ from aiohttp import hdrs, web
 
 from proxy import __version__
 from proxy.metrics import CONTENT_TYPE_LATEST, METRICS
+from proxy.tracker import TRACKER, StreamState
 from proxy.upstream import SETTINGS, UPSTREAM
 
 PREFIX = "/_settle"
-LIVENESS_SOURCE = web.AppKey("liveness_source", str)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -35,11 +35,16 @@ async def health(request: web.Request) -> web.Response:
         "status": "ok" if upstream["reachable"] else "upstream unreachable",
         "version": __version__,
         "upstream": upstream,
-        "liveness": {"source": request.app[LIVENESS_SOURCE]},
+        "liveness": _liveness_source(request.app[TRACKER].state),
         "write_back": str(settings.write_back),
         "dry_run": settings.dry_run,
     }
     return web.json_response(body, status=200 if upstream["reachable"] else 503)
+
+
+def _liveness_source(state: StreamState) -> dict[str, str]:
+    source = "events" if state is StreamState.FOLLOWING else "asked on every fetch"
+    return {"source": source, "event_stream": str(state)}
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -1,13 +1,15 @@
 """The `settle` addon: message views are made to agree with the server's liveness.
 
-A body is only parsed when a byte scan finds an open tool status in it, and only after a
-liveness reading taken once the whole body has arrived says the session is inactive. Any
-doubt leaves the body exactly as the upstream sent it.
+A body is only parsed when a byte scan finds an open tool status in it, and only when the
+session is inactive by a reading that is current once the whole body has arrived: one kept
+from the event stream (no event about the session since it was taken), or else a fresh one
+asked of the upstream. Any doubt leaves the body exactly as the upstream sent it.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -18,15 +20,18 @@ from proxy.liveness import LivenessProbe, LivenessUnknown
 from proxy.metrics import Metrics
 from proxy.rewrite import Rewritten, mentions_open_status, rewrite
 from proxy.routes import MessageRoute, match_message_route
+from proxy.tracker import LivenessTracker
 from proxy.upstream import opencode_path
+from proxy.upstream_api import Credentials
 from proxy.writeback import WriteBack
-from rules import DEFAULT_RULES, Rule, UnexpectedShape, target_of
+from rules import DEFAULT_RULES, Liveness, Rule, UnexpectedShape, target_of
 
 log = logging.getLogger(__name__)
 
 SETTLED_HEADER = "X-Settle-Settled"
 RULES_HEADER = "X-Settle-Rules"
 _VALIDATORS = (hdrs.ETAG, hdrs.LAST_MODIFIED, "Content-MD5")
+FRESH_WINDOW_MS = 10_000
 
 
 class Settle(Addon):
@@ -41,6 +46,7 @@ class Settle(Addon):
     def __init__(
         self,
         probe: LivenessProbe,
+        tracker: LivenessTracker,
         metrics: Metrics,
         *,
         rules: Sequence[Rule] = DEFAULT_RULES,
@@ -48,6 +54,7 @@ class Settle(Addon):
         dry_run: bool = False,
     ) -> None:
         self._probe = probe
+        self._tracker = tracker
         self._metrics = metrics
         self._rules = rules
         self._write_back = write_back
@@ -72,9 +79,12 @@ class Settle(Addon):
             return
         credentials = self._probe.credentials(flow.request)
         try:
-            self._metrics.liveness_requests.labels(route.api).inc()
-            liveness = await self._probe.read(route.api, route.session_id, credentials)
-            rewritten = rewrite(flow.body, route, liveness, self._rules)
+            kept = self._tracker.cached(route.api, route.session_id)
+            liveness = kept or await self._ask(route, credentials)
+            rewritten = None if liveness.active else rewrite(flow.body, route, liveness, self._rules)
+            if rewritten is not None and kept is not None and _recently_alive(rewritten):
+                # A kept reading vouches for the past; a tool alive moments ago gets a fresh one.
+                rewritten = None if (await self._ask(route, credentials)).active else rewritten
         except LivenessUnknown as error:
             log.warning("liveness of %s unknown, body passed on unchanged: %s", route.session_id, error)
             return
@@ -93,6 +103,13 @@ class Settle(Addon):
         flow.response_headers[RULES_HEADER] = ",".join(dict.fromkeys(c.rule for c in rewritten.view.changes))
         if self._write_back is not None:
             self._write_back.schedule(route.api, route.session_id, credentials)
+
+    async def _ask(self, route: MessageRoute, credentials: Credentials) -> Liveness:
+        """A fresh reading from the upstream, kept for later fetches while the stream vouches for it."""
+        self._metrics.liveness_requests.labels(route.api).inc()
+        liveness = await self._probe.read(route.api, route.session_id, credentials)
+        self._tracker.store(route.api, liveness)
+        return liveness
 
     def _record(self, route: MessageRoute, rewritten: Rewritten) -> None:
         """One structured log line and one count per change."""
@@ -117,6 +134,10 @@ class Settle(Addon):
         if key not in self._reported:
             self._reported.add(key)
             log.warning("session %s: %s; body passed on unchanged", route.session_id, problem)
+
+
+def _recently_alive(rewritten: Rewritten) -> bool:
+    return time.time() * 1000 - rewritten.view.last_alive < FRESH_WINDOW_MS
 
 
 def _route(flow: Flow) -> MessageRoute | None:

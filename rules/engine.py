@@ -13,7 +13,7 @@ from rules.liveness import Liveness
 from rules.models import Api, JSONObject, Message, V1Message, V2Message
 from rules.registry import DEFAULT_RULES
 from rules.rule import Rule
-from rules.tools import has_open_tool
+from rules.tools import has_open_tool, message_settled_at
 
 
 class UnexpectedShape(ValueError):
@@ -26,6 +26,8 @@ class Settlement:
 
     message: JSONObject
     changes: tuple[Change, ...]
+    last_alive: int
+    """The latest moment any settled tool is known to have been alive (epoch ms)."""
 
 
 _MODELS: Mapping[Api, type[Message]] = {Api.V1: V1Message, Api.V2: V2Message}
@@ -48,4 +50,4 @@ def settle(
     changes = tuple(change for rule in rules for change in rule(message, liveness))
     if not changes:
         return None
-    return Settlement(apply_changes(raw_message, changes), changes)
+    return Settlement(apply_changes(raw_message, changes), changes, message_settled_at(message))

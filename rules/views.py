@@ -35,6 +35,11 @@ class ViewSettlement:
         return tuple(change for _, settlement in self.settled for change in settlement.changes)
 
     @property
+    def last_alive(self) -> int:
+        """The latest moment any settled tool of the view is known to have been alive (epoch ms)."""
+        return max(settlement.last_alive for _, settlement in self.settled)
+
+    @property
     def settled_parts(self) -> int:
         """How many tool parts were settled (changes to messages themselves are not counted)."""
         return sum(1 for change in self.changes if change.path[:1] in (("parts",), ("content",)))

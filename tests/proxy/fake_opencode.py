@@ -30,6 +30,9 @@ class FakeOpencode:
     before_replay: list[dict[str, Any]] = field(default_factory=list)
     """Events the "server" appends itself just before the next replay: a concurrent append."""
     replays: list[tuple[int, Any]] = field(default_factory=list)
+    global_events: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
+    """Payloads for `/global/event` subscribers; None ends the stream (as a server restart would)."""
+    subscribers: int = 0
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -40,6 +43,7 @@ class FakeOpencode:
         app.router.add_route("*", "/echo", self._echo)
         app.router.add_get("/gzip", self._gzip)
         app.router.add_get("/events", self._events)
+        app.router.add_get("/global/event", self._global_events)
         app.router.add_get("/pty/{id}/connect", self._pty)
         app.router.add_patch("/session/{session}/message/{message}/part/{part}", self._patch_part)
         app.router.add_post("/sync/history", self._history)
@@ -103,6 +107,20 @@ class FakeOpencode:
             await response.write(f"data: {number}\n\n".encode())
             await asyncio.sleep(float(request.query.get("gap", "0.05")))
         return response
+
+    async def _global_events(self, request: web.Request) -> web.StreamResponse:
+        self.subscribers += 1
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"payload":{"type":"server.connected","properties":{}}}\n\n')
+        while (payload := await self.global_events.get()) is not None:
+            await response.write(b"data: " + payload + b"\n\n")
+        return response
+
+    def publish(self, kind: str, session_id: str, **properties: Any) -> None:
+        """Send one event the way `/global/event` frames it."""
+        payload = {"type": kind, "properties": {"sessionID": session_id, **properties}}
+        self.global_events.put_nowait(orjson.dumps({"directory": "/cwd", "payload": payload}))
 
     async def _pty(self, request: web.Request) -> web.WebSocketResponse:
         socket = web.WebSocketResponse()

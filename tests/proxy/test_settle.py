@@ -1,5 +1,6 @@
 """The settle addon end to end: fake upstream → proxy → client."""
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -83,6 +84,8 @@ async def test_v1_liveness_is_asked_in_the_sessions_directory(proxy: ProxyClient
     _, body, _ = await fetch(proxy, f"/session/{V1}/message")
     assert body == original
     fake.v1_busy["/elsewhere"] = set()
+    fake.publish("session.status", V1, status={"type": "idle"})
+    await asyncio.sleep(0.05)
     document, _, _ = await fetch(proxy, f"/session/{V1}/message")
     assert document[1]["parts"][1]["state"]["status"] == "error"
 

@@ -1,0 +1,124 @@
+"""Liveness kept from the event stream: no extra upstream request once warm, never a guess."""
+
+import asyncio
+import time
+
+import orjson
+import pytest
+
+from proxy.tracker import TRACKER, StreamState, parse_event
+from rules import Api
+from tests.fixtures import OPENCODE, compact
+from tests.proxy.conftest import ProxyClient
+from tests.proxy.fake_opencode import FakeOpencode
+
+V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
+V2 = "ses_dd6bd0f33ffejRStwdnQDIkDom"
+
+
+async def following(proxy: ProxyClient) -> None:
+    for _ in range(200):
+        if proxy.app[TRACKER].state is StreamState.FOLLOWING:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the proxy never followed /global/event")
+
+
+async def settled_count(proxy: ProxyClient, path: str) -> str | None:
+    response = await proxy.get(path)
+    await response.read()
+    return response.headers.get("X-Settle-Settled")
+
+
+async def test_steady_state_needs_no_liveness_request(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    await following(proxy)
+    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
+    for _ in range(5):
+        assert await settled_count(proxy, f"/api/session/{V2}/message") == "1"
+    assert fake.liveness_requests == 1
+
+
+async def test_an_event_about_the_session_sends_the_proxy_back_to_asking(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    await following(proxy)
+    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
+    assert await settled_count(proxy, f"/api/session/{V2}/message") == "1"
+    fake.v2_active.add(V2)
+    fake.publish("session.next.prompt.admitted", V2)
+    await asyncio.sleep(0.05)
+    assert await settled_count(proxy, f"/api/session/{V2}/message") is None
+    assert fake.liveness_requests == 2
+
+
+async def test_v1_status_events_are_readings(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    await following(proxy)
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    fake.publish("session.status", V1, status={"type": "busy"})
+    await asyncio.sleep(0.05)
+    assert await settled_count(proxy, f"/session/{V1}/message") is None
+    fake.publish("session.status", V1, status={"type": "idle"})
+    await asyncio.sleep(0.05)
+    # The part started long ago (fixture), so the kept "idle" is trusted without asking.
+    assert await settled_count(proxy, f"/session/{V1}/message") == "1"
+    assert fake.liveness_requests == 0
+
+
+async def test_a_tool_alive_moments_ago_gets_a_fresh_reading(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    await following(proxy)
+    messages = orjson.loads(compact("v1-message-stale-running.json"))
+    messages[1]["parts"][1]["state"]["time"]["start"] = int(time.time() * 1000)
+    fake.bodies[f"/session/{V1}/message"] = orjson.dumps(messages)
+    fake.publish("session.status", V1, status={"type": "idle"})
+    await asyncio.sleep(0.05)
+    fake.v1_busy["/cwd"] = {V1}  # the upstream knows better than the kept reading
+    assert await settled_count(proxy, f"/session/{V1}/message") is None
+    assert fake.liveness_requests == 1
+
+
+async def test_a_lost_stream_drops_every_reading(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    await following(proxy)
+    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
+    await settled_count(proxy, f"/api/session/{V2}/message")
+    fake.global_events.put_nowait(None)
+    await asyncio.sleep(0.05)
+    await following(proxy)
+    await settled_count(proxy, f"/api/session/{V2}/message")
+    assert fake.liveness_requests == 2
+    assert fake.subscribers == 2
+
+
+@pytest.mark.parametrize(
+    ("line", "meaning"),
+    [
+        (
+            '{"payload":{"type":"session.status","properties":{"sessionID":"s","status":{"type":"busy"}}}}',
+            (Api.V1, True),
+        ),
+        (
+            '{"payload":{"type":"session.status","properties":{"sessionID":"s","status":{"type":"retry"}}}}',
+            (Api.V1, True),
+        ),
+        (
+            '{"payload":{"type":"session.status","properties":{"sessionID":"s","status":{"type":"idle"}}}}',
+            (Api.V1, False),
+        ),
+        ('{"payload":{"type":"session.idle","properties":{"sessionID":"s"}}}', (Api.V1, False)),
+        ('{"payload":{"type":"session.next.tool.called","properties":{"sessionID":"s"}}}', (Api.V2, None)),
+        ('{"payload":{"type":"server.heartbeat","properties":{}}}', None),
+        ('{"payload":{"type":"sync","syncEvent":{}}}', None),
+        ("not json", None),
+    ],
+)
+def test_parse_event(line: str, meaning: tuple[Api, bool | None] | None) -> None:
+    event = parse_event(line.encode())
+    assert (None if event is None else (event.api, event.busy)) == meaning
+
+
+def test_every_status_event_in_a_real_capture_is_understood() -> None:
+    lines = (OPENCODE / "sse-global-event-run1.txt").read_text().splitlines()
+    events = [
+        parse_event(line.removeprefix("data:").encode()) for line in lines if '"session.status"' in line
+    ]
+    assert events
+    assert all(event is not None and event.api is Api.V1 for event in events)
