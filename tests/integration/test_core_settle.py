@@ -18,6 +18,7 @@ import pytest
 
 from .http_client import Reply, request
 from .opencode_server import OpencodeServer, directory_header
+from .polling import poll
 from .turns import (
     RUNTIMES,
     RunningTool,
@@ -262,3 +263,28 @@ def test_busy_session_in_other_directory_untouched(
         assert observed.turn.session_id not in default_instance
         assert own_instance.get(observed.turn.session_id) == {"type": "busy"}
     _assert_passes_through(opencode.url, proxy_url, observed)
+
+
+def _metric(proxy_url: str, line_prefix: str) -> float:
+    """One sample of the proxy's Prometheus exposition (0 when it has not been counted yet)."""
+    text = _get_ok(f"{proxy_url}/_settle/metrics").body.decode()
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(line_prefix)]
+    return sum(values)
+
+
+def test_steady_state_needs_no_liveness_request_per_fetch(
+    scene: CrashScene, opencode: OpencodeServer, proxy_url: str
+) -> None:
+    """Once the proxy follows /global/event, repeated fetches of a settled view ask nothing more."""
+    poll(
+        lambda: _get_ok(f"{proxy_url}/_settle/health").json()["liveness"]["source"] == "events" or None,
+        what="the proxy following /global/event",
+        timeout=10,
+    )
+    fetches = 5
+    for runtime in RUNTIMES:
+        path = scene.stale[runtime].turn.messages_path
+        for _ in range(fetches):
+            assert _settled_count(_get_ok(proxy_url + path)) == 1
+        asked = _metric(proxy_url, f'settle_proxy_liveness_requests_total{{api="{runtime}"}}')
+        assert asked == 1, f"{runtime}: {asked} liveness requests for {fetches} fetches"
