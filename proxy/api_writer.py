@@ -7,11 +7,16 @@ message's `time.completed`; that stays a view-only settlement.
 
 v2: `POST /sync/replay` with a `session.next.tool.failed.1` event at the next sequence
 number. Measured on 1.18.33: a sequence number already taken or one that leaves a gap is
-refused (HTTP 500) and nothing is stored; the next free one is accepted; a second failure
-of the same call is accepted too (no duplicate check). So the log is read just before the
-append, the call must still be open there, and a refusal means the server appended
-concurrently: the log is read again and the append retried at the new next number, or
-dropped when the call is no longer open. Never a gap, never a duplicate.
+refused (HTTP 500 `UnknownError`) and nothing is stored; the next free one is accepted; a
+second failure of the same call is accepted too (no duplicate check). A prompt admitted
+in the session (`session.next.prompt.admitted`) makes the server append its own
+`tool.failed` for every open call right after it, so a prompt that lands between our read
+and our append takes our sequence number (refused), and the re-read finds the call failed
+by the server. The other order is safe too: after our `tool.failed`, the server's next
+prompt appends no second one. So the log is read just before the append, the call must
+still be open there, and a refusal means the server appended concurrently: the log is read
+again and the append retried at the new next number, or dropped when the call is no
+longer open. Never a gap, never a duplicate.
 """
 
 from __future__ import annotations
@@ -156,14 +161,23 @@ class ApiWriter:
             params = {"limit": str(_PAGE), "cursor": cursor}
 
     async def _read_log(self, session_id: str, credentials: Credentials) -> _Log:
-        """The whole log through `/sync/history`, the same view of it `/sync/replay` checks."""
-        rows = await self._upstream.call("POST", "/sync/history", credentials, json={session_id: -1})
+        """The session's log through `/sync/history`, the same view of it `/sync/replay` checks.
+
+        Measured on 1.18.33: the body maps the aggregates the caller knows to the last seq it
+        has, which must be 0 or more (-1 is refused with 400); a listed aggregate gets its
+        events after that seq, every other aggregate its whole history (dropped here). Seq 0
+        is the `session.created` every session starts with, so asking after it loses nothing
+        and an empty answer means the log ends at 0. The cheaper `/api/session/{id}/history`
+        cannot replace it: it shows only `session.next.*` events, while every event type
+        takes a seq (renaming a session appends `session.updated.1`).
+        """
+        rows = await self._upstream.call("POST", "/sync/history", credentials, json={session_id: 0})
         events = [
             (int(row["seq"]), event_name(row["type"]), (row.get("data") or {}).get("callID"))
             for row in rows
             if row.get("aggregate_id") == session_id
         ]
-        return _Log(max((seq for seq, _, _ in events), default=-1), events)
+        return _Log(max((seq for seq, _, _ in events), default=0), events)
 
 
 def _tool_failed(session_id: str, call: _OpenCall, seq: int) -> JSONObject:

@@ -12,6 +12,7 @@ from aiohttp import web
 from proxy import health
 from proxy.addons import Addon
 from proxy.api_writer import ApiWriter
+from proxy.auth import require_basic_auth
 from proxy.config import Settings, WriteBackMode
 from proxy.database import OpencodeDatabase, default_path
 from proxy.db_writer import DbWriter
@@ -67,7 +68,7 @@ def create_app(settings: Settings) -> web.Application:
 
     To embed settlement in an existing aiohttp application, use `mount` instead.
     """
-    app = web.Application()
+    app = web.Application(middlewares=[require_basic_auth(*settings.auth)] if settings.auth else [])
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app.cleanup_ctx.extend((upstream_session, _addons))

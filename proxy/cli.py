@@ -17,6 +17,7 @@ from yarl import URL
 
 from proxy import __version__, offline
 from proxy.app import create_app
+from proxy.auth import parse_credentials
 from proxy.config import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -140,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="opencode's database, for --write-back db [SETTLE_DB, default %(default)s]",
     )
     parser.add_argument(
+        "--auth",
+        metavar="USER:PASSWORD",
+        type=_typed(parse_credentials, "USER:PASSWORD"),
+        default=None,
+        help="require this HTTP Basic login (or ?auth_token=) on every route of the proxy; what the client "
+        "sends is forwarded as is, so use the server's own credentials to log in once for both [SETTLE_AUTH]",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         default=_env("SETTLE_DRY_RUN", "") not in ("", "0", "false"),
@@ -176,7 +185,19 @@ def settings_from(args: argparse.Namespace) -> Settings:
         grace=args.grace,
         db_path=Path(args.db),
         dry_run=args.dry_run,
+        auth=args.auth or _auth_from_environment(),
     )
+
+
+def _auth_from_environment() -> tuple[str, str] | None:
+    """SETTLE_AUTH is read here, not as a flag default, so that --help never prints it."""
+    text = os.environ.get("SETTLE_AUTH")
+    if not text:
+        return None
+    try:
+        return parse_credentials(text)
+    except ValueError:
+        sys.exit("settle-proxy: error: SETTLE_AUTH: expected USER:PASSWORD")
 
 
 def _is_loopback(host: str) -> bool:

@@ -43,6 +43,8 @@ class Settings:
     """opencode's database for `write_back="db"`; None means the default location."""
     dry_run: bool = False
     """Decide, log and count settlements, but change no response and write nothing."""
+    auth: tuple[str, str] | None = field(default=None, repr=False)
+    """(user, password) of the proxy's own Basic auth in front of every route; None for none."""
 
     def __post_init__(self) -> None:
         if self.upstream.scheme not in ("http", "https") or not self.upstream.host:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ class FakeOpencode:
     global_events: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
     """Payloads for `/global/event` subscribers; None ends the stream (as a server restart would)."""
     subscribers: int = 0
+    password: str | None = None
+    """When set, every route wants Basic `opencode:<password>` or `?auth_token=`, as opencode does."""
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -57,7 +60,20 @@ class FakeOpencode:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         self.seen.append(request)
+        if self.password is not None and not self._authorized(request):
+            return web.json_response(
+                {"_tag": "UnauthorizedError"},
+                status=401,
+                headers={"www-authenticate": 'Basic realm="Secure Area"'},
+            )
         return await handler(request)
+
+    def _authorized(self, request: web.Request) -> bool:
+        token = base64.b64encode(f"opencode:{self.password}".encode()).decode()
+        return (
+            request.headers.get("Authorization") == f"Basic {token}"
+            or request.query.get("auth_token") == token
+        )
 
     def _count_liveness(self) -> None:
         self.liveness_requests += 1

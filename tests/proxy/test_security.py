@@ -1,0 +1,161 @@
+"""The proxy never weakens opencode's password, never logs a secret, and can guard itself."""
+
+import asyncio
+import base64
+import os
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from yarl import URL
+
+from proxy.app import create_app
+from proxy.config import Settings, basic_authorization
+from tests.fixtures import compact
+from tests.proxy.conftest import ProxyClient
+from tests.proxy.fake_opencode import FakeOpencode
+
+V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
+PASSWORD = "s3cret-Pa55"
+GOOD = basic_authorization("opencode", PASSWORD)
+TOKEN = base64.b64encode(f"opencode:{PASSWORD}".encode()).decode()
+ClientFactory = Callable[[web.Application], Awaitable[ProxyClient]]
+
+
+@pytest.fixture
+async def guarded_upstream_proxy(
+    fake: FakeOpencode, upstream: TestServer, aiohttp_client: ClientFactory
+) -> ProxyClient:
+    """The upstream wants a password, and the proxy knows it (OPENCODE_SERVER_PASSWORD)."""
+    fake.password = PASSWORD
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    settings = Settings(upstream=URL(str(upstream.make_url("/"))), authorization=GOOD)
+    return await aiohttp_client(create_app(settings))
+
+
+async def test_a_client_without_credentials_gets_the_upstreams_401(
+    guarded_upstream_proxy: ProxyClient,
+) -> None:
+    for path in (f"/session/{V1}/message", "/session/status", "/global/health", "/event"):
+        response = await guarded_upstream_proxy.get(path)
+        assert response.status == 401, path
+        assert response.headers["www-authenticate"] == 'Basic realm="Secure Area"'
+        assert "running" not in await response.text()
+
+
+@pytest.mark.parametrize("how", ["header", "token"])
+async def test_basic_and_auth_token_both_work_and_settle(
+    guarded_upstream_proxy: ProxyClient, how: str
+) -> None:
+    path = f"/session/{V1}/message"
+    if how == "header":
+        response = await guarded_upstream_proxy.get(path, headers={"Authorization": GOOD})
+    else:
+        response = await guarded_upstream_proxy.get(path, params={"auth_token": TOKEN})
+    assert response.status == 200
+    assert (await response.json())[1]["parts"][1]["state"]["status"] == "error"
+
+
+async def test_wrong_credentials_are_not_replaced_by_the_proxys(
+    guarded_upstream_proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    response = await guarded_upstream_proxy.get(
+        f"/session/{V1}/message", headers={"Authorization": "Basic d3Jvbmc6d3Jvbmc="}
+    )
+    assert response.status == 401
+    forwarded = [r for r in fake.seen if r.path == f"/session/{V1}/message"]
+    assert [r.headers.get("Authorization") for r in forwarded] == ["Basic d3Jvbmc6d3Jvbmc="]
+
+
+@pytest.fixture
+async def self_guarded_proxy(upstream: TestServer, aiohttp_client: ClientFactory) -> ProxyClient:
+    settings = Settings(upstream=URL(str(upstream.make_url("/"))), auth=("opencode", PASSWORD))
+    return await aiohttp_client(create_app(settings))
+
+
+async def test_auth_guards_every_route_before_the_upstream(
+    self_guarded_proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    for path in ("/echo", "/_settle/health", "/_settle/metrics", "/pty/x/connect"):
+        response = await self_guarded_proxy.get(path)
+        assert response.status == 401, path
+        assert response.headers["WWW-Authenticate"] == 'Basic realm="settle-proxy"'
+    assert [r.path for r in fake.seen if r.path != "/global/event"] == []
+
+
+async def test_auth_passes_the_clients_credentials_on(self_guarded_proxy: ProxyClient) -> None:
+    echoed = await (await self_guarded_proxy.get("/echo", headers={"Authorization": GOOD})).json()
+    assert echoed["headers"]["Authorization"] == GOOD
+    assert (await self_guarded_proxy.get("/echo", params={"auth_token": TOKEN})).status == 200
+    assert (await self_guarded_proxy.get("/echo", headers={"Authorization": GOOD + "x"})).status == 401
+
+
+async def test_secrets_never_reach_the_log(
+    fake: FakeOpencode, upstream: TestServer, unused_tcp_port_factory: Callable[[], int]
+) -> None:
+    """A debug-level run that authenticates, settles and fails liveness once: no secret in its log."""
+    fake.password = PASSWORD
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    port = unused_tcp_port_factory()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "proxy",
+        "--upstream",
+        str(upstream.make_url("/")),
+        "--port",
+        str(port),
+        "--log-level",
+        "debug",
+        env={**os.environ, "OPENCODE_SERVER_PASSWORD": PASSWORD, "SETTLE_AUTH": f"opencode:{PASSWORD}"},
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with aiohttp.ClientSession(headers={"Authorization": GOOD}) as client:
+            await _until_up(client, port)
+            settled = await client.get(
+                f"http://127.0.0.1:{port}/session/{V1}/message", params={"auth_token": TOKEN}
+            )
+            assert settled.headers["X-Settle-Settled"] == "1"
+            fake.liveness_fails = True
+            await client.get(f"http://127.0.0.1:{port}/api/session/ses_x/message")
+            fake.bodies["/api/session/ses_y/message"] = compact("v2-message-stale-running.json")
+            await client.get(f"http://127.0.0.1:{port}/api/session/ses_y/message")
+    finally:
+        process.terminate()
+        _, log_bytes = await process.communicate()
+    log = log_bytes.decode()
+    assert "settled orphaned-tool" in log
+    assert "liveness of ses_y unknown" in log
+    for secret in (PASSWORD, TOKEN, GOOD):
+        assert secret not in log
+
+
+async def _until_up(client: aiohttp.ClientSession, port: int) -> None:
+    for _ in range(100):
+        try:
+            await client.get(f"http://127.0.0.1:{port}/_settle/health")
+            return
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(0.1)
+    raise AssertionError("the proxy never answered")
+
+
+def test_binding_beyond_loopback_is_warned_about(unused_tcp_port_factory: Callable[[], int]) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "--host", "0.0.0.0", "--port", str(unused_tcp_port_factory())],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        first = process.stderr.readline()
+    finally:
+        process.terminate()
+        process.communicate(timeout=10)
+    assert "WARNING" in first
+    assert "clients beyond this machine can reach the proxy" in first
