@@ -61,19 +61,21 @@ def test_settled_view_through_the_chain(chain: str, stale_turn: Turn, opencode: 
 
 async def test_event_arrives_through_the_chain(chain: str, opencode: OpencodeServer) -> None:
     headers = directory_header(opencode.project)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as client:
-        async with client.get(f"{chain}/event", headers=headers) as stream:
-            assert stream.headers["Content-Type"].startswith("text/event-stream")
-            first = await asyncio.wait_for(stream.content.readline(), 10)
-            assert b"server.connected" in first
-            started = time.monotonic()
-            created = await client.post(f"{chain}/session", json={}, headers=headers)
-            session_id = (await created.json())["id"]
-            while True:
-                line = await asyncio.wait_for(stream.content.readline(), 10)
-                if b"session.created" in line and session_id.encode() in line:
-                    break
-            assert time.monotonic() - started < 5
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as client,
+        client.get(f"{chain}/event", headers=headers) as stream,
+    ):
+        assert stream.headers["Content-Type"].startswith("text/event-stream")
+        first = await asyncio.wait_for(stream.content.readline(), 10)
+        assert b"server.connected" in first
+        started = time.monotonic()
+        created = await client.post(f"{chain}/session", json={}, headers=headers)
+        session_id = (await created.json())["id"]
+        while True:
+            line = await asyncio.wait_for(stream.content.readline(), 10)
+            if b"session.created" in line and session_id.encode() in line:
+                break
+        assert time.monotonic() - started < 5
 
 
 async def test_pty_round_trip_through_the_chain(chain: str) -> None:
