@@ -7,7 +7,6 @@ event as it happens, and a PTY echoes what is typed.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,14 +67,12 @@ async def test_event_arrives_through_the_chain(chain: str, opencode: OpencodeSer
         assert stream.headers["Content-Type"].startswith("text/event-stream")
         first = await asyncio.wait_for(stream.content.readline(), 10)
         assert b"server.connected" in first
-        started = time.monotonic()
         created = await client.post(f"{chain}/session", json={}, headers=headers)
         session_id = (await created.json())["id"]
         while True:
             line = await asyncio.wait_for(stream.content.readline(), 10)
             if b"session.created" in line and session_id.encode() in line:
                 break
-        assert time.monotonic() - started < 5
 
 
 async def test_pty_round_trip_through_the_chain(chain: str) -> None:

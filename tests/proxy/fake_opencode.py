@@ -34,6 +34,8 @@ class FakeOpencode:
     global_events: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
     """Payloads for `/global/event` subscribers; None ends the stream (as a server restart would)."""
     subscribers: int = 0
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    """`/events` holds back everything after its first event until this is set."""
     password: str | None = None
     """When set, every route wants Basic `opencode:<password>` or `?auth_token=`, as opencode does."""
 
@@ -119,9 +121,10 @@ class FakeOpencode:
     async def _events(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for number in range(int(request.query.get("count", "3"))):
+        await response.write(b"data: 0\n\n")
+        await self.release.wait()
+        for number in range(1, int(request.query.get("count", "3"))):
             await response.write(f"data: {number}\n\n".encode())
-            await asyncio.sleep(float(request.query.get("gap", "0.05")))
         return response
 
     async def _global_events(self, request: web.Request) -> web.StreamResponse:

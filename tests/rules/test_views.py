@@ -16,7 +16,7 @@ def test_v2_list_view() -> None:
     assert view.document["cursor"] == document["cursor"]
     assert view.document["data"][1] is document["data"][1]
     assert document["data"][0]["content"][0]["state"]["status"] == "running", "the input is not modified"
-    (index, settlement), = view.settled
+    ((index, settlement),) = view.settled
     assert index == 0
     targets = [target_of(settlement.message, change, Api.V2) for change in settlement.changes]
     assert [(t.message, t.part, t.tool) for t in targets] == [
