@@ -7,6 +7,8 @@ answer to an on-demand look-up, or a v1 status event) is kept for a session unti
 event about that session arrives; v1 status events replace it, any other event about the
 session drops it, and the next fetch asks again. While the stream is down, or before it
 has (re)connected, nothing is kept: the proxy falls back to asking, never to guessing.
+
+Other parts of the proxy listen to the same stream through `StreamListener`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -40,6 +42,21 @@ class StreamState(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class GlobalEvent:
+    """One plain event of `/global/event`: `{"directory", "project"?, "payload": {type, properties}}`."""
+
+    directory: str | None
+    project: str | None
+    kind: str
+    properties: dict[str, Any]
+
+    @property
+    def session_id(self) -> str | None:
+        session = self.properties.get("sessionID")
+        return session if isinstance(session, str) else None
+
+
+@dataclass(frozen=True, slots=True)
 class SessionEvent:
     """What an event says about one session's liveness."""
 
@@ -47,6 +64,16 @@ class SessionEvent:
     api: Api
     busy: bool | None
     """True/False when the event states it (v1 status); None when it only says "something happened"."""
+
+
+class StreamListener(Protocol):
+    """Something else that wants the stream's events (after the tracker has applied them)."""
+
+    def following(self) -> None:
+        """The stream has (re)connected: whatever happened while it was down was not seen."""
+
+    def event(self, event: GlobalEvent) -> None:
+        """One event, in stream order."""
 
 
 class LivenessTracker:
@@ -57,6 +84,7 @@ class LivenessTracker:
         self._settings = settings
         self._readings: dict[tuple[Api, str], bool] = {}
         self.state = StreamState.CONNECTING
+        self.listeners: list[StreamListener] = []
 
     def cached(self, api: Api, session_id: str) -> Liveness | None:
         """The kept reading, or None when the proxy must ask."""
@@ -84,7 +112,11 @@ class LivenessTracker:
             try:
                 async for event in self._follow():
                     failures = 0
-                    self.apply(event)
+                    meaning = liveness_meaning(event)
+                    if meaning is not None:
+                        self.apply(meaning)
+                    for listener in self.listeners:
+                        listener.event(event)
             except (aiohttp.ClientError, TimeoutError) as error:
                 log.info("event stream %s lost: %s", EVENTS_PATH, error or type(error).__name__)
             self._forget()
@@ -96,14 +128,13 @@ class LivenessTracker:
             self.state = StreamState.CONNECTING
         self._readings.clear()
 
-    async def _follow(self) -> AsyncIterator[SessionEvent]:
+    async def _follow(self) -> AsyncIterator[GlobalEvent]:
         headers = {hdrs.ACCEPT: "text/event-stream", hdrs.ACCEPT_ENCODING: "identity"}
         if self._settings.authorization:
             headers[hdrs.AUTHORIZATION] = self._settings.authorization
         url = self._settings.upstream_origin.with_path(EVENTS_PATH)
-        async with self._session.get(
-            url, headers=headers, timeout=aiohttp.ClientTimeout(total=None, connect=5)
-        ) as stream:
+        timeout = aiohttp.ClientTimeout(total=None, connect=5)
+        async with self._session.get(url, headers=headers, timeout=timeout) as stream:
             if stream.status != 200:
                 if self.state is not StreamState.REFUSED:
                     log.warning(
@@ -114,6 +145,8 @@ class LivenessTracker:
             self._readings.clear()
             self.state = StreamState.FOLLOWING
             log.info("following %s: liveness now comes from events", EVENTS_PATH)
+            for listener in self.listeners:
+                listener.following()
             async for line in stream.content:
                 if line.startswith(b"data:"):
                     event = parse_event(line[5:])
@@ -121,23 +154,8 @@ class LivenessTracker:
                         yield event
 
 
-def parse_event(data: bytes) -> SessionEvent | None:
-    """The liveness meaning of one `/global/event` payload, if it has one."""
-    found = _kind_and_properties(data)
-    if found is None:
-        return None
-    kind, session_id, properties = found
-    if kind == "session.status":
-        status = properties.get("status") or {}
-        return SessionEvent(session_id, Api.V1, status.get("type") in _V1_BUSY)
-    if kind == "session.idle":
-        return SessionEvent(session_id, Api.V1, False)
-    if kind.startswith("session.next."):
-        return SessionEvent(session_id, Api.V2, None)
-    return None
-
-
-def _kind_and_properties(data: bytes) -> tuple[str, str, dict[str, Any]] | None:
+def parse_event(data: bytes) -> GlobalEvent | None:
+    """One `/global/event` payload, or None for what is not a plain event (sync forms, junk)."""
     try:
         envelope = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -148,8 +166,28 @@ def _kind_and_properties(data: bytes) -> tuple[str, str, dict[str, Any]] | None:
     kind, properties = payload.get("type"), payload.get("properties")
     if not isinstance(kind, str) or not isinstance(properties, dict):
         return None
-    session_id = properties.get("sessionID")
-    return (kind, session_id, properties) if isinstance(session_id, str) else None
+    directory, project = envelope.get("directory"), envelope.get("project")
+    return GlobalEvent(
+        directory if isinstance(directory, str) else None,
+        project if isinstance(project, str) else None,
+        kind,
+        properties,
+    )
+
+
+def liveness_meaning(event: GlobalEvent) -> SessionEvent | None:
+    """What an event says about its session's liveness, if anything."""
+    session_id = event.session_id
+    if session_id is None:
+        return None
+    if event.kind == "session.status":
+        status = event.properties.get("status") or {}
+        return SessionEvent(session_id, Api.V1, status.get("type") in _V1_BUSY)
+    if event.kind == "session.idle":
+        return SessionEvent(session_id, Api.V1, False)
+    if event.kind.startswith("session.next."):
+        return SessionEvent(session_id, Api.V2, None)
+    return None
 
 
 TRACKER = web.AppKey("tracker", LivenessTracker)

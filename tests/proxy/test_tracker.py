@@ -6,7 +6,7 @@ import time
 import orjson
 import pytest
 
-from proxy.tracker import TRACKER, StreamState, parse_event
+from proxy.tracker import TRACKER, StreamState, liveness_meaning, parse_event
 from rules import Api
 from tests.fixtures import OPENCODE, compact
 from tests.proxy.conftest import ProxyClient
@@ -112,7 +112,8 @@ async def test_a_lost_stream_drops_every_reading(proxy: ProxyClient, fake: FakeO
 )
 def test_parse_event(line: str, meaning: tuple[Api, bool | None] | None) -> None:
     event = parse_event(line.encode())
-    assert (None if event is None else (event.api, event.busy)) == meaning
+    found = None if event is None else liveness_meaning(event)
+    assert (None if found is None else (found.api, found.busy)) == meaning
 
 
 def test_every_status_event_in_a_real_capture_is_understood() -> None:
@@ -120,5 +121,6 @@ def test_every_status_event_in_a_real_capture_is_understood() -> None:
     events = [
         parse_event(line.removeprefix("data:").encode()) for line in lines if '"session.status"' in line
     ]
-    assert events
-    assert all(event is not None and event.api is Api.V1 for event in events)
+    meanings = [liveness_meaning(event) for event in events if event is not None]
+    assert len(meanings) == len(events) > 0
+    assert all(meaning is not None and meaning.api is Api.V1 for meaning in meanings)
