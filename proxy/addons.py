@@ -7,6 +7,7 @@ other body is streamed through untouched.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -26,6 +27,8 @@ class Flow:
     read_body: bool = False
     """Set by a `response_headers` hook to receive the whole body in `response`."""
     body: bytes = b""
+    inject: asyncio.Queue[bytes] | None = None
+    """Set by a `response_headers` hook on an event stream: events to slip in between the upstream's."""
 
 
 class Addon:
@@ -41,3 +44,6 @@ class Addon:
 
     async def response(self, flow: Flow) -> None:
         """With the whole body, for flows some addon asked to read; may replace body and headers."""
+
+    async def done(self, flow: Flow) -> None:
+        """The exchange is over (answered, streamed to the end, or abandoned by the client)."""

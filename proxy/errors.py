@@ -17,3 +17,15 @@ def bad_gateway(upstream: URL, error: BaseException) -> web.Response:
         },
         status=502,
     )
+
+
+def gateway_timeout(upstream: URL, seconds: float) -> web.Response:
+    """504: the upstream took longer than the response timeout, so the client is not kept waiting."""
+    return web.json_response(
+        {
+            "error": "gateway_timeout",
+            "message": f"upstream {upstream} did not answer within {seconds:g}s",
+            "upstream": str(upstream),
+        },
+        status=504,
+    )

@@ -7,18 +7,21 @@ buffered, and then its framing headers are rebuilt to match what is really sent.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import hdrs, web
 from yarl import URL
 
 from proxy.addons import Addon, Flow
-from proxy.errors import bad_gateway
+from proxy.errors import bad_gateway, gateway_timeout
 from proxy.headers import client_response_headers, upstream_request_headers
 from proxy.metrics import METRICS
-from proxy.upstream import SETTINGS, UPSTREAM, upstream_path
+from proxy.sse import relay_with_injection
+from proxy.upstream import RESPONSE_TIMEOUT, SETTINGS, UPSTREAM, upstream_path
 from proxy.websocket import is_websocket_upgrade, relay_websocket
 
 log = logging.getLogger(__name__)
@@ -39,31 +42,51 @@ async def forward(request: web.Request) -> web.StreamResponse:
     flow = Flow(request, upstream_request_headers(request))
     for addon in addons:
         await addon.request_headers(flow)
+    timeout = request.app.get(RESPONSE_TIMEOUT)
     started = time.perf_counter()
     try:
-        upstream = await request.app[UPSTREAM].request(
-            request.method,
-            upstream_url(request),
-            headers=flow.upstream_headers,
-            data=request.content if request.body_exists else None,
-            allow_redirects=False,
-        )
-    except (aiohttp.ClientConnectionError, TimeoutError) as error:
-        metrics.requests.labels(request.method, "502").inc()
-        return bad_gateway(request.app[SETTINGS].upstream_origin, error)
+        async with asyncio.timeout(timeout):
+            upstream = await request.app[UPSTREAM].request(
+                request.method,
+                upstream_url(request),
+                headers=flow.upstream_headers,
+                data=request.content if request.body_exists else None,
+                allow_redirects=False,
+            )
+    except (aiohttp.ClientError, TimeoutError) as error:
+        # Unreachable, or an answer aiohttp cannot parse (bad status line, invalid header):
+        # either way the client gets JSON it can show, never a bare 500.
+        failure = _failure(request, error, timeout)
+        metrics.requests.labels(request.method, str(failure.status)).inc()
+        return failure
     metrics.upstream_seconds.observe(time.perf_counter() - started)
     metrics.requests.labels(request.method, str(upstream.status)).inc()
-    async with upstream:
-        flow.status = upstream.status
-        flow.response_headers = client_response_headers(upstream.headers)
+    try:
+        async with upstream:
+            return await _respond(request, flow, upstream, addons, max_wait=timeout)
+    finally:
         for addon in addons:
-            await addon.response_headers(flow)
-        if flow.read_body:
-            return await _answer_whole(flow, upstream, addons)
-        if is_event_stream(upstream):
-            with metrics.open_streams.track_inprogress():
-                return await _stream(request, flow, upstream)
-        return await _stream(request, flow, upstream)
+            await addon.done(flow)
+
+
+async def _respond(
+    request: web.Request,
+    flow: Flow,
+    upstream: aiohttp.ClientResponse,
+    addons: list[Addon],
+    *,
+    max_wait: float | None,
+) -> web.StreamResponse:
+    flow.status = upstream.status
+    flow.response_headers = client_response_headers(upstream.headers)
+    for addon in addons:
+        await addon.response_headers(flow)
+    if flow.read_body:
+        return await _answer_whole(flow, upstream, addons, max_wait)
+    if is_event_stream(upstream):
+        with request.app[METRICS].open_streams.track_inprogress():
+            return await _stream(request, flow, upstream, None)  # a quiet stream is not a stuck one
+    return await _stream(request, flow, upstream, max_wait)
 
 
 def is_event_stream(response: aiohttp.ClientResponse) -> bool:
@@ -71,8 +94,32 @@ def is_event_stream(response: aiohttp.ClientResponse) -> bool:
     return response.content_type == "text/event-stream"
 
 
-async def _answer_whole(flow: Flow, upstream: aiohttp.ClientResponse, addons: list[Addon]) -> web.Response:
-    flow.body = await upstream.read()
+def _failure(request: web.Request, error: BaseException, timeout: float | None) -> web.Response:
+    """The JSON answer for an upstream that failed before the client got a byte: 504 when the
+    proxy's own response timeout ran out, 502 for everything else."""
+    origin = request.app[SETTINGS].upstream_origin
+    if timeout is not None and isinstance(error, TimeoutError) and not isinstance(error, aiohttp.ClientError):
+        return gateway_timeout(origin, timeout)
+    return bad_gateway(origin, error)
+
+
+async def _pieces(upstream: aiohttp.ClientResponse, max_wait: float | None) -> AsyncIterator[bytes]:
+    """The body as it arrives; each wait for its next piece is bounded by `max_wait` (None: never)."""
+    while True:
+        async with asyncio.timeout(max_wait):
+            piece = await upstream.content.readany()
+        if not piece:
+            return
+        yield piece
+
+
+async def _answer_whole(
+    flow: Flow, upstream: aiohttp.ClientResponse, addons: list[Addon], max_wait: float | None
+) -> web.Response:
+    try:
+        flow.body = b"".join([piece async for piece in _pieces(upstream, max_wait)])
+    except (aiohttp.ClientError, TimeoutError) as error:
+        return _failure(flow.request, error, max_wait)  # nothing was sent yet: a clean error is possible
     for addon in addons:
         await addon.response(flow)
     return web.Response(
@@ -80,17 +127,33 @@ async def _answer_whole(flow: Flow, upstream: aiohttp.ClientResponse, addons: li
     )
 
 
-async def _stream(request: web.Request, flow: Flow, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, flow: Flow, upstream: aiohttp.ClientResponse, max_wait: float | None
+) -> web.StreamResponse:
     response = web.StreamResponse(status=flow.status, reason=upstream.reason, headers=flow.response_headers)
     if upstream.content_length is not None and hdrs.TRANSFER_ENCODING not in upstream.headers:
         response.content_length = upstream.content_length
     await response.prepare(request)
     try:
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+        if flow.inject is not None:
+            await relay_with_injection(response, upstream, flow.inject)
+        else:
+            async for piece in _pieces(upstream, max_wait):
+                await response.write(piece)
+    except ConnectionResetError:
+        return response  # the client left; only a handler that is not cancelled then gets here
+    except (aiohttp.ClientError, TimeoutError) as error:
         if not is_event_stream(upstream):
-            raise  # the client must see a truncated body as truncated, so the connection is dropped
+            return _cut(request, response, error)
         log.info("upstream closed %s mid-stream; the client's stream ends and it may reconnect", request.path)
     await response.write_eof()
+    return response
+
+
+def _cut(request: web.Request, response: web.StreamResponse, error: BaseException) -> web.StreamResponse:
+    """End the client's connection without ending the body: a last chunk, or a clean close after a
+    body without length, would make a truncated body look complete."""
+    log.warning("upstream failed mid-body of %s (%s); the client's connection is cut", request.path, error)
+    if request.transport is not None:
+        request.transport.close()
     return response
