@@ -17,12 +17,13 @@ from proxy.config import Settings, WriteBackMode
 from proxy.database import OpencodeDatabase, default_path
 from proxy.db_writer import DbWriter
 from proxy.forward import ADDONS, forward
+from proxy.live import LiveSettle
 from proxy.liveness import LivenessProbe
 from proxy.metrics import METRICS, CountingWriter, Metrics
 from proxy.settle import Settle
 from proxy.tracker import TRACKER, LivenessTracker
 from proxy.upstream import MOUNT_PREFIX, SETTINGS, UPSTREAM, upstream_session
-from proxy.upstream_api import UpstreamApi
+from proxy.upstream_api import Credentials, UpstreamApi
 from proxy.writeback import WriteBack, Writer
 
 WRITE_BACK = web.AppKey("write_back", WriteBack)
@@ -48,11 +49,22 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         if writer is not None and not settings.dry_run:
             write_back = app[WRITE_BACK] = WriteBack(probe, CountingWriter(writer, metrics), settings.grace)
             stack.push_async_callback(write_back.close)
+        live = LiveSettle(
+            probe,
+            upstream,
+            Credentials.configured(settings.authorization),
+            metrics,
+            grace=settings.grace,
+            write_back=write_back,
+            dry_run=settings.dry_run,
+        )
+        stack.push_async_callback(live.close)
         tracker = app[TRACKER] = LivenessTracker(app[UPSTREAM], settings)
+        tracker.listeners.append(live)
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)
         settle = Settle(probe, tracker, metrics, write_back=write_back, dry_run=settings.dry_run)
-        addons: list[Addon] = [settle]
+        addons: list[Addon] = [settle, live]
         app[ADDONS] = addons
         yield
 

@@ -52,6 +52,11 @@ class Metrics:
             "Time until the upstream's response headers arrived.",
             registry=self.registry,
         )
+        self.injected_events = Counter(
+            "settle_proxy_injected_events",
+            "Events slipped into client event streams by live settlement.",
+            registry=self.registry,
+        )
         self.open_streams = Gauge(
             "settle_proxy_open_streams",
             "Event streams and WebSockets open right now.",

@@ -31,8 +31,8 @@ class FakeOpencode:
     before_replay: list[dict[str, Any]] = field(default_factory=list)
     """Events the "server" appends itself just before the next replay: a concurrent append."""
     replays: list[tuple[int, Any]] = field(default_factory=list)
-    global_events: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
-    """Payloads for `/global/event` subscribers; None ends the stream (as a server restart would)."""
+    streams: list[asyncio.Queue[bytes | None]] = field(default_factory=list)
+    """One queue per open `/global/event` stream; None ends it (as a server restart would)."""
     subscribers: int = 0
     release: asyncio.Event = field(default_factory=asyncio.Event)
     """`/events` holds back everything after its first event until this is set."""
@@ -49,6 +49,7 @@ class FakeOpencode:
         app.router.add_get("/gzip", self._gzip)
         app.router.add_get("/events", self._events)
         app.router.add_get("/global/event", self._global_events)
+        app.router.add_get("/event", self._instance_events)
         app.router.add_get("/pty/{id}/connect", self._pty)
         app.router.add_patch("/session/{session}/message/{message}/part/{part}", self._patch_part)
         app.router.add_post("/sync/history", self._history)
@@ -129,17 +130,36 @@ class FakeOpencode:
 
     async def _global_events(self, request: web.Request) -> web.StreamResponse:
         self.subscribers += 1
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.streams.append(queue)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await response.write(b'data: {"payload":{"type":"server.connected","properties":{}}}\n\n')
-        while (payload := await self.global_events.get()) is not None:
-            await response.write(b"data: " + payload + b"\n\n")
+        try:
+            while (payload := await queue.get()) is not None:
+                await response.write(b"data: " + payload + b"\n\n")
+        finally:
+            self.streams.remove(queue)
+        return response
+
+    async def _instance_events(self, request: web.Request) -> web.StreamResponse:
+        """A directory instance's `/event`: it opens with `server.connected` and stays quiet."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"type":"server.connected","properties":{}}\n\n')
+        await self.release.wait()
         return response
 
     def publish(self, kind: str, session_id: str, **properties: Any) -> None:
-        """Send one event the way `/global/event` frames it."""
+        """Send one event to every `/global/event` stream, framed as opencode frames it."""
         payload = {"type": kind, "properties": {"sessionID": session_id, **properties}}
-        self.global_events.put_nowait(orjson.dumps({"directory": "/cwd", "payload": payload}))
+        for queue in self.streams:
+            queue.put_nowait(orjson.dumps({"directory": "/cwd", "payload": payload}))
+
+    def drop_streams(self) -> None:
+        """End every open `/global/event` stream, as a crashing server does."""
+        for queue in self.streams:
+            queue.put_nowait(None)
 
     async def _pty(self, request: web.Request) -> web.WebSocketResponse:
         socket = web.WebSocketResponse()

@@ -80,7 +80,7 @@ async def test_a_lost_stream_drops_every_reading(proxy: ProxyClient, fake: FakeO
     await following(proxy)
     fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
     await settled_count(proxy, f"/api/session/{V2}/message")
-    fake.global_events.put_nowait(None)
+    fake.drop_streams()
     await asyncio.sleep(0.05)
     await following(proxy)
     await settled_count(proxy, f"/api/session/{V2}/message")

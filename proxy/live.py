@@ -1,0 +1,268 @@
+"""The `live-settle` addon: clients that hold state from event streams are told, too.
+
+The TUI builds a transcript from one message fetch and then only from `/global/event`;
+across a server crash it reconnects without fetching again, so a rewritten message view
+never reaches it and its tool spins on. So the proxy remembers, from the stream it follows,
+which v1 tool parts are open. When the stream comes back after a loss, or a session goes
+idle while one of its parts is still open, it waits the grace period, confirms with a fresh
+reading and a fresh read of the message that the part is orphaned, and then sends every
+client event stream (`/global/event`, and `/event` of the session's directory) what the
+server would have sent had it settled the part itself: `message.part.updated` with the
+settled part, `message.updated` with the closed message, and `session.status` idle with
+`session.idle`. Streams that connect later get the same events right after they open, until
+the server itself reports the part settled (a write-back, or a later turn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from proxy.addons import Addon, Flow
+from proxy.liveness import LivenessProbe, LivenessUnknown
+from proxy.metrics import Metrics
+from proxy.sse import event_frame, opencode_event
+from proxy.tracker import GlobalEvent, StreamListener
+from proxy.upstream import opencode_path
+from proxy.upstream_api import Credentials, UpstreamApi, UpstreamRefused
+from proxy.writeback import WriteBack
+from rules import OPEN_STATUSES, Api, Liveness, settle_view
+
+log = logging.getLogger(__name__)
+
+GLOBAL_STREAM = "/global/event"
+INSTANCE_STREAM = "/event"
+_DIRECTORY_HEADER = "x-opencode-directory"
+_IDLE_KINDS = ("session.idle", "session.error")
+_REMEMBERED = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class OpenPart:
+    """A v1 tool part the stream last showed open, and where it lives."""
+
+    session_id: str
+    message_id: str
+    directory: str | None
+    project: str | None
+
+
+@dataclass(slots=True)
+class Subscriber:
+    """One client event stream: its queue, and which events it carries."""
+
+    queue: asyncio.Queue[bytes]
+    directory: str | None
+    """None: the global stream (every directory, events wrapped with their directory)."""
+
+
+@dataclass(slots=True)
+class Orphan:
+    """A part confirmed orphaned, with the events that tell a client so."""
+
+    part: OpenPart
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class LiveSettle(Addon, StreamListener):
+    """Remember open parts from the followed stream; settle the orphans in client streams."""
+
+    name: ClassVar[str] = "live-settle"
+
+    def __init__(
+        self,
+        probe: LivenessProbe,
+        upstream: UpstreamApi,
+        credentials: Credentials,
+        metrics: Metrics,
+        *,
+        grace: float,
+        write_back: WriteBack | None = None,
+        dry_run: bool = False,
+    ) -> None:
+        self._probe = probe
+        self._upstream = upstream
+        self._credentials = credentials
+        self._metrics = metrics
+        self._grace = grace
+        self._write_back = write_back
+        self._dry_run = dry_run
+        self._open: OrderedDict[str, OpenPart] = OrderedDict()
+        self._orphans: OrderedDict[str, Orphan] = OrderedDict()
+        self._subscribers: dict[int, Subscriber] = {}
+        self._checks: dict[str, asyncio.Task[None]] = {}
+
+    # What the followed stream says.
+
+    def following(self) -> None:
+        for session_id in {part.session_id for part in self._open.values()}:
+            self._schedule(session_id)
+
+    def event(self, event: GlobalEvent) -> None:
+        if event.kind == "message.part.updated":
+            self._part_updated(event)
+        elif event.session_id is not None and _went_idle(event) and self._has_open(event.session_id):
+            self._schedule(event.session_id)
+
+    def _has_open(self, session_id: str) -> bool:
+        return any(part.session_id == session_id for part in self._open.values())
+
+    def _part_updated(self, event: GlobalEvent) -> None:
+        part = event.properties.get("part")
+        if not isinstance(part, dict) or part.get("type") != "tool" or not isinstance(part.get("id"), str):
+            return
+        state: dict[str, Any] = part["state"] if isinstance(part.get("state"), dict) else {}
+        if state.get("status") in OPEN_STATUSES[Api.V1]:
+            self._open[part["id"]] = OpenPart(
+                str(part.get("sessionID")), str(part.get("messageID")), event.directory, event.project
+            )
+            self._open.move_to_end(part["id"])
+            while len(self._open) > _REMEMBERED:
+                self._open.popitem(last=False)
+        else:
+            self._open.pop(part["id"], None)
+            self._orphans.pop(part["id"], None)
+
+    # Client streams.
+
+    async def response_headers(self, flow: Flow) -> None:
+        if flow.status != 200 or flow.request.method != "GET" or not _is_event_stream(flow):
+            return
+        path = opencode_path(flow.request)
+        if path == GLOBAL_STREAM:
+            subscriber = Subscriber(asyncio.Queue(), None)
+        elif path == INSTANCE_STREAM and (directory := _requested_directory(flow.request)):
+            subscriber = Subscriber(asyncio.Queue(), directory)
+        else:
+            return
+        for orphan in self._orphans.values():
+            self._send(subscriber, orphan)
+        self._subscribers[id(flow)] = subscriber
+        flow.inject = subscriber.queue
+
+    async def done(self, flow: Flow) -> None:
+        self._subscribers.pop(id(flow), None)
+
+    async def close(self) -> None:
+        """Cancel pending confirmations (application cleanup)."""
+        for task in self._checks.values():
+            task.cancel()
+        await asyncio.gather(*self._checks.values(), return_exceptions=True)
+
+    # Confirmation.
+
+    def _schedule(self, session_id: str) -> None:
+        if session_id not in self._checks:
+            task = asyncio.create_task(self._confirm(session_id), name=f"live-settle {session_id}")
+            self._checks[session_id] = task
+            task.add_done_callback(lambda _: self._checks.pop(session_id, None))
+
+    async def _confirm(self, session_id: str) -> None:
+        await asyncio.sleep(self._grace)
+        try:
+            liveness = await self._probe.read(Api.V1, session_id, self._credentials)
+        except LivenessUnknown as error:
+            log.info("live settle of %s postponed: liveness unknown (%s)", session_id, error)
+            return
+        if liveness.active:
+            return
+        parts = [(part_id, part) for part_id, part in self._open.items() if part.session_id == session_id]
+        for message_id in dict.fromkeys(part.message_id for _, part in parts):
+            await self._settle_message(
+                session_id, message_id, [p for p in parts if p[1].message_id == message_id], liveness
+            )
+
+    async def _settle_message(
+        self, session_id: str, message_id: str, parts: list[tuple[str, OpenPart]], liveness: Liveness
+    ) -> None:
+        try:
+            message = await self._upstream.get(
+                f"/session/{session_id}/message/{message_id}", self._credentials
+            )
+        except (UpstreamRefused, OSError) as error:
+            log.info("live settle of %s: message %s unreadable (%s)", session_id, message_id, error)
+            return
+        view = settle_view(message, Api.V1, liveness, single=True)
+        settled = {part["id"]: part for part in (view.document["parts"] if view else [])}
+        for part_id, part in parts:
+            new = settled.get(part_id)
+            if new is None or new.get("state", {}).get("status") in OPEN_STATUSES[Api.V1]:
+                self._open.pop(part_id, None)  # settled meanwhile, or gone: nothing to tell
+                continue
+            assert view is not None
+            self._orphan(part_id, part, new, view.document["info"])
+
+    def _orphan(
+        self, part_id: str, part: OpenPart, settled_part: dict[str, Any], info: dict[str, Any]
+    ) -> None:
+        session: dict[str, object] = {"sessionID": part.session_id}
+        events = [
+            opencode_event(
+                "message.part.updated",
+                {**session, "part": settled_part, "time": settled_part["state"]["time"]["end"]},
+            ),
+            opencode_event("message.updated", {**session, "info": info}),
+            opencode_event("session.status", {**session, "status": {"type": "idle"}}),
+            opencode_event("session.idle", session),
+        ]
+        log.info(
+            "%s orphaned part in client streams",
+            "would settle" if self._dry_run else "settled",
+            extra={
+                "fields": {
+                    "session": part.session_id,
+                    "message": part.message_id,
+                    "part": part_id,
+                    "tool": settled_part.get("tool"),
+                    "rule": "orphaned-tool",
+                    "api": "v1",
+                    "why": "open when the server went away; inactive in two readings",
+                }
+            },
+        )
+        self._open.pop(part_id, None)
+        if self._dry_run:
+            return
+        orphan = self._orphans[part_id] = Orphan(part, events)
+        while len(self._orphans) > _REMEMBERED:
+            self._orphans.popitem(last=False)
+        for subscriber in self._subscribers.values():
+            self._send(subscriber, orphan)
+        if self._write_back is not None:
+            self._write_back.schedule(Api.V1, part.session_id, self._credentials)
+
+    def _send(self, subscriber: Subscriber, orphan: Orphan) -> None:
+        part = orphan.part
+        if subscriber.directory is None:
+            envelope = {"directory": part.directory, **({"project": part.project} if part.project else {})}
+            frames = [event_frame({**envelope, "payload": event}) for event in orphan.events]
+        elif subscriber.directory == part.directory:
+            frames = [event_frame(event) for event in orphan.events]
+        else:
+            return
+        for frame in frames:
+            subscriber.queue.put_nowait(frame)
+        self._metrics.injected_events.inc(len(frames))
+
+
+def _went_idle(event: GlobalEvent) -> bool:
+    if event.kind == "session.status":
+        return (event.properties.get("status") or {}).get("type") == "idle"
+    return event.kind in _IDLE_KINDS
+
+
+def _is_event_stream(flow: Flow) -> bool:
+    return flow.response_headers.get("Content-Type", "").startswith("text/event-stream")
+
+
+def _requested_directory(request: web.Request) -> str | None:
+    if directory := request.query.get("directory"):
+        return directory
+    header = request.headers.get(_DIRECTORY_HEADER)
+    return unquote(header) if header else None

@@ -1,0 +1,143 @@
+"""Live settlement: a client stream that outlived the crash is told the part is settled."""
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from yarl import URL
+
+from proxy.app import create_app
+from proxy.config import Settings
+from proxy.tracker import TRACKER, StreamState
+from tests.fixtures import load
+from tests.proxy.conftest import ProxyClient
+from tests.proxy.fake_opencode import FakeOpencode
+
+V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
+MESSAGE = load("v1-message-stale-running.json")[1]
+PART = MESSAGE["parts"][1]
+ClientFactory = Callable[[web.Application], Awaitable[ProxyClient]]
+
+
+@pytest.fixture
+async def proxy(upstream: TestServer, aiohttp_client: ClientFactory, fake: FakeOpencode) -> ProxyClient:
+    fake.bodies[f"/session/{V1}/message/{MESSAGE['info']['id']}"] = orjson.dumps(MESSAGE)
+    client = await aiohttp_client(create_app(Settings(upstream=URL(str(upstream.make_url("/"))), grace=0.05)))
+    await following(client)
+    return client
+
+
+async def following(proxy: ProxyClient) -> None:
+    for _ in range(300):
+        if proxy.app[TRACKER].state is StreamState.FOLLOWING:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the proxy never followed /global/event")
+
+
+async def events(response: aiohttp.ClientResponse) -> AsyncIterator[Any]:
+    while True:
+        line = await asyncio.wait_for(response.content.readline(), 5)
+        if line.startswith(b"data: "):
+            yield orjson.loads(line[6:])
+
+
+async def next_kinds(stream: AsyncIterator[Any], count: int) -> list[Any]:
+    return [await anext(stream) for _ in range(count)]
+
+
+async def crash_with_part_open(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    fake.publish("message.part.updated", V1, part=PART, time=1)
+    await asyncio.sleep(0.05)
+    fake.drop_streams()
+    await asyncio.sleep(0.05)
+    await following(proxy)
+
+
+async def test_a_stream_opened_after_the_crash_gets_the_settlement(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    await crash_with_part_open(proxy, fake)
+    await asyncio.sleep(0.3)  # the grace period and the confirmation
+    response = await proxy.get("/global/event")
+    stream = events(response)
+    connected, part, message, status, idle = await next_kinds(stream, 5)
+    assert connected["payload"]["type"] == "server.connected"
+    assert part["directory"] == "/cwd"
+    assert part["payload"]["type"] == "message.part.updated"
+    settled = part["payload"]["properties"]["part"]
+    assert settled["id"] == PART["id"]
+    assert settled["state"]["status"] == "error"
+    assert settled["state"]["metadata"]["interrupted"] is True
+    assert part["payload"]["id"].startswith("evt_")
+    assert message["payload"]["properties"]["info"]["time"]["completed"] == settled["state"]["time"]["end"]
+    assert status["payload"] == {
+        **status["payload"],
+        "type": "session.status",
+        "properties": {"sessionID": V1, "status": {"type": "idle"}},
+    }
+    assert idle["payload"]["type"] == "session.idle"
+
+
+async def test_a_stream_open_through_the_crash_gets_it_live(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    response = await proxy.get("/global/event")
+    stream = events(response)
+    assert (await anext(stream))["payload"]["type"] == "server.connected"
+    fake.publish("message.part.updated", V1, part=PART, time=1)
+    assert (await anext(stream))["payload"]["properties"]["part"]["state"]["status"] == "running"
+    fake.publish("session.status", V1, status={"type": "idle"})  # went idle with the part open
+    kinds = [event["payload"]["type"] for event in await next_kinds(stream, 5)]
+    assert kinds == [
+        "session.status",
+        "message.part.updated",
+        "message.updated",
+        "session.status",
+        "session.idle",
+    ]
+
+
+async def injected(proxy: ProxyClient) -> float:
+    text = await (await proxy.get("/_settle/metrics")).text()
+    (line,) = [line for line in text.splitlines() if line.startswith("settle_proxy_injected_events_total")]
+    return float(line.split()[-1])
+
+
+async def test_nothing_is_said_of_a_part_the_server_settled_itself(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    await crash_with_part_open(proxy, fake)
+    fake.publish("message.part.updated", V1, part={**PART, "state": {**PART["state"], "status": "completed"}})
+    await asyncio.sleep(0.3)
+    await proxy.get("/global/event")
+    assert await injected(proxy) == 0
+
+
+async def test_nothing_is_said_while_the_session_is_busy(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    fake.v1_busy["/cwd"] = {V1}
+    await crash_with_part_open(proxy, fake)
+    await asyncio.sleep(0.3)
+    await proxy.get("/global/event")
+    assert await injected(proxy) == 0
+
+
+async def test_instance_streams_get_the_events_of_their_directory_only(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    await crash_with_part_open(proxy, fake)
+    await asyncio.sleep(0.3)
+    elsewhere = await proxy.get("/event", params={"directory": "/elsewhere"})
+    own = await proxy.get("/event", headers={"x-opencode-directory": "%2Fcwd"})
+    connected, part = await next_kinds(events(own), 2)
+    assert connected == {"type": "server.connected", "properties": {}}
+    assert part["type"] == "message.part.updated"
+    assert part["properties"]["part"]["id"] == PART["id"]
+    assert await injected(proxy) == 4
+    first = await asyncio.wait_for(elsewhere.content.readuntil(b"\n\n"), 5)
+    assert first.startswith(b'data: {"type":"server.connected"')
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(elsewhere.content.readline(), 0.3)
