@@ -1,0 +1,158 @@
+"""The real TUI after a crash: `opencode attach` spins on the orphaned tool, except through the proxy.
+
+What the 1.18.33 TUI does (measured, and the reason this test looks the way it does):
+- Sessions come from the **v1** API only: the transcript from `GET /session/{id}/message?limit=100`,
+  busy state from `GET /session/status`, live changes from one `GET /global/event` stream (no PTY,
+  no `/api/session/...` route; `/api/...` serves only config lists such as models and agents). A v2
+  session shows an empty transcript, so only v1 is tested.
+- It builds a session's transcript from that fetch when it opens the session, and afterwards only
+  from `/global/event`. When the stream drops (server crash) it reconnects, but re-fetches neither
+  messages nor `/session/status`: a TUI that stays open across the crash keeps its "running" tool
+  and its busy bar until events on the reconnected stream change them.
+
+One crash/restart cycle serves the module (`scene`): a v1 turn starts, a TUI attaches through the
+proxy and watches its bash tool run (booting while the turn starts saves seconds), the server is
+SIGKILLed and restarted; then one TUI attaches
+directly and one through the proxy, and all three are watched during the same idle window.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from .mock_model import DEFAULT_COMMAND
+from .opencode_server import OpencodeServer, opencode_binary
+from .proxy_process import ProxyProcess
+from .tui import Terminal, Terminals, idle_output, is_spinner, tool_mark
+from .turns import start_turn, wait_tool_running
+
+pytestmark = pytest.mark.integration
+
+IDLE_WINDOW_S = 10.0
+IDLE_LIMIT_BYTES = 1024
+"""Measured over 10 s of idle, 200x50, TERM=xterm-256color: a stale spinner writes ~9,600 bytes
+(~128 frames of 75 bytes), the busy bar of a TUI that lived through the crash another ~47,000;
+a settled screen writes 0. 1 KB is about one second of spinner."""
+
+_BOOT_TIMEOUT_S = 60.0
+_SETTLE_TIMEOUT_S = 20.0
+"""How long after the restart every TUI may take to show its final state (a TUI boots in ~4 s)."""
+_QUIET_AFTER_S = 2.0
+"""Late first-paint redraws end within this after the screen is complete (measured: 0 bytes after)."""
+
+SETTLED_ERROR = "Tool execution aborted"
+BUSY_BAR = "esc interrupt"
+"""The footer the TUI shows while it believes the session is busy (with an animated bar)."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A TUI's screen at the end of the idle window, and the bytes it wrote during it."""
+
+    screen: str
+    idle_bytes: int
+
+    def report(self) -> str:
+        """Both, for failure messages (runs of blank lines squeezed)."""
+        screen = re.sub(r"\n(\s*\n)+", "\n\n", self.screen)
+        return f"{self.idle_bytes} bytes in {IDLE_WINDOW_S:.0f}s of idle; screen:\n{screen}"
+
+
+@dataclass(frozen=True)
+class TuiScene:
+    """`direct` and `proxied` attached after the restart; `across_crash` (through the proxy) before."""
+
+    direct: Seen
+    proxied: Seen
+    across_crash: Seen
+
+
+def _running(screen: str) -> bool:
+    return is_spinner(tool_mark(screen, DEFAULT_COMMAND)) and BUSY_BAR in screen
+
+
+def _settled(screen: str) -> bool:
+    return tool_mark(screen, DEFAULT_COMMAND) == "$" and SETTLED_ERROR in screen and BUSY_BAR not in screen
+
+
+def _spinning(screen: str) -> bool:
+    return is_spinner(tool_mark(screen, DEFAULT_COMMAND))
+
+
+def _watch(expected: dict[Terminal, Callable[[str], bool]]) -> dict[str, Seen]:
+    """Wait (bounded, without failing) until every terminal's screen passes its check, then measure.
+
+    Not failing here leaves the verdict to each test, which then shows the screen it got.
+    """
+    deadline = time.monotonic() + _SETTLE_TIMEOUT_S
+    while not all(check(t.screen()) for t, check in expected.items()) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    time.sleep(_QUIET_AFTER_S)
+    counts = idle_output(list(expected), IDLE_WINDOW_S)
+    return {t.name: Seen(t.screen(), counts[t.name]) for t in expected}
+
+
+@pytest.fixture(scope="module")
+def scene(opencode: OpencodeServer, tmp_path_factory: pytest.TempPathFactory) -> TuiScene:
+    """The module's crash/restart cycle, with three TUIs watching (see the module docstring)."""
+    root = tmp_path_factory.mktemp("tui")
+    proxy = ProxyProcess(opencode.url, root / "proxy.log")
+    try:
+        proxy.start()
+        turn = start_turn("v1", opencode.url, opencode.project, "tui stale v1")
+        with Terminals(root, opencode_binary()) as terminals:
+            across = terminals.attach("across_crash", proxy.url, turn.session_id, turn.directory)
+            wait_tool_running(opencode.url, turn)
+            across.wait_screen(
+                _running, what="the TUI to show the live tool running", timeout=_BOOT_TIMEOUT_S
+            )
+            opencode.crash()
+            opencode.restart()
+            direct = terminals.attach("direct", opencode.url, turn.session_id, turn.directory)
+            proxied = terminals.attach("proxied", proxy.url, turn.session_id, turn.directory)
+            seen = _watch({direct: _spinning, proxied: _settled, across: _settled})
+    finally:
+        proxy.stop()
+    return TuiScene(seen["direct"], seen["proxied"], seen["across_crash"])
+
+
+def _assert_settled(seen: Seen, who: str) -> None:
+    """No spinner, no busy bar, the call shown failed as opencode shows an interrupted one, and quiet."""
+    mark = tool_mark(seen.screen, DEFAULT_COMMAND)
+    assert mark == "$", f"{who}: the tool line starts with {mark!r}, not '$'; {seen.report()}"
+    assert SETTLED_ERROR in seen.screen, f"{who}: no {SETTLED_ERROR!r} on screen; {seen.report()}"
+    assert BUSY_BAR not in seen.screen, f"{who}: the TUI still shows the session busy; {seen.report()}"
+    assert seen.idle_bytes <= IDLE_LIMIT_BYTES, f"{who}: above {IDLE_LIMIT_BYTES} bytes; {seen.report()}"
+
+
+def test_direct_tui_spins_on_orphaned_tool(scene: TuiScene) -> None:
+    """The bug, and the proof the measurement can fail: straight from the server the spinner runs on."""
+    mark = tool_mark(scene.direct.screen, DEFAULT_COMMAND)
+    assert is_spinner(mark), f"no spinner frame before the command but {mark!r}; {scene.direct.report()}"
+    assert scene.direct.idle_bytes > IDLE_LIMIT_BYTES, (
+        f"the spinner is not in the count; {scene.direct.report()}"
+    )
+
+
+def test_tui_attached_through_proxy_shows_tool_settled(scene: TuiScene) -> None:
+    """Opened after the restart through the proxy: the fetched view is settled, so the TUI is idle.
+
+    `interrupted` is how the TUI labels an assistant message that ended in `MessageAbortedError`.
+    """
+    _assert_settled(scene.proxied, "attached through the proxy after the restart")
+    assert "· interrupted" in scene.proxied.screen, f"message not shown interrupted; {scene.proxied.report()}"
+
+
+def test_tui_open_across_crash_settles_through_proxy(scene: TuiScene) -> None:
+    """A TUI that stays open through the crash must stop spinning too (issue 4, live settle on streams).
+
+    It never re-fetches after reconnecting `/global/event`, so only events on that stream can reach
+    it: `message.part.updated` with the settled part (ends the spinner) and `session.status` idle
+    (ends the busy bar). Measured by injecting exactly these: the TUI then writes 0 bytes.
+    """
+    _assert_settled(scene.across_crash, "open through the proxy across the crash")
