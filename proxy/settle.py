@@ -9,7 +9,6 @@ asked of the upstream. Any doubt leaves the body exactly as the upstream sent it
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -20,7 +19,7 @@ from proxy.liveness import LivenessProbe, LivenessUnknown
 from proxy.metrics import Metrics
 from proxy.rewrite import Rewritten, mentions_open_status, rewrite
 from proxy.routes import MessageRoute, match_message_route
-from proxy.tracker import LivenessTracker
+from proxy.tracker import KeptReading, LivenessTracker
 from proxy.upstream import opencode_path
 from proxy.upstream_api import Credentials
 from proxy.writeback import WriteBack
@@ -31,7 +30,7 @@ log = logging.getLogger(__name__)
 SETTLED_HEADER = "X-Settle-Settled"
 RULES_HEADER = "X-Settle-Rules"
 _VALIDATORS = (hdrs.ETAG, hdrs.LAST_MODIFIED, "Content-MD5")
-FRESH_WINDOW_MS = 10_000
+FRESH_MARGIN_MS = 2_000
 
 
 class Settle(Addon):
@@ -80,10 +79,9 @@ class Settle(Addon):
         credentials = self._probe.credentials(flow.request)
         try:
             kept = self._tracker.cached(route.api, route.session_id)
-            liveness = kept or await self._ask(route, credentials)
+            liveness = kept.liveness if kept else await self._ask(route, credentials)
             rewritten = None if liveness.active else rewrite(flow.body, route, liveness, self._rules)
-            if rewritten is not None and kept is not None and _recently_alive(rewritten):
-                # A kept reading vouches for the past; a tool alive moments ago gets a fresh one.
+            if rewritten is not None and kept is not None and not _vouches_for(kept, rewritten):
                 rewritten = None if (await self._ask(route, credentials)).active else rewritten
         except LivenessUnknown as error:
             log.warning("liveness of %s unknown, body passed on unchanged: %s", route.session_id, error)
@@ -136,8 +134,14 @@ class Settle(Addon):
             log.warning("session %s: %s; body passed on unchanged", route.session_id, problem)
 
 
-def _recently_alive(rewritten: Rewritten) -> bool:
-    return time.time() * 1000 - rewritten.view.last_alive < FRESH_WINDOW_MS
+def _vouches_for(kept: KeptReading, rewritten: Rewritten) -> bool:
+    """Whether a kept reading was taken well after the settled tools were last alive.
+
+    A turn announces itself on the stream before any of its tools can run, but an event can
+    still be in flight while a fresh tool is fetched; a reading taken `FRESH_MARGIN_MS` after
+    the tool's last sign of life cannot have missed it.
+    """
+    return kept.taken_at >= rewritten.view.last_alive + FRESH_MARGIN_MS
 
 
 def _route(flow: Flow) -> MessageRoute | None:

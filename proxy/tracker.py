@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import StrEnum
@@ -76,34 +77,41 @@ class StreamListener(Protocol):
         """One event, in stream order."""
 
 
+@dataclass(frozen=True, slots=True)
+class KeptReading:
+    """A reading the stream still vouches for, and when it was taken (epoch ms)."""
+
+    liveness: Liveness
+    taken_at: float
+
+
 class LivenessTracker:
     """Keeps readings fresh from the event stream; `run()` follows it until cancelled."""
 
     def __init__(self, session: aiohttp.ClientSession, settings: Settings) -> None:
         self._session = session
         self._settings = settings
-        self._readings: dict[tuple[Api, str], bool] = {}
+        self._readings: dict[tuple[Api, str], KeptReading] = {}
         self.state = StreamState.CONNECTING
         self.listeners: list[StreamListener] = []
 
-    def cached(self, api: Api, session_id: str) -> Liveness | None:
+    def cached(self, api: Api, session_id: str) -> KeptReading | None:
         """The kept reading, or None when the proxy must ask."""
         if self.state is not StreamState.FOLLOWING:
             return None
-        active = self._readings.get((api, session_id))
-        return None if active is None else Liveness(session_id, active)
+        return self._readings.get((api, session_id))
 
     def store(self, api: Api, liveness: Liveness) -> None:
         """Keep an on-demand reading, valid until the next event about its session."""
         if self.state is StreamState.FOLLOWING:
-            self._readings[(api, liveness.session_id)] = liveness.active
+            self._readings[(api, liveness.session_id)] = KeptReading(liveness, _now_ms())
 
     def apply(self, event: SessionEvent) -> None:
         key = (event.api, event.session_id)
         if event.busy is None:
             self._readings.pop(key, None)
         else:
-            self._readings[key] = event.busy
+            self._readings[key] = KeptReading(Liveness(event.session_id, event.busy), _now_ms())
 
     async def run(self) -> None:
         """Follow the stream forever, reconnecting at once and then with growing pauses."""
@@ -188,6 +196,10 @@ def liveness_meaning(event: GlobalEvent) -> SessionEvent | None:
     if event.kind.startswith("session.next."):
         return SessionEvent(session_id, Api.V2, None)
     return None
+
+
+def _now_ms() -> float:
+    return time.time() * 1000
 
 
 TRACKER = web.AppKey("tracker", LivenessTracker)

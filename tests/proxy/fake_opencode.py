@@ -183,6 +183,8 @@ class FakeOpencode:
 
     async def _history(self, request: web.Request) -> web.Response:
         after = await request.json()
+        if any(seq < 0 for seq in after.values()):
+            return web.json_response({"_tag": "BadRequest"}, status=400)  # as opencode 1.18.33 answers
         return web.json_response([e for e in self.events if e["seq"] > after.get(e["aggregate_id"], -1)])
 
     async def _replay(self, request: web.Request) -> web.Response:
