@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Mapping
 
 import aiohttp
 import orjson
@@ -27,9 +28,9 @@ def event_frame(envelope: object) -> bytes:
     return b"data: " + orjson.dumps(envelope) + b"\n\n"
 
 
-def opencode_event(kind: str, properties: dict[str, object]) -> dict[str, object]:
+def opencode_event(kind: str, properties: Mapping[str, object]) -> dict[str, object]:
     """An event in opencode's own shape, with an id of its own ascending kind."""
-    return {"id": ascending_id("evt"), "type": kind, "properties": properties}
+    return {"id": ascending_id("evt"), "type": kind, "properties": dict(properties)}
 
 
 def complete_events_end(data: bytes) -> int:

@@ -33,14 +33,17 @@ _STOP_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class Plan:
-    """How the model answers a conversation whose first user message has a given text.
+    """How the model answers a conversation whose latest, else first, user message has a given text.
 
     `cut_stream` drops the connection right after the tool-call chunk, without a finish chunk or
-    `data: [DONE]`, to reproduce a provider stream that dies mid-way.
+    `data: [DONE]`, to reproduce a provider stream that dies mid-way. `each_prompt` asks for the
+    tool once per user prompt (until a tool result follows the latest user message) instead of once
+    per conversation, so that a later prompt in the same session runs a tool too.
     """
 
     command: str = DEFAULT_COMMAND
     cut_stream: bool = False
+    each_prompt: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ class MockModel:
         return f"http://127.0.0.1:{self._port}/v1"
 
     def plan(self, prompt: str, plan: Plan) -> None:
-        """Answer every conversation that starts with the user text `prompt` according to `plan`."""
+        """Answer by `plan` when the latest user text is `prompt` (else when the first one is)."""
         with self._lock:
             self._plans[prompt] = plan
 
@@ -120,10 +123,11 @@ class MockModel:
         body = await request.json(loads=orjson.loads)
         messages: list[dict[str, Any]] = body.get("messages", [])
         tools = tuple(t["function"]["name"] for t in body.get("tools") or [])
-        prompt = _first_user_text(messages)
+        texts = _user_texts(messages)
+        prompt = texts[0] if texts else None
         with self._lock:
-            plan = self._plans.get(prompt or "", Plan())
-        wants_tool = "bash" in tools and not any(m.get("role") == "tool" for m in messages)
+            plan = self._plans.get(texts[-1] if texts else "") or self._plans.get(prompt or "", Plan())
+        wants_tool = "bash" in tools and not _tool_answered(messages, plan)
         call_id = f"call_mock_{next(self._call_ids)}" if wants_tool else None
         self._record(prompt, messages, tools, plan, call_id)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -160,18 +164,27 @@ class MockModel:
             self._requests.append(entry)
 
 
-def _first_user_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
-    """The text of the conversation's first user message: the key that selects a `Plan`."""
+def _user_texts(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The text of every user message, oldest first: the latest or the first selects a `Plan`."""
+    texts = []
     for message in messages:
         if message.get("role") != "user":
             continue
         content = message.get("content")
         if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            texts = [c.get("text", "") for c in content if isinstance(c, dict) and c.get("type") == "text"]
-            return "".join(texts)
-    return None
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.append(
+                "".join(c.get("text", "") for c in content if isinstance(c, dict) and c.get("type") == "text")
+            )
+    return texts
+
+
+def _tool_answered(messages: Sequence[Mapping[str, Any]], plan: Plan) -> bool:
+    """Whether a tool result is in the conversation (with `each_prompt`: after the latest user message)."""
+    users = [index for index, message in enumerate(messages) if message.get("role") == "user"]
+    since = messages[users[-1] :] if plan.each_prompt and users else messages
+    return any(message.get("role") == "tool" for message in since)
 
 
 def _chunk(delta: Mapping[str, Any], finish_reason: str | None = None) -> dict[str, Any]:

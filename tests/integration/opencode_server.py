@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import orjson
@@ -25,6 +26,7 @@ DEFAULT_BINARY = "node_modules/.bin/opencode"
 
 _READY_TIMEOUT_S = 60.0
 _WARMUP_REQUEST_TIMEOUT_S = 30.0
+_EXPORT_TIMEOUT_S = 60.0
 _LOG_TAIL_CHARS = 3000
 
 
@@ -68,6 +70,11 @@ class OpencodeServer:
         if self._process is None:
             raise RuntimeError("opencode is not running")
         return self._process.pid
+
+    @property
+    def database(self) -> Path:
+        """opencode's SQLite store: `$XDG_DATA_HOME/opencode/opencode.db` of this server's environment."""
+        return self._root / "xdg" / "data" / "opencode" / "opencode.db"
 
     @property
     def log_path(self) -> Path:
@@ -130,6 +137,25 @@ class OpencodeServer:
         """
         if self._process is not None:
             self.crash()
+
+    def export(self, session_id: str) -> Any:
+        """`opencode export <session>` with this server's XDG dirs, parsed; works with the server up or down.
+
+        Measured on 1.18.33: the CLI reads the database itself (no server needed, any working
+        directory), prints `Exporting session: <id>` on stderr and the JSON on stdout, and exits 0.
+        """
+        done = subprocess.run(
+            [str(self._binary), "export", session_id],
+            cwd=self.project,
+            env=self._environment(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=_EXPORT_TIMEOUT_S,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"opencode export {session_id} -> {done.returncode}: {done.stderr[-500:]!r}")
+        return orjson.loads(done.stdout)
 
     def _require_process(self) -> subprocess.Popen[bytes]:
         if self._process is None:

@@ -1,4 +1,4 @@
-"""The proxy under test as a subprocess: `python -m proxy --upstream URL --port P`.
+"""The proxy under test as a subprocess: `python -m proxy --upstream URL --port P [extra flags]`.
 
 Running it as a real process (not an in-process app) tests the CLI and the lifecycle the way it
 is deployed, and keeps its event loop and any crash apart from the harness.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from .http_client import free_port, port_open
@@ -21,11 +22,15 @@ _LOG_TAIL_CHARS = 3000
 
 
 class ProxyProcess:
-    """One proxy process in front of `upstream`, listening on a free loopback port."""
+    """One proxy process in front of `upstream`, listening on a free loopback port.
 
-    def __init__(self, upstream: str, log_path: Path) -> None:
+    `args` are further command-line flags, such as `("--write-back", "api", "--grace", "0.5")`.
+    """
+
+    def __init__(self, upstream: str, log_path: Path, args: Sequence[str] = ()) -> None:
         self._upstream = upstream
         self._log_path = log_path
+        self._args = tuple(args)
         self._port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -38,7 +43,16 @@ class ProxyProcess:
         """Launch the proxy and return once its port accepts connections."""
         with self._log_path.open("ab") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "proxy", "--upstream", self._upstream, "--port", str(self._port)],
+                [
+                    sys.executable,
+                    "-m",
+                    "proxy",
+                    "--upstream",
+                    self._upstream,
+                    "--port",
+                    str(self._port),
+                    *self._args,
+                ],
                 cwd=REPO_ROOT,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -69,5 +83,9 @@ class ProxyProcess:
             raise RuntimeError(f"proxy exited with {self._process.returncode}; log tail:\n{self._log_tail()}")
         return True if port_open(self._port) else None
 
+    def log(self) -> str:
+        """Everything the proxy has logged so far (it logs every write-back and every skip)."""
+        return self._log_path.read_text(errors="replace")
+
     def _log_tail(self) -> str:
-        return self._log_path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
+        return self.log()[-_LOG_TAIL_CHARS:]

@@ -88,6 +88,63 @@ def start_turn(runtime: Runtime, base_url: str, directory: Path, prompt: str) ->
     return starter(base_url, directory, prompt)
 
 
+def send_prompt(base_url: str, turn: Turn, text: str) -> None:
+    """A further prompt in the turn's existing session, through the runtime's own prompt route."""
+    if turn.runtime == "v1":
+        path, body = f"/session/{turn.session_id}/prompt_async", {"parts": [{"type": "text", "text": text}]}
+        reply = request("POST", base_url + path, json=body, headers=directory_header(turn.directory))
+        _expect(reply.status == 204, f"POST {path}", reply.status, reply.body)
+        return
+    path = f"/api/session/{turn.session_id}/prompt"
+    reply = request("POST", base_url + path, json={"prompt": {"text": text}})
+    _expect(reply.status == 200, f"POST {path}", reply.status, reply.body)
+
+
+def is_active(base_url: str, turn: Turn) -> bool:
+    """Whether the server says the session runs a turn (v1 is asked in the session's own directory)."""
+    if turn.runtime == "v1":
+        reply = request("GET", f"{base_url}/session/status", headers=directory_header(turn.directory))
+        _expect(reply.status == 200, "GET /session/status", reply.status, reply.body)
+        status = reply.json().get(turn.session_id)
+        return status is not None and status.get("type") != "idle"
+    reply = request("GET", f"{base_url}/api/session/active")
+    _expect(reply.status == 200, "GET /api/session/active", reply.status, reply.body)
+    return turn.session_id in reply.json()["data"]
+
+
+def wait_turn_done(
+    base_url: str, turn: Turn, *, timeout: float = _TOOL_START_TIMEOUT_S
+) -> list[dict[str, Any]]:
+    """Poll until the session is inactive and its newest message is an assistant answer with text
+    and `time.completed`; return the messages then."""
+
+    def done() -> list[dict[str, Any]] | None:
+        messages = read_messages(base_url, turn)
+        if is_active(base_url, turn) or not _answered(messages, turn.runtime):
+            return None
+        return messages
+
+    return poll(
+        done, what=f"{turn.runtime} turn in {turn.session_id} to finish", timeout=timeout, interval=0.25
+    )
+
+
+def _answered(messages: list[dict[str, Any]], runtime: Runtime) -> bool:
+    """Whether the newest message is a completed assistant message that holds text."""
+    if not messages:
+        return False
+    if runtime == "v1":
+        newest = max(messages, key=lambda m: m["info"]["time"]["created"])
+        info, items = newest["info"], newest["parts"]
+        is_assistant = info.get("role") == "assistant"
+    else:
+        newest = max(messages, key=lambda m: m["time"]["created"])
+        info, items = newest, newest.get("content", [])
+        is_assistant = newest.get("type") == "assistant"
+    has_text = any(item.get("type") == "text" for item in items)
+    return is_assistant and has_text and "completed" in info["time"]
+
+
 def wait_tool_running(base_url: str, turn: Turn, *, timeout: float = _TOOL_START_TIMEOUT_S) -> RunningTool:
     """Poll the message view until the bash call is `running` and its view has stopped changing.
 
