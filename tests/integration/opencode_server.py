@@ -42,6 +42,19 @@ def opencode_binary() -> Path:
     return binary
 
 
+def opencode_environment(root: Path) -> dict[str, str]:
+    """The environment an opencode process of the tests gets: XDG dirs of its own under `root`,
+    no auto-update, and no password inherited from the developer's shell."""
+    env = dict(os.environ)
+    for name in ("CONFIG", "DATA", "STATE", "CACHE"):
+        xdg_dir = root / "xdg" / name.lower()
+        xdg_dir.mkdir(parents=True, exist_ok=True)
+        env[f"XDG_{name}_HOME"] = str(xdg_dir)
+    env["OPENCODE_DISABLE_AUTOUPDATE"] = "1"
+    env.pop("OPENCODE_SERVER_PASSWORD", None)
+    return env
+
+
 def directory_header(directory: Path) -> dict[str, str]:
     """The header opencode's clients use to pick the per-directory instance of a request."""
     return {"x-opencode-directory": quote(str(directory), safe="")}
@@ -172,14 +185,7 @@ class OpencodeServer:
         return {"provider": {"mock": provider}, "model": "mock/m", "permission": "allow"}
 
     def _environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        for name in ("CONFIG", "DATA", "STATE", "CACHE"):
-            xdg_dir = self._root / "xdg" / name.lower()
-            xdg_dir.mkdir(parents=True, exist_ok=True)
-            env[f"XDG_{name}_HOME"] = str(xdg_dir)
-        env["OPENCODE_DISABLE_AUTOUPDATE"] = "1"
-        env.pop("OPENCODE_SERVER_PASSWORD", None)
-        return env
+        return opencode_environment(self._root)
 
     def _wait_ready(self) -> None:
         """Health first, then load the main instance, then each project's provider.

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from .opencode_server import opencode_environment
 from .polling import WaitTimeout
 
 WIDTH, HEIGHT = 200, 50
@@ -162,15 +163,8 @@ class Terminals:
 
         `TMUX` is dropped so a test run from inside tmux does not nest into the user's server.
         """
-        env = dict(os.environ)
-        for name in ("CONFIG", "DATA", "STATE", "CACHE"):
-            xdg_dir = self._root / "xdg" / name.lower()
-            xdg_dir.mkdir(parents=True, exist_ok=True)
-            env[f"XDG_{name}_HOME"] = str(xdg_dir)
-        env["OPENCODE_DISABLE_AUTOUPDATE"] = "1"
-        env["TERM"] = "xterm-256color"
-        for name in ("OPENCODE_SERVER_PASSWORD", "TMUX"):
-            env.pop(name, None)
+        env = opencode_environment(self._root) | {"TERM": "xterm-256color"}
+        env.pop("TMUX", None)
         return env
 
 

@@ -1,3 +1,4 @@
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -7,6 +8,7 @@ from yarl import URL
 
 from proxy.app import create_app
 from proxy.config import Settings
+from proxy.tracker import TRACKER, StreamState
 from tests.proxy.fake_opencode import FakeOpencode
 
 ProxyClient = TestClient[web.Request, web.Application]
@@ -29,3 +31,12 @@ async def proxy(
     upstream: TestServer, aiohttp_client: Callable[[web.Application], Awaitable[ProxyClient]]
 ) -> ProxyClient:
     return await aiohttp_client(create_app(Settings(upstream=URL(str(upstream.make_url("/"))))))
+
+
+async def following(proxy: ProxyClient) -> None:
+    """Wait (bounded) until the proxy follows the fake's `/global/event`."""
+    for _ in range(300):
+        if proxy.app[TRACKER].state is StreamState.FOLLOWING:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the proxy never followed /global/event")

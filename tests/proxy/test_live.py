@@ -13,9 +13,8 @@ from yarl import URL
 
 from proxy.app import create_app
 from proxy.config import Settings
-from proxy.tracker import TRACKER, StreamState
 from tests.fixtures import load
-from tests.proxy.conftest import ProxyClient
+from tests.proxy.conftest import ProxyClient, following
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
@@ -30,14 +29,6 @@ async def proxy(upstream: TestServer, aiohttp_client: ClientFactory, fake: FakeO
     client = await aiohttp_client(create_app(Settings(upstream=URL(str(upstream.make_url("/"))), grace=0.05)))
     await following(client)
     return client
-
-
-async def following(proxy: ProxyClient) -> None:
-    for _ in range(300):
-        if proxy.app[TRACKER].state is StreamState.FOLLOWING:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the proxy never followed /global/event")
 
 
 async def events(response: aiohttp.ClientResponse) -> AsyncIterator[Any]:

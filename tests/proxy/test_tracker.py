@@ -6,22 +6,14 @@ import time
 import orjson
 import pytest
 
-from proxy.tracker import TRACKER, StreamState, liveness_meaning, parse_event
+from proxy.tracker import liveness_meaning, parse_event
 from rules import Api
 from tests.fixtures import OPENCODE, compact
-from tests.proxy.conftest import ProxyClient
+from tests.proxy.conftest import ProxyClient, following
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
 V2 = "ses_dd6bd0f33ffejRStwdnQDIkDom"
-
-
-async def following(proxy: ProxyClient) -> None:
-    for _ in range(200):
-        if proxy.app[TRACKER].state is StreamState.FOLLOWING:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the proxy never followed /global/event")
 
 
 async def settled_count(proxy: ProxyClient, path: str) -> str | None:
