@@ -1,19 +1,28 @@
 """Rewrite a message-view body: run the rules and splice only the changed messages in.
 
-Clients fetch long histories; re-serializing a whole body to change one message would cost
-time and would reformat bytes no rule touched. Each changed message is located in the
-original bytes and replaced there; the location is verified before it is trusted, and when
-it cannot be proven the whole document is re-serialized instead (same meaning, new bytes).
+Clients fetch long histories, and a parse of all of one costs far more than the rest of a
+request (measured: 35 ms for a 3.6 MB list with orjson). So a list is first cut into its
+messages without parsing them (msgspec checks the syntax of the whole body and hands back
+each top-level message as raw bytes, at about 1 GB/s); only a message in which a byte scan
+found an open status is parsed and given to the rules, and its new bytes replace exactly
+its old ones. Everything else goes out as the upstream sent it, byte for byte.
+
+When the layout is not the compact one opencode sends (the message bytes are not where
+their lengths say), the whole document is parsed and settled instead; spans are then found
+from message ids and verified before they are trusted, and re-serialized as a last resort.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 
 from proxy.routes import MessageRoute
@@ -23,10 +32,11 @@ from rules import (
     Api,
     Liveness,
     Rule,
+    SettledMessages,
     Settlement,
     UnexpectedShape,
-    ViewSettlement,
     messages_of,
+    settle,
     settle_view,
 )
 
@@ -37,12 +47,22 @@ _NEEDLES = {
 _DECODER = json.JSONDecoder()
 
 
+class _V2List(msgspec.Struct):
+    data: list[msgspec.Raw]
+
+
+_LISTS: dict[Api, msgspec.json.Decoder[Any]] = {
+    Api.V1: msgspec.json.Decoder(list[msgspec.Raw]),
+    Api.V2: msgspec.json.Decoder(_V2List),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Rewritten:
-    """A rewritten body and the settlement that went into it."""
+    """A rewritten body and what the rules changed in it."""
 
     body: bytes
-    view: ViewSettlement
+    messages: SettledMessages
     spliced: bool
     """False when the changed messages could not be located and the body was re-serialized."""
 
@@ -59,6 +79,80 @@ def rewrite(
 
     Raises `UnexpectedShape` for a body that is not JSON of the route's shape.
     """
+    if liveness.active:
+        return None
+    if not route.single:
+        raw = _raw_messages(body, route.api)
+        spans = _compact_spans(body, raw)
+        if spans is not None:
+            return _rewrite_spans(body, raw, spans, route.api, liveness=liveness, rules=rules)
+    return _rewrite_document(body, route, liveness, rules)
+
+
+def _raw_messages(body: bytes, api: Api) -> list[msgspec.Raw]:
+    try:
+        body.decode("utf-8")  # msgspec leaves the strings of skipped values unchecked
+        found = _LISTS[api].decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError) as error:
+        raise UnexpectedShape(f"{api} message list: {error}") from error
+    return list(found.data if api is Api.V2 else found)
+
+
+def _compact_spans(body: bytes, raw: list[msgspec.Raw]) -> list[int] | None:
+    """Start offsets of the messages, if they sit in `body` separated by single commas.
+
+    The first message is found by its bytes; the others then follow from the lengths. An
+    extra byte anywhere would shift every later message, so finding the last one where the
+    lengths put it proves the layout for all of them.
+    """
+    if not raw:
+        return []
+    first = body.find(bytes(raw[0]))
+    if first < 0:
+        return None
+    starts = list(itertools.accumulate((len(message) + 1 for message in raw[:-1]), initial=first))
+    last = starts[-1]
+    return starts if body[last : last + len(raw[-1])] == bytes(raw[-1]) else None
+
+
+def _rewrite_spans(
+    body: bytes,
+    raw: list[msgspec.Raw],
+    starts: list[int],
+    api: Api,
+    *,
+    liveness: Liveness,
+    rules: Sequence[Rule],
+) -> Rewritten | None:
+    settled: list[tuple[int, Settlement]] = []
+    for index in _candidates(body, starts, api):
+        found = settle(orjson.loads(bytes(raw[index])), api, liveness, rules)
+        if found is not None:
+            settled.append((index, found))
+    if not settled:
+        return None
+    pieces, cursor = [], 0
+    for index, found in settled:
+        pieces += [body[cursor : starts[index]], orjson.dumps(found.message)]
+        cursor = starts[index] + len(raw[index])
+    pieces.append(body[cursor:])
+    return Rewritten(b"".join(pieces), SettledMessages(tuple(settled)), spliced=True)
+
+
+def _candidates(body: bytes, starts: list[int], api: Api) -> list[int]:
+    """Indexes of the messages in which an open status occurs, in order."""
+    found: set[int] = set()
+    for needle in _NEEDLES[api]:
+        position = body.find(needle)
+        while position >= 0:
+            found.add(bisect.bisect_right(starts, position) - 1)
+            position = body.find(needle, position + len(needle))
+    return sorted(index for index in found if index >= 0)
+
+
+def _rewrite_document(
+    body: bytes, route: MessageRoute, liveness: Liveness, rules: Sequence[Rule]
+) -> Rewritten | None:
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as error:
@@ -67,11 +161,11 @@ def rewrite(
     view = settle_view(document, route.api, liveness, single=route.single, rules=rules)
     if view is None:
         return None
-    changed = [(originals[index], found) for index, found in view.settled]
+    changed = [(originals[index], found) for index, found in view.messages.settled]
     spliced = _splice(body, changed, route.api)
     if spliced is not None:
-        return Rewritten(spliced, view, spliced=True)
-    return Rewritten(orjson.dumps(view.document), view, spliced=False)
+        return Rewritten(spliced, view.messages, spliced=True)
+    return Rewritten(orjson.dumps(view.document), view.messages, spliced=False)
 
 
 def _splice(body: bytes, changed: list[tuple[Any, Settlement]], api: Api) -> bytes | None:

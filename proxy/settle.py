@@ -97,8 +97,10 @@ class Settle(Addon):
         flow.body = rewritten.body
         for name in _VALIDATORS:
             flow.response_headers.popall(name, None)
-        flow.response_headers[SETTLED_HEADER] = str(rewritten.view.settled_parts)
-        flow.response_headers[RULES_HEADER] = ",".join(dict.fromkeys(c.rule for c in rewritten.view.changes))
+        flow.response_headers[SETTLED_HEADER] = str(rewritten.messages.settled_parts)
+        flow.response_headers[RULES_HEADER] = ",".join(
+            dict.fromkeys(c.rule for c in rewritten.messages.changes)
+        )
         if self._write_back is not None:
             self._write_back.schedule(route.api, route.session_id, credentials)
 
@@ -112,7 +114,7 @@ class Settle(Addon):
     def _record(self, route: MessageRoute, rewritten: Rewritten) -> None:
         """One structured log line and one count per change."""
         verb = "would settle" if self._dry_run else "settled"
-        for _, settlement in rewritten.view.settled:
+        for _, settlement in rewritten.messages.settled:
             for change in settlement.changes:
                 target = target_of(settlement.message, change, route.api)
                 fields = {
@@ -141,7 +143,7 @@ def _vouches_for(kept: KeptReading, rewritten: Rewritten) -> bool:
     still be in flight while a fresh tool is fetched; a reading taken `FRESH_MARGIN_MS` after
     the tool's last sign of life cannot have missed it.
     """
-    return kept.taken_at >= rewritten.view.last_alive + FRESH_MARGIN_MS
+    return kept.taken_at >= rewritten.messages.last_alive + FRESH_MARGIN_MS
 
 
 def _route(flow: Flow) -> MessageRoute | None:

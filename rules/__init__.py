@@ -11,7 +11,15 @@ from rules.models import Api, Message, V1Message, V2Message
 from rules.registry import DEFAULT_RULES
 from rules.rule import Rule
 from rules.tools import OPEN_STATUSES
-from rules.views import Target, ViewSettlement, messages_of, settle_view, target_of, with_messages
+from rules.views import (
+    SettledMessages,
+    Target,
+    ViewSettlement,
+    messages_of,
+    settle_view,
+    target_of,
+    with_messages,
+)
 
 __all__ = [
     "DEFAULT_RULES",
@@ -21,6 +29,7 @@ __all__ = [
     "Liveness",
     "Message",
     "Rule",
+    "SettledMessages",
     "Settlement",
     "Target",
     "UnexpectedShape",

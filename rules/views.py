@@ -24,10 +24,9 @@ from rules.rule import Rule
 
 
 @dataclass(frozen=True, slots=True)
-class ViewSettlement:
-    """A settled view: the new document, and each changed message's position and settlement."""
+class SettledMessages:
+    """The messages of a view that the rules changed: each one's position and settlement."""
 
-    document: Any
     settled: tuple[tuple[int, Settlement], ...]
 
     @property
@@ -43,6 +42,18 @@ class ViewSettlement:
     def settled_parts(self) -> int:
         """How many tool parts were settled (changes to messages themselves are not counted)."""
         return sum(1 for change in self.changes if change.path[:1] in (("parts",), ("content",)))
+
+
+@dataclass(frozen=True, slots=True)
+class ViewSettlement:
+    """A settled view: the new document, and what changed in it."""
+
+    document: Any
+    messages: SettledMessages
+
+    @property
+    def changes(self) -> tuple[Change, ...]:
+        return self.messages.changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +102,7 @@ def settle_view(
         return None
     for index, found in settled:
         messages[index] = found.message
-    return ViewSettlement(with_messages(document, api, messages, single=single), settled)
+    return ViewSettlement(with_messages(document, api, messages, single=single), SettledMessages(settled))
 
 
 def target_of(message: Mapping[str, Any], change: Change, api: Api) -> Target:

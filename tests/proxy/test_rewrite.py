@@ -49,10 +49,31 @@ def test_changed_messages_are_spliced_into_the_original_bytes(stale_at: set[int]
     assert result is not None
     assert result.spliced
     assert orjson.loads(result.body) == expected(document, stale_at)
-    assert result.view.settled_parts == len(stale_at)
+    assert result.messages.settled_parts == len(stale_at)
     untouched = json.dumps(document["data"][2], indent=indent, ensure_ascii=False).encode()
     if 2 not in stale_at and indent is None:
         assert untouched in result.body
+
+
+def test_key_order_does_not_matter_in_a_compact_list() -> None:
+    document = v2_history({1})
+    document["data"][1] = {"type": document["data"][1].pop("type"), **document["data"][1]}
+    body = orjson.dumps(document)
+    result = rewrite(body, V2_LIST, INACTIVE)
+    assert result is not None
+    assert result.spliced
+    assert orjson.loads(result.body) == expected(document, {1})
+
+
+def test_a_large_compact_list_is_settled_without_parsing_every_message() -> None:
+    document = v2_history({2}, size=3000)
+    body = orjson.dumps(document)
+    result = rewrite(body, V2_LIST, INACTIVE)
+    assert result is not None
+    assert result.spliced
+    assert [index for index, _ in result.messages.settled] == [2]
+    untouched = orjson.dumps(document["data"][3:])[1:-1]
+    assert untouched in result.body
 
 
 def test_unprovable_location_falls_back_to_a_full_dump() -> None:
@@ -61,7 +82,7 @@ def test_unprovable_location_falls_back_to_a_full_dump() -> None:
         "type": document["data"][1].pop("type"),
         **document["data"][1],
     }  # id no longer first
-    result = rewrite(orjson.dumps(document), V2_LIST, INACTIVE)
+    result = rewrite(json.dumps(document, indent=1).encode(), V2_LIST, INACTIVE)
     assert result is not None
     assert not result.spliced
     assert orjson.loads(result.body) == expected(document, {1})

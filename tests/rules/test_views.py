@@ -12,11 +12,11 @@ def test_v2_list_view() -> None:
     document = load("v2-message-stale-running.json")
     view = settle_view(document, Api.V2, INACTIVE)
     assert view is not None
-    assert view.settled_parts == 1
+    assert view.messages.settled_parts == 1
     assert view.document["cursor"] == document["cursor"]
     assert view.document["data"][1] is document["data"][1]
     assert document["data"][0]["content"][0]["state"]["status"] == "running", "the input is not modified"
-    ((index, settlement),) = view.settled
+    ((index, settlement),) = view.messages.settled
     assert index == 0
     targets = [target_of(settlement.message, change, Api.V2) for change in settlement.changes]
     assert [(t.message, t.part, t.tool) for t in targets] == [
