@@ -66,11 +66,15 @@ class Settle(Addon):
             flow.upstream_headers[hdrs.ACCEPT_ENCODING] = "identity"
 
     async def response_headers(self, flow: Flow) -> None:
-        if _route(flow) is None or flow.status != 200:
+        route = _route(flow)
+        if route is None or flow.status != 200:
             return
         content_type = flow.response_headers.get(hdrs.CONTENT_TYPE, "")
         encoded = flow.response_headers.get(hdrs.CONTENT_ENCODING, "identity").lower() != "identity"
-        flow.read_body = content_type.startswith("application/json") and not encoded
+        kept = self._tracker.cached(route.api, route.session_id)
+        # A session the stream vouches is active has nothing to settle: its view streams through unread.
+        known_active = kept is not None and kept.liveness.active
+        flow.read_body = content_type.startswith("application/json") and not encoded and not known_active
 
     async def response(self, flow: Flow) -> None:
         route = _route(flow)
