@@ -189,44 +189,57 @@ class LiveSettle(Addon, StreamListener):
             log.info("live settle of %s: message %s unreadable (%s)", session_id, message_id, error)
             return
         view = settle_view(message, Api.V1, liveness, single=True)
-        settled = {part["id"]: part for part in (view.document["parts"] if view else [])}
+        document = view.document if view is not None else message
+        changed = set() if view is None else {_part_id(document, change.path) for change in view.changes}
+        current = {part["id"]: part for part in document["parts"]}
         for part_id, part in parts:
-            new = settled.get(part_id)
-            if new is None or new.get("state", {}).get("status") in OPEN_STATUSES[Api.V1]:
-                self._open.pop(part_id, None)  # settled meanwhile, or gone: nothing to tell
-                continue
-            assert view is not None
-            self._orphan(part_id, part, new, view.document["info"])
+            now = current.get(part_id)
+            self._open.pop(part_id, None)
+            if now is not None and now.get("state", {}).get("status") not in OPEN_STATUSES[Api.V1]:
+                # Settled by the rules, or by the server while the stream was down: either way
+                # a client that saw the part open must be told its state now.
+                self._orphan(part_id, part, now, document["info"], settled_here=part_id in changed)
 
     def _orphan(
-        self, part_id: str, part: OpenPart, settled_part: dict[str, Any], info: dict[str, Any]
+        self,
+        part_id: str,
+        part: OpenPart,
+        settled_part: dict[str, Any],
+        info: dict[str, Any],
+        *,
+        settled_here: bool,
     ) -> None:
         session: dict[str, object] = {"sessionID": part.session_id}
+        ended = (settled_part["state"].get("time") or {}).get("end")
         events = [
-            opencode_event(
-                "message.part.updated",
-                {**session, "part": settled_part, "time": settled_part["state"]["time"]["end"]},
-            ),
+            opencode_event("message.part.updated", {**session, "part": settled_part, "time": ended}),
             opencode_event("message.updated", {**session, "info": info}),
             opencode_event("session.status", {**session, "status": {"type": "idle"}}),
             opencode_event("session.idle", session),
         ]
+        verb = "would settle" if self._dry_run else "settled"
+        what = (
+            "orphaned part in client streams"
+            if settled_here
+            else "part the server settled unseen, to clients"
+        )
+        why = "open when the server went away; inactive in two readings"
         log.info(
-            "%s orphaned part in client streams",
-            "would settle" if self._dry_run else "settled",
+            "%s %s",
+            verb if settled_here else "relayed",
+            what,
             extra={
                 "fields": {
                     "session": part.session_id,
                     "message": part.message_id,
                     "part": part_id,
                     "tool": settled_part.get("tool"),
-                    "rule": "orphaned-tool",
+                    "rule": "orphaned-tool" if settled_here else None,
                     "api": "v1",
-                    "why": "open when the server went away; inactive in two readings",
+                    "why": why if settled_here else "settled by the server while the event stream was down",
                 }
             },
         )
-        self._open.pop(part_id, None)
         if self._dry_run:
             return
         orphan = self._orphans[part_id] = Orphan(part, events)
@@ -234,7 +247,7 @@ class LiveSettle(Addon, StreamListener):
             self._orphans.popitem(last=False)
         for subscriber in self._subscribers.values():
             self._send(subscriber, orphan)
-        if self._write_back is not None:
+        if settled_here and self._write_back is not None:
             self._write_back.schedule(Api.V1, part.session_id, self._credentials)
 
     def _send(self, subscriber: Subscriber, orphan: Orphan) -> None:
@@ -266,3 +279,11 @@ def _requested_directory(request: web.Request) -> str | None:
         return directory
     header = request.headers.get(_DIRECTORY_HEADER)
     return unquote(header) if header else None
+
+
+def _part_id(document: dict[str, Any], path: tuple[str | int, ...]) -> str | None:
+    """The id of the part a change's path points at (None for the message itself)."""
+    if path[:1] != ("parts",):
+        return None
+    part_id = document["parts"][int(path[1])].get("id")
+    return part_id if isinstance(part_id, str) else None

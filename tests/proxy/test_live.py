@@ -132,3 +132,19 @@ async def test_instance_streams_get_the_events_of_their_directory_only(
     assert first.startswith(b'data: {"type":"server.connected"')
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(elsewhere.content.readline(), 0.3)
+
+
+async def test_a_part_the_server_settled_unseen_is_relayed_as_it_is(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    done = {
+        **MESSAGE,
+        "parts": [*MESSAGE["parts"][:1], {**PART, "state": {**PART["state"], "status": "completed"}}],
+    }
+    fake.bodies[f"/session/{V1}/message/{MESSAGE['info']['id']}"] = orjson.dumps(done)
+    await crash_with_part_open(proxy, fake)
+    response = await proxy.get("/global/event")
+    _, part, message, status, _ = await next_kinds(events(response), 5)
+    assert part["payload"]["properties"]["part"] == done["parts"][1]
+    assert message["payload"]["properties"]["info"] == MESSAGE["info"]
+    assert status["payload"]["properties"]["status"] == {"type": "idle"}
