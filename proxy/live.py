@@ -9,8 +9,9 @@ reading and a fresh read of the message that the part is orphaned, and then send
 client event stream (`/global/event`, and `/event` of the session's directory) what the
 server would have sent had it settled the part itself: `message.part.updated` with the
 settled part, `message.updated` with the closed message, and `session.status` idle with
-`session.idle`. Streams that connect later get the same events right after they open, until
-the server itself reports the part settled (a write-back, or a later turn).
+`session.idle`. Streams that connect later get the state (all but `session.idle`, which
+clients take as "a turn just ended") right after they open, until the server itself
+reports the part settled (a write-back, or a later turn).
 """
 
 from __future__ import annotations
@@ -64,10 +65,16 @@ class Subscriber:
 
 @dataclass(slots=True)
 class Orphan:
-    """A part confirmed orphaned, with the events that tell a client so."""
+    """A part confirmed orphaned, with the events that tell a client so.
+
+    `state` says how things are, and is also sent to streams that connect later. `moment`
+    says something just happened (`session.idle`: the web UI plays a sound and notifies), so
+    it goes only to streams that were open at that moment.
+    """
 
     part: OpenPart
-    events: list[dict[str, Any]] = field(default_factory=list)
+    state: list[dict[str, Any]] = field(default_factory=list)
+    moment: list[dict[str, Any]] = field(default_factory=list)
 
 
 class LiveSettle(Addon, StreamListener):
@@ -142,7 +149,7 @@ class LiveSettle(Addon, StreamListener):
         else:
             return
         for orphan in self._orphans.values():
-            self._send(subscriber, orphan)
+            self._send(subscriber, orphan, live=False)
         self._subscribers[id(flow)] = subscriber
         flow.inject = subscriber.queue
 
@@ -211,11 +218,10 @@ class LiveSettle(Addon, StreamListener):
     ) -> None:
         session: dict[str, object] = {"sessionID": part.session_id}
         ended = (settled_part["state"].get("time") or {}).get("end")
-        events = [
+        state = [
             opencode_event("message.part.updated", {**session, "part": settled_part, "time": ended}),
             opencode_event("message.updated", {**session, "info": info}),
             opencode_event("session.status", {**session, "status": {"type": "idle"}}),
-            opencode_event("session.idle", session),
         ]
         verb = "would settle" if self._dry_run else "settled"
         what = (
@@ -242,21 +248,22 @@ class LiveSettle(Addon, StreamListener):
         )
         if self._dry_run:
             return
-        orphan = self._orphans[part_id] = Orphan(part, events)
+        orphan = self._orphans[part_id] = Orphan(part, state, [opencode_event("session.idle", session)])
         while len(self._orphans) > _REMEMBERED:
             self._orphans.popitem(last=False)
         for subscriber in self._subscribers.values():
-            self._send(subscriber, orphan)
+            self._send(subscriber, orphan, live=True)
         if settled_here and self._write_back is not None:
             self._write_back.schedule(Api.V1, part.session_id, self._credentials)
 
-    def _send(self, subscriber: Subscriber, orphan: Orphan) -> None:
+    def _send(self, subscriber: Subscriber, orphan: Orphan, *, live: bool) -> None:
         part = orphan.part
+        events = orphan.state + orphan.moment if live else orphan.state
         if subscriber.directory is None:
             envelope = {"directory": part.directory, **({"project": part.project} if part.project else {})}
-            frames = [event_frame({**envelope, "payload": event}) for event in orphan.events]
+            frames = [event_frame({**envelope, "payload": event}) for event in events]
         elif subscriber.directory == part.directory:
-            frames = [event_frame(event) for event in orphan.events]
+            frames = [event_frame(event) for event in events]
         else:
             return
         for frame in frames:
