@@ -17,6 +17,21 @@ prompt appends no second one. So the log is read just before the append, the cal
 still be open there, and a refusal means the server appended concurrently: the log is read
 again and the append retried at the new next number, or dropped when the call is no
 longer open. Never a gap, never a duplicate.
+
+v1 has no such check: PATCH is a plain upsert (no version, no precondition), so two proxies
+in front of one server that both read the part before either PATCHes both PATCH it.
+Measured on 1.18.33 (two `--write-back api` proxies fetching one stale v1 session at once):
+the part was PATCHed twice in 8 and in 15 of 20 trials (two runs), i.e. two
+`message.part.updated.1` events were stored and every client was told twice. The only
+compare-and-set the API offers is `/sync/replay`'s seq check, and a replayed
+`message.part.updated.1` does settle a v1 part exactly once, but it is published on no event
+stream (measured), so clients would keep spinning; PATCH stays. Instead, the re-read and
+the PATCHes of a v1 session run under `SessionLocks`: an `flock` on a lock file that every
+proxy of the user on the host finds at the same path. The second writer re-reads after the
+first has PATCHed and finds nothing left to write. The kernel drops the lock of a process
+that dies (SIGKILL included), so no stale lock ever blocks a later pass. Proxies on
+different hosts (or under different users) share no lock and can still write a v1 part
+twice, with the same content.
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ from typing import Any
 from proxy.config import WriteBackMode
 from proxy.event_log import PROMPT_ADMITTED, call_left_open, event_name, tool_failed_data
 from proxy.ids import ascending_id
+from proxy.locks import SessionLocks
 from proxy.upstream_api import Credentials, UpstreamApi, UpstreamRefused
 from proxy.writeback import Written
 from rules import Api, Liveness, settle
@@ -68,8 +84,9 @@ class ApiWriter:
 
     mode = WriteBackMode.API
 
-    def __init__(self, upstream: UpstreamApi) -> None:
+    def __init__(self, upstream: UpstreamApi, locks: SessionLocks | None = None) -> None:
         self._upstream = upstream
+        self._locks = locks or SessionLocks()
 
     async def write(
         self, api: Api, session_id: str, credentials: Credentials, liveness: Liveness
@@ -79,6 +96,11 @@ class ApiWriter:
         return await self._write_v2(session_id, credentials, liveness)
 
     async def _write_v1(self, session_id: str, credentials: Credentials, liveness: Liveness) -> list[Written]:
+        """Re-read and PATCH under the session's lock, so that no other proxy reads in between."""
+        async with self._locks.hold(session_id):
+            return await self._patch_v1(session_id, credentials, liveness)
+
+    async def _patch_v1(self, session_id: str, credentials: Credentials, liveness: Liveness) -> list[Written]:
         written = []
         for message in await self._upstream.get(f"/session/{session_id}/message", credentials):
             settlement = settle(message, Api.V1, liveness)
