@@ -71,14 +71,26 @@ class Settle(Addon):
             return
         content_type = flow.response_headers.get(hdrs.CONTENT_TYPE, "")
         encoded = flow.response_headers.get(hdrs.CONTENT_ENCODING, "identity").lower() != "identity"
+        flow.read_body = (
+            content_type.startswith("application/json")
+            and not encoded
+            and not self._known_unchanged(route, flow)
+        )
+
+    def _known_unchanged(self, route: MessageRoute, flow: Flow) -> bool:
+        """Whether the stream vouches there is nothing to settle, so the view streams through unread:
+        the session is active, or this view showed no open tool and nothing happened since."""
         kept = self._tracker.cached(route.api, route.session_id)
-        # A session the stream vouches is active has nothing to settle: its view streams through unread.
-        known_active = kept is not None and kept.liveness.active
-        flow.read_body = content_type.startswith("application/json") and not encoded and not known_active
+        return (kept is not None and kept.liveness.active) or self._tracker.known_clean(
+            route.session_id, flow.request.raw_path
+        )
 
     async def response(self, flow: Flow) -> None:
         route = _route(flow)
-        if route is None or not mentions_open_status(flow.body, route.api):
+        if route is None:
+            return
+        if not mentions_open_status(flow.body, route.api):
+            self._tracker.mark_clean(route.session_id, flow.request.raw_path)
             return
         credentials = self._probe.credentials(flow.request)
         try:

@@ -92,6 +92,8 @@ class LivenessTracker:
         self._session = session
         self._settings = settings
         self._readings: dict[tuple[Api, str], KeptReading] = {}
+        self._clean: dict[str, set[str]] = {}
+        """Per session, the views (path and query) last seen without an open tool."""
         self.state = StreamState.CONNECTING
         self.listeners: list[StreamListener] = []
 
@@ -105,6 +107,19 @@ class LivenessTracker:
         """Keep an on-demand reading, valid until the next event about its session."""
         if self.state is StreamState.FOLLOWING:
             self._readings[(api, liveness.session_id)] = KeptReading(liveness, _now_ms())
+
+    def mark_clean(self, session_id: str, view: str) -> None:
+        """Remember that `view` showed no open tool, until the next event about its session.
+
+        A tool can only open in a turn, and a turn announces itself on the stream first, so
+        until then the view can be sent on unread. Forgetting a mark can only cost a scan;
+        a stale one could only skip a settlement, never invent one.
+        """
+        if self.state is StreamState.FOLLOWING:
+            self._clean.setdefault(session_id, set()).add(view)
+
+    def known_clean(self, session_id: str, view: str) -> bool:
+        return self.state is StreamState.FOLLOWING and view in self._clean.get(session_id, ())
 
     def apply(self, event: SessionEvent) -> None:
         key = (event.api, event.session_id)
@@ -120,6 +135,8 @@ class LivenessTracker:
             try:
                 async for event in self._follow():
                     failures = 0
+                    if event.session_id is not None:
+                        self._clean.pop(event.session_id, None)
                     meaning = liveness_meaning(event)
                     if meaning is not None:
                         self.apply(meaning)
@@ -135,6 +152,7 @@ class LivenessTracker:
         if self.state is StreamState.FOLLOWING:
             self.state = StreamState.CONNECTING
         self._readings.clear()
+        self._clean.clear()
 
     async def _follow(self) -> AsyncIterator[GlobalEvent]:
         headers = {hdrs.ACCEPT: "text/event-stream", hdrs.ACCEPT_ENCODING: "identity"}

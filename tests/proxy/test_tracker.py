@@ -6,7 +6,7 @@ import time
 import orjson
 import pytest
 
-from proxy.tracker import liveness_meaning, parse_event
+from proxy.tracker import TRACKER, liveness_meaning, parse_event
 from rules import Api
 from tests.fixtures import OPENCODE, compact
 from tests.proxy.conftest import ProxyClient, following
@@ -116,3 +116,22 @@ def test_every_status_event_in_a_real_capture_is_understood() -> None:
     meanings = [liveness_meaning(event) for event in events if event is not None]
     assert len(meanings) == len(events) > 0
     assert all(meaning is not None and meaning.api is Api.V1 for meaning in meanings)
+
+
+async def test_a_clean_view_streams_through_unread_until_its_session_moves(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    await following(proxy)
+    path = f"/api/session/{V2}/message"
+    tracker = proxy.app[TRACKER]
+    fake.bodies[path] = compact("v2-message-interrupted.json")
+    await settled_count(proxy, path)
+    assert tracker.known_clean(V2, path)
+    fake.bodies[path] = compact("v2-message-stale-running.json")  # changed without an event: not believable,
+    assert (
+        await settled_count(proxy, path) is None
+    )  # so a stale mark may only skip a settlement, never invent one
+    fake.publish("session.next.prompt.admitted", V2)
+    await asyncio.sleep(0.05)
+    assert not tracker.known_clean(V2, path)
+    assert await settled_count(proxy, path) == "1"
