@@ -10,7 +10,17 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS: dict[str, list[str]] = {
-    "http": ["conns", "body KB", "req/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "errors"],
+    "http": [
+        "conns",
+        "body KB",
+        "req/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "errors",
+        "upstream req/req",
+    ],
     "sse": ["events", "lost", "p50 ms", "p99 ms", "max ms", "+p50 ms", "+p99 ms"],
     "download": ["MB/s", "RSS before MiB", "RSS peak +MiB"],
     "memory": ["RSS start MiB", "RSS end MiB", "RSS peak MiB", "peak growth MiB"],
