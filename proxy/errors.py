@@ -29,3 +29,14 @@ def gateway_timeout(upstream: URL, seconds: float) -> web.Response:
         },
         status=504,
     )
+
+
+def transfer_coding_refused(codings: str) -> web.Response:
+    """501 for a request body in a transfer coding the proxy cannot pass on faithfully."""
+    return web.json_response(
+        {
+            "error": "not_implemented",
+            "message": f"transfer coding {codings!r} is not supported: send it chunked or with a length",
+        },
+        status=501,
+    )

@@ -17,8 +17,8 @@ from aiohttp import hdrs, web
 from yarl import URL
 
 from proxy.addons import Addon, Flow
-from proxy.errors import bad_gateway, gateway_timeout
-from proxy.headers import client_response_headers, upstream_request_headers
+from proxy.errors import bad_gateway, gateway_timeout, transfer_coding_refused
+from proxy.headers import client_response_headers, unsupported_transfer_coding, upstream_request_headers
 from proxy.metrics import METRICS
 from proxy.sse import relay_with_injection
 from proxy.upstream import RESPONSE_TIMEOUT, SETTINGS, UPSTREAM, upstream_path
@@ -36,6 +36,8 @@ def upstream_url(request: web.Request) -> URL:
 
 async def forward(request: web.Request) -> web.StreamResponse:
     """The catch-all handler: every method, every path."""
+    if (codings := unsupported_transfer_coding(request)) is not None:
+        return transfer_coding_refused(codings)
     if is_websocket_upgrade(request):
         return await relay_websocket(request, upstream_url(request))
     addons, metrics = request.app[ADDONS], request.app[METRICS]

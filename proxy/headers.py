@@ -57,3 +57,18 @@ def upstream_request_headers(request: web.Request) -> CIMultiDict[str]:
 def client_response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     """Headers to send the client: end-to-end ones; framing is decided by the proxy."""
     return end_to_end(headers, drop=(hdrs.CONTENT_LENGTH,))
+
+
+def unsupported_transfer_coding(request: web.Request) -> str | None:
+    """The request's transfer codings when they are anything but plain `chunked`, else None.
+
+    aiohttp removes the chunked framing of a request body but no other coding, and the header
+    is hop-by-hop, so a body sent `gzip, chunked` would reach the upstream still gzipped with
+    nothing saying so. Such a request must be refused (RFC 9112 §6.1), as nginx and Go do.
+    """
+    codings = [
+        coding.strip().lower()
+        for value in request.headers.getall(hdrs.TRANSFER_ENCODING, ())
+        for coding in value.split(",")
+    ]
+    return None if codings in ([], ["chunked"]) else ", ".join(codings)

@@ -101,14 +101,15 @@ def _raw_messages(body: bytes, api: Api) -> list[msgspec.Raw]:
 def _compact_spans(body: bytes, raw: list[msgspec.Raw]) -> list[int] | None:
     """Start offsets of the messages, if they sit in `body` separated by single commas.
 
-    The first message is found by its bytes; the others then follow from the lengths. An
-    extra byte anywhere would shift every later message, so finding the last one where the
-    lengths put it proves the layout for all of them.
+    The first message is found by its bytes, which must occur only once: a field before the
+    list may hold an identical value. The others then follow from the lengths. An extra byte
+    anywhere would shift every later message, so finding the last one where the lengths put
+    it proves the layout for all of them.
     """
     if not raw:
         return []
     first = body.find(bytes(raw[0]))
-    if first < 0:
+    if first < 0 or body.find(bytes(raw[0]), first + 1) >= 0:
         return None
     starts = list(itertools.accumulate((len(message) + 1 for message in raw[:-1]), initial=first))
     last = starts[-1]
@@ -184,15 +185,16 @@ def _splice(body: bytes, changed: list[tuple[Any, Settlement]], api: Api) -> byt
 
 
 def _locate(body: bytes, message: Any, api: Api) -> tuple[int, int] | None:
-    """Find the byte span of `message` in `body`, proven by comparing what is there."""
+    """Find the byte span of `message` in `body`, proven by comparing what is there and by
+    being the only one: an identical value elsewhere (a field echoing the message) makes it
+    unprovable which one is the message."""
     compact = orjson.dumps(message)
+    spans = set()
     for start in _candidate_starts(body, message, api):
-        if body.startswith(compact, start):
-            return start, start + len(compact)
-        end = _decoded_end(body, start, message)
+        end = start + len(compact) if body.startswith(compact, start) else _decoded_end(body, start, message)
         if end is not None:
-            return start, end
-    return None
+            spans.add((start, end))
+    return spans.pop() if len(spans) == 1 else None
 
 
 def _candidate_starts(body: bytes, message: Any, api: Api) -> Iterator[int]:

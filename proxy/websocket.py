@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-from aiohttp import WSMsgType, hdrs, web
+from aiohttp import WSCloseCode, WSMsgType, hdrs, web
 from yarl import URL
 
 from proxy.errors import bad_gateway
@@ -25,6 +25,7 @@ _HANDSHAKE_HEADERS = (
     "Sec-WebSocket-Protocol",
 )
 _PASSED_ON_REFUSAL = (hdrs.WWW_AUTHENTICATE, hdrs.CONTENT_TYPE)
+_NEVER_SENT = frozenset({1005, WSCloseCode.ABNORMAL_CLOSURE, 1015})
 
 
 def is_websocket_upgrade(request: web.Request) -> bool:
@@ -72,17 +73,34 @@ async def _pump_both_ways(client: web.WebSocketResponse, upstream: aiohttp.Clien
         for task in (to_upstream, to_client):
             if task not in done:
                 task.cancel()
-    code = upstream.close_code or client.close_code or aiohttp.WSCloseCode.OK
-    await client.close(code=code)
-    await upstream.close(code=code)
+    # Only one side ended; closing the other is a no-op for the side that already closed.
+    await client.close(code=_relayable(upstream.close_code, instead=WSCloseCode.BAD_GATEWAY))
+    await upstream.close(code=_relayable(client.close_code, instead=WSCloseCode.GOING_AWAY))
+
+
+def _relayable(code: int | None, *, instead: WSCloseCode) -> int:
+    """The close code to pass on to the other side.
+
+    1005, 1006 and 1015 only describe how a connection ended locally and must never be sent
+    (RFC 6455 §7.4.1; browsers fail the connection on them): a side that vanished without a
+    close frame is reported as `instead` (1014, bad gateway, when it was the upstream).
+    """
+    if code is None:
+        return WSCloseCode.OK
+    return instead if code in _NEVER_SENT else code
 
 
 async def _pump(
     source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
     sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
 ) -> None:
-    async for message in source:
-        if message.type is WSMsgType.TEXT:
-            await sink.send_str(message.data)
-        elif message.type is WSMsgType.BINARY:
-            await sink.send_bytes(message.data)
+    """Copy data frames until `source` ends, or until `sink` is found gone (then the frame is
+    dropped: its side has ended, and closing is left to the caller)."""
+    try:
+        async for message in source:
+            if message.type is WSMsgType.TEXT:
+                await sink.send_str(message.data)
+            elif message.type is WSMsgType.BINARY:
+                await sink.send_bytes(message.data)
+    except ConnectionResetError:
+        return

@@ -22,6 +22,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "integration: runs the real opencode server (slow, needs the npm binary)"
     )
+    config.addinivalue_line("markers", "slow: takes seconds to minutes (load, races, real-server faults)")
 
 
 @pytest.fixture(scope="session")
