@@ -31,6 +31,7 @@ from rules import Api, Liveness
 log = logging.getLogger(__name__)
 
 EVENTS_PATH = "/global/event"
+SILENCE_LIMIT_S = 35.0
 _RETRY_SECONDS = (0.0, 0.25, 1.0, 2.0, 5.0)
 _V1_BUSY = ("busy", "retry")
 
@@ -159,8 +160,13 @@ class LivenessTracker:
         if self._settings.authorization:
             headers[hdrs.AUTHORIZATION] = self._settings.authorization
         url = self._settings.upstream_origin.with_path(EVENTS_PATH)
-        timeout = aiohttp.ClientTimeout(total=None, connect=5)
-        async with self._session.get(url, headers=headers, timeout=timeout) as stream:
+        # A request sent the instant the server's port opens can go unanswered (measured on 1.18.33:
+        # 20 s and more): the answer must start within the connect timeout, or it is asked again.
+        async with asyncio.timeout(self._settings.connect_timeout):
+            response = await self._session.get(
+                url, headers=headers, timeout=aiohttp.ClientTimeout(total=None)
+            )
+        async with response as stream:
             if stream.status != 200:
                 if self.state is not StreamState.REFUSED:
                     log.warning(
@@ -173,11 +179,18 @@ class LivenessTracker:
             log.info("following %s: liveness now comes from events", EVENTS_PATH)
             for listener in self.listeners:
                 listener.following()
-            async for line in stream.content:
+            while line := await _next_line(stream):
                 if line.startswith(b"data:"):
                     event = parse_event(line[5:])
                     if event is not None:
                         yield event
+
+
+async def _next_line(stream: aiohttp.ClientResponse) -> bytes:
+    """The stream's next line; a stream silent for longer than `SILENCE_LIMIT_S` counts as lost
+    (the server sends a heartbeat every 10 s, so silence means a dead connection)."""
+    async with asyncio.timeout(SILENCE_LIMIT_S):
+        return await stream.content.readline()
 
 
 def parse_event(data: bytes) -> GlobalEvent | None:
