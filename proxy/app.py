@@ -85,7 +85,8 @@ def create_app(settings: Settings) -> web.Application:
     app[METRICS] = Metrics()
     app.cleanup_ctx.extend((upstream_session, _addons))
     health.add_routes(app)
-    app.router.add_route("*", "/{tail:.*}", forward)
+    # (?s): a path may hold an encoded line break, and the upstream must answer for it, not us.
+    app.router.add_route("*", "/{tail:(?s:.*)}", forward)
     return app
 
 

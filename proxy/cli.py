@@ -112,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to connect upstream before answering 502 [SETTLE_CONNECT_TIMEOUT, default %(default)s]",
     )
     parser.add_argument(
+        "--response-timeout",
+        type=_typed(float, "a number of seconds"),
+        default=_env("SETTLE_RESPONSE_TIMEOUT", "0"),
+        help="seconds a plain request may wait on the upstream (headers, then each piece of the body) "
+        "before a 504; 0 for no limit, the default, as opencode's synchronous prompt answers only when "
+        "the turn ends. Never applied to event streams or PTYs [SETTLE_RESPONSE_TIMEOUT]",
+    )
+    parser.add_argument(
         "--liveness-timeout",
         type=_typed(float, "a number of seconds"),
         default=_env("SETTLE_LIVENESS_TIMEOUT", "5"),
@@ -181,6 +189,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         authorization=basic_authorization(username, password) if password else None,
         connect_timeout=args.connect_timeout,
         liveness_timeout=args.liveness_timeout,
+        response_timeout=args.response_timeout or None,
         write_back=WriteBackMode(args.write_back),
         grace=args.grace,
         db_path=Path(args.db),

@@ -34,6 +34,12 @@ class Settings:
     """`Authorization` for the proxy's own look-ups when a client sent none; never sent for clients."""
     connect_timeout: float = 10.0
     """Seconds to open an upstream connection before answering 502."""
+    response_timeout: float | None = None
+    """Seconds a plain exchange may wait on the upstream: for its response headers, then for each
+    next piece of its body; past it the client gets a 504 (or, once the body has started, a
+    visibly cut connection). None (the default) means no limit, because opencode's v1
+    `POST /session/{id}/message` answers only when the whole turn has ended. Event streams and
+    WebSockets are never timed once open: silence is normal for them."""
     liveness_timeout: float = 5.0
     """Seconds a liveness look-up may take; past it the body is passed on unchanged."""
     write_back: WriteBackMode = WriteBackMode.OFF

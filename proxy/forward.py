@@ -21,7 +21,7 @@ from proxy.errors import bad_gateway, gateway_timeout, transfer_coding_refused
 from proxy.headers import client_response_headers, unsupported_transfer_coding, upstream_request_headers
 from proxy.metrics import METRICS
 from proxy.sse import relay_with_injection
-from proxy.upstream import RESPONSE_TIMEOUT, SETTINGS, UPSTREAM, upstream_path
+from proxy.upstream import SETTINGS, UPSTREAM, upstream_path
 from proxy.websocket import is_websocket_upgrade, relay_websocket
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     flow = Flow(request, upstream_request_headers(request))
     for addon in addons:
         await addon.request_headers(flow)
-    timeout = request.app.get(RESPONSE_TIMEOUT)
+    timeout = request.app[SETTINGS].response_timeout
     started = time.perf_counter()
     try:
         async with asyncio.timeout(timeout):

@@ -18,13 +18,6 @@ SETTINGS = web.AppKey("settings", Settings)
 UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
 MOUNT_PREFIX = web.AppKey("mount_prefix", str)
 """Where the proxy is mounted inside another application ("" when it runs on its own)."""
-RESPONSE_TIMEOUT = web.AppKey("response_timeout", float)
-"""Seconds a plain exchange may wait on the upstream: for its response headers, then for each
-next piece of its body; past it the client gets a 504 (or, once the body has started, a
-visibly cut connection). Unset means no limit, because opencode's v1
-`POST /session/{id}/message` answers only when the whole turn has ended. Event streams and
-WebSockets are never timed once open: silence is normal for them."""
-
 _READ_BUFFER = 2**18
 
 

@@ -27,7 +27,6 @@ from yarl import URL
 from proxy.app import create_app
 from proxy.config import Settings
 from proxy.settle import SETTLED_HEADER
-from proxy.upstream import RESPONSE_TIMEOUT
 from tests.fixtures import compact
 from tests.integration.http_client import free_port
 from tests.reliability.load_upstream import LoadUpstream
@@ -50,9 +49,7 @@ async def proxy_in_front(
 ) -> AsyncIterator[URL]:
     """An in-process proxy in front of a raw upstream answering with `responder`."""
     async with raw_upstream(responder) as (upstream, _):
-        app = create_app(Settings(upstream=upstream, **settings))
-        if response_timeout is not None:
-            app[RESPONSE_TIMEOUT] = response_timeout
+        app = create_app(Settings(upstream=upstream, response_timeout=response_timeout, **settings))
         async with serve(app) as proxy:
             yield proxy
 
@@ -234,9 +231,7 @@ async def proxy_in_front_of_streams(response_timeout: float | None = None) -> As
     app.router.add_get("/events", _events)
     app.router.add_get("/pty/{id}/connect", _pty)
     async with serve(app) as upstream:
-        proxy_app = create_app(Settings(upstream=upstream))
-        if response_timeout is not None:
-            proxy_app[RESPONSE_TIMEOUT] = response_timeout
+        proxy_app = create_app(Settings(upstream=upstream, response_timeout=response_timeout))
         async with serve(proxy_app) as proxy:
             yield proxy
 
