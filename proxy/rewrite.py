@@ -18,6 +18,7 @@ import bisect
 import itertools
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -228,3 +229,40 @@ def _decoded_end(body: bytes, start: int, message: Any) -> int | None:
     except ValueError:
         return None
     return start + len(tail[:end].encode()) if value == message else None
+
+
+class RecentRewrites:
+    """The last rewrite of each view, reused while the upstream sends the very same bytes.
+
+    For an inactive session a rewrite depends on nothing but the body, so equal bytes give an
+    equal result: a client polling a stale view pays one comparison instead of a rewrite.
+    Entries are dropped oldest first once they hold more than `budget` bytes.
+    """
+
+    def __init__(self, budget: int = 64 * 2**20) -> None:
+        self._entries: OrderedDict[tuple[str, str], tuple[bytes, Rewritten]] = OrderedDict()
+        self._budget = budget
+        self._size = 0
+
+    def rewrite(
+        self, view: str, body: bytes, route: MessageRoute, liveness: Liveness, rules: Sequence[Rule]
+    ) -> tuple[Rewritten | None, bool]:
+        """The rewrite of `body`, and whether it was computed now (False: the same as last time)."""
+        key = (liveness.session_id, view)
+        known = self._entries.get(key)
+        if known is not None and known[0] == body:
+            self._entries.move_to_end(key)
+            return known[1], False
+        result = rewrite(body, route, liveness, rules)
+        self._forget(key)
+        if result is not None and len(body) + len(result.body) <= self._budget:
+            self._entries[key] = (body, result)
+            self._size += len(body) + len(result.body)
+            while self._size > self._budget:
+                self._forget(next(iter(self._entries)))
+        return result, True
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._size -= len(entry[0]) + len(entry[1].body)

@@ -17,7 +17,7 @@ from aiohttp import hdrs
 from proxy.addons import Addon, Flow
 from proxy.liveness import LivenessProbe, LivenessUnknown
 from proxy.metrics import Metrics
-from proxy.rewrite import Rewritten, mentions_open_status, rewrite
+from proxy.rewrite import RecentRewrites, Rewritten, mentions_open_status
 from proxy.routes import MessageRoute, match_message_route
 from proxy.tracker import KeptReading, LivenessTracker
 from proxy.upstream import opencode_path
@@ -59,6 +59,7 @@ class Settle(Addon):
         self._write_back = write_back
         self._dry_run = dry_run
         self._reported: set[tuple[str, str]] = set()
+        self._recent = RecentRewrites()
 
     async def request_headers(self, flow: Flow) -> None:
         if _route(flow) is not None:
@@ -96,7 +97,11 @@ class Settle(Addon):
         try:
             kept = self._tracker.cached(route.api, route.session_id)
             liveness = kept.liveness if kept else await self._ask(route, credentials)
-            rewritten = None if liveness.active else rewrite(flow.body, route, liveness, self._rules)
+            rewritten, fresh = (
+                (None, False)
+                if liveness.active
+                else self._recent.rewrite(flow.request.raw_path, flow.body, route, liveness, self._rules)
+            )
             if rewritten is not None and kept is not None and not _vouches_for(kept, rewritten):
                 rewritten = None if (await self._ask(route, credentials)).active else rewritten
         except LivenessUnknown as error:
@@ -107,7 +112,7 @@ class Settle(Addon):
             return
         if rewritten is None:
             return
-        self._record(route, rewritten)
+        self._record(route, rewritten, log_it=fresh)
         if self._dry_run:
             return
         flow.body = rewritten.body
@@ -127,8 +132,9 @@ class Settle(Addon):
         self._tracker.store(route.api, liveness)
         return liveness
 
-    def _record(self, route: MessageRoute, rewritten: Rewritten) -> None:
-        """One structured log line and one count per change."""
+    def _record(self, route: MessageRoute, rewritten: Rewritten, *, log_it: bool) -> None:
+        """One count per change, and one structured log line when it is decided (not when the
+        same bytes are settled again for a client polling the view)."""
         verb = "would settle" if self._dry_run else "settled"
         for _, settlement in rewritten.messages.settled:
             for change in settlement.changes:
@@ -142,7 +148,8 @@ class Settle(Addon):
                     "api": str(route.api),
                     "why": change.reason,
                 }
-                log.info("%s %s", verb, change.rule, extra={"fields": fields})
+                if log_it:
+                    log.info("%s %s", verb, change.rule, extra={"fields": fields})
                 self._metrics.rewrites.labels(change.rule, route.api, str(not self._dry_run).lower()).inc()
 
     def _report_once(self, route: MessageRoute, problem: str) -> None:

@@ -6,9 +6,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.rewrite import mentions_open_status, rewrite
+from proxy.rewrite import RecentRewrites, mentions_open_status, rewrite
 from proxy.routes import MessageRoute, match_message_route
-from rules import Api, Liveness, UnexpectedShape, settle
+from rules import DEFAULT_RULES, Api, Liveness, UnexpectedShape, settle
 from tests.fixtures import load
 
 INACTIVE = Liveness("ses_x", active=False)
@@ -162,3 +162,28 @@ def test_v2_context_view_is_a_message_list() -> None:
     result = rewrite(orjson.dumps(document), MessageRoute(Api.V2, "ses_1", single=False), INACTIVE)
     assert result is not None
     assert list(orjson.loads(result.body)) == ["data"]
+
+
+def test_recent_rewrites_reuse_the_same_bytes_only() -> None:
+    recent = RecentRewrites(budget=10 * 2**20)
+    body = orjson.dumps(v2_history({1}))
+    first, fresh = recent.rewrite("/v", body, V2_LIST, INACTIVE, DEFAULT_RULES)
+    again, fresh_again = recent.rewrite("/v", bytes(body), V2_LIST, INACTIVE, DEFAULT_RULES)
+    assert fresh
+    assert not fresh_again
+    assert again is first
+    changed = orjson.dumps(v2_history({2}))
+    other, fresh_other = recent.rewrite("/v", changed, V2_LIST, INACTIVE, DEFAULT_RULES)
+    assert fresh_other
+    assert first is not None
+    assert other is not None
+    assert other.body != first.body
+
+
+def test_recent_rewrites_stay_within_budget() -> None:
+    body = orjson.dumps(v2_history({1}))
+    recent = RecentRewrites(budget=3 * len(body))
+    for view in ("/a", "/b", "/c"):
+        recent.rewrite(view, body, V2_LIST, INACTIVE, DEFAULT_RULES)
+    _, fresh = recent.rewrite("/a", body, V2_LIST, INACTIVE, DEFAULT_RULES)
+    assert fresh, "the oldest entry was dropped to stay within the budget"
