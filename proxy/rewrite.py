@@ -102,15 +102,16 @@ def _raw_messages(body: bytes, api: Api) -> list[msgspec.Raw]:
 def _compact_spans(body: bytes, raw: list[msgspec.Raw]) -> list[int] | None:
     """Start offsets of the messages, if they sit in `body` separated by single commas.
 
-    The first message is found by its bytes, which must occur only once: a field before the
-    list may hold an identical value. The others then follow from the lengths. An extra byte
-    anywhere would shift every later message, so finding the last one where the lengths put
-    it proves the layout for all of them.
+    The first message is found by its bytes; the others then follow from the lengths. An extra
+    byte anywhere, or a first find that hit an identical value in a field before the list,
+    would shift every later message, so finding the last one where the lengths put it proves
+    the layout for all of them. A list of one message has no "later" to check, so there its
+    bytes must occur only once.
     """
     if not raw:
         return []
     first = body.find(bytes(raw[0]))
-    if first < 0 or body.find(bytes(raw[0]), first + 1) >= 0:
+    if first < 0 or (len(raw) == 1 and body.find(bytes(raw[0]), first + 1) >= 0):
         return None
     starts = list(itertools.accumulate((len(message) + 1 for message in raw[:-1]), initial=first))
     last = starts[-1]
