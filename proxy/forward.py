@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -21,12 +22,14 @@ from proxy.errors import bad_gateway, gateway_timeout, transfer_coding_refused
 from proxy.headers import client_response_headers, unsupported_transfer_coding, upstream_request_headers
 from proxy.metrics import METRICS
 from proxy.sse import relay_with_injection
-from proxy.upstream import SETTINGS, UPSTREAM, upstream_path
+from proxy.upstream import SETTINGS, UPSTREAM, opencode_path, upstream_path
 from proxy.websocket import is_websocket_upgrade, relay_websocket
 
 log = logging.getLogger(__name__)
 
 ADDONS = web.AppKey("addons", list[Addon])
+STREAM_START_TIMEOUT_S = 5.0
+_EVENT_STREAMS = re.compile(r"^/(?:event|global/event|api/event|api/session/[^/]+/event)$")
 
 
 def upstream_url(request: web.Request) -> URL:
@@ -47,7 +50,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     timeout = request.app[SETTINGS].response_timeout
     started = time.perf_counter()
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(_start_timeout(request, timeout)):
             upstream = await request.app[UPSTREAM].request(
                 request.method,
                 upstream_url(request),
@@ -58,7 +61,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     except (aiohttp.ClientError, TimeoutError) as error:
         # Unreachable, or an answer aiohttp cannot parse (bad status line, invalid header):
         # either way the client gets JSON it can show, never a bare 500.
-        failure = _failure(request, error, timeout)
+        failure = _failure(request, error, _start_timeout(request, timeout))
         metrics.requests.labels(request.method, str(failure.status)).inc()
         return failure
     metrics.upstream_seconds.observe(time.perf_counter() - started)
@@ -89,6 +92,20 @@ async def _respond(
         with request.app[METRICS].open_streams.track_inprogress():
             return await _stream(request, flow, upstream, None)  # a quiet stream is not a stuck one
     return await _stream(request, flow, upstream, max_wait)
+
+
+def _start_timeout(request: web.Request, timeout: float | None) -> float | None:
+    """How long the upstream may take to start answering.
+
+    opencode's event streams answer at once when it is healthy, but a subscription sent the
+    instant its port opens after a restart can go unanswered for 20 s and more (measured on
+    1.18.33), and a client waiting on it misses everything meanwhile. So a stream must start
+    within `STREAM_START_TIMEOUT_S`, or the client gets a 504 and reconnects; once open, a
+    stream is never timed.
+    """
+    if request.method == "GET" and _EVENT_STREAMS.match(opencode_path(request)):
+        return STREAM_START_TIMEOUT_S if timeout is None else min(timeout, STREAM_START_TIMEOUT_S)
+    return timeout
 
 
 def is_event_stream(response: aiohttp.ClientResponse) -> bool:

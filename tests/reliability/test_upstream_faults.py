@@ -346,3 +346,13 @@ async def test_event_subscription_the_upstream_never_answers_is_retried() -> Non
         while (await get(proxy.with_path("/_settle/health")))[2].find(b'"source": "events"') < 0:
             assert time.monotonic() < deadline, "the proxy never followed /global/event"
             await asyncio.sleep(0.2)
+
+
+async def test_an_event_stream_that_never_starts_is_a_504_so_the_client_reconnects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("proxy.forward.STREAM_START_TIMEOUT_S", 0.5)
+    async with proxy_in_front(_never) as proxy:
+        status, _, body = await get(proxy.with_path("/event"))
+    assert status == 504
+    assert b"did not answer within 0.5s" in body
