@@ -22,13 +22,13 @@ from proxy.errors import bad_gateway, gateway_timeout, transfer_coding_refused
 from proxy.headers import client_response_headers, unsupported_transfer_coding, upstream_request_headers
 from proxy.metrics import METRICS
 from proxy.sse import relay_with_injection
+from proxy.tracker import STREAM_START_TIMEOUT_S
 from proxy.upstream import SETTINGS, UPSTREAM, opencode_path, upstream_path
 from proxy.websocket import is_websocket_upgrade, relay_websocket
 
 log = logging.getLogger(__name__)
 
 ADDONS = web.AppKey("addons", list[Addon])
-STREAM_START_TIMEOUT_S = 5.0
 _EVENT_STREAMS = re.compile(r"^/(?:event|global/event|api/event|api/session/[^/]+/event)$")
 
 

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 EVENTS_PATH = "/global/event"
 SILENCE_LIMIT_S = 35.0
+STREAM_START_TIMEOUT_S = 5.0
 _RETRY_SECONDS = (0.0, 0.25, 1.0, 2.0, 5.0)
 _V1_BUSY = ("busy", "retry")
 
@@ -162,7 +163,7 @@ class LivenessTracker:
         url = self._settings.upstream_origin.with_path(EVENTS_PATH)
         # A request sent the instant the server's port opens can go unanswered (measured on 1.18.33:
         # 20 s and more): the answer must start within the connect timeout, or it is asked again.
-        async with asyncio.timeout(self._settings.connect_timeout):
+        async with asyncio.timeout(min(self._settings.connect_timeout, STREAM_START_TIMEOUT_S)):
             response = await self._session.get(
                 url, headers=headers, timeout=aiohttp.ClientTimeout(total=None)
             )
