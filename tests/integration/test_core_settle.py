@@ -21,9 +21,8 @@ from .opencode_server import OpencodeServer, directory_header
 from .polling import poll
 from .turns import (
     RUNTIMES,
-    RunningTool,
+    Observed,
     Runtime,
-    Turn,
     find_running_tool,
     read_messages,
     start_turn,
@@ -36,18 +35,6 @@ SETTLED_HEADER = "x-settle-settled"
 V2_TOOL_ERROR = {"type": "unknown", "message": "Tool execution interrupted"}
 V1_PART_ERROR = "Tool execution aborted"
 V1_MESSAGE_ERROR = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
-
-
-@dataclass(frozen=True)
-class Observed:
-    """A turn and its bash call as seen while it really ran."""
-
-    turn: Turn
-    running: RunningTool
-
-    def paths(self) -> tuple[str, str]:
-        """The list route and the single-message route that hold the tool."""
-        return self.turn.messages_path, self.turn.message_path(self.running.message_id)
 
 
 @dataclass(frozen=True)

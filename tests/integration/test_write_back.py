@@ -76,7 +76,7 @@ from .polling import WaitTimeout, poll
 from .proxy_process import ProxyProcess
 from .turns import (
     RUNTIMES,
-    RunningTool,
+    Observed,
     Runtime,
     Turn,
     is_active,
@@ -125,23 +125,6 @@ LATE: tuple[Key, ...] = (("late", "v1"), ("late", "v2"))
 UPSTREAM: tuple[Key, ...] = (("upstream", "v1"), ("upstream", "v2"))
 BUSY: tuple[Key, ...] = (("busy", "v1"), ("busy-2", "v1"), ("busy", "v2"))
 OFFLINE: tuple[Key, ...] = (("offline", "v1"), ("offline", "v2"))
-
-
-@dataclass(frozen=True)
-class Observed:
-    """A turn and its bash call as seen while it really ran."""
-
-    turn: Turn
-    running: RunningTool
-
-    @property
-    def session_id(self) -> str:
-        return self.turn.session_id
-
-    @property
-    def tool_id(self) -> str:
-        """The v1 part id, or the v2 call id."""
-        return str(self.running.tool["id"])
 
 
 @dataclass(frozen=True)

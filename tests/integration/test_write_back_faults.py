@@ -80,7 +80,7 @@ from .mock_model import MockModel
 from .opencode_server import REPO_ROOT, OpencodeServer, opencode_binary
 from .polling import WaitTimeout, poll
 from .proxy_process import ProxyProcess
-from .turns import RunningTool, Runtime, Turn, start_turn, wait_tool_running
+from .turns import Observed, Runtime, Turn, start_turn, wait_tool_running
 
 pytestmark = pytest.mark.integration
 
@@ -136,31 +136,6 @@ STALE: list[Key] = [*KILL, *PAIR_DB_KEYS, *PAIR_API_KEYS]
 
 
 @dataclass(frozen=True)
-class Stale:
-    """A turn whose bash call was running at the crash, as it was seen then."""
-
-    turn: Turn
-    running: RunningTool
-
-    @property
-    def session_id(self) -> str:
-        return self.turn.session_id
-
-    @property
-    def runtime(self) -> Runtime:
-        return self.turn.runtime
-
-    @property
-    def message_id(self) -> str:
-        return self.running.message_id
-
-    @property
-    def tool_id(self) -> str:
-        """The v1 part id, or the v2 call id."""
-        return str(self.running.tool["id"])
-
-
-@dataclass(frozen=True)
 class Stored:
     """What storage holds for one stale session: the rows write-back may change, exactly as
     stored ((data, time_updated) by table), and the session's whole event log."""
@@ -176,7 +151,7 @@ class Stored:
 
 
 def _stored(
-    database: Path, sessions: Sequence[Stale], *, busy_timeout: float = READ_TIMEOUT_S
+    database: Path, sessions: Sequence[Observed], *, busy_timeout: float = READ_TIMEOUT_S
 ) -> dict[str, Stored]:
     """Every session's rows and log, read in one transaction (one consistent view), on a
     read-only connection of its own (closed again: `settle` refuses while others hold it)."""
@@ -190,7 +165,7 @@ def _stored(
     return found
 
 
-def _stored_one(db: sqlite3.Connection, stale: Stale) -> Stored:
+def _stored_one(db: sqlite3.Connection, stale: Observed) -> Stored:
     if stale.runtime == "v1":
         tables = {"part": stale.tool_id, "message": stale.message_id}
     else:
@@ -229,7 +204,7 @@ def _log_problems(database: Path) -> list[str]:
     return problems
 
 
-def _restale(database: Path, stale: Stale, before: Stored) -> None:
+def _restale(database: Path, stale: Observed, before: Stored) -> None:
     """Write the v1 part row back to the bytes the crash left, as if it had never been settled.
     (A direct UPDATE is served by the running server at once; the API writer reads the view.)"""
     data, updated = before.rows["part"]
@@ -241,7 +216,7 @@ def _restale(database: Path, stale: Stale, before: Stored) -> None:
 # --- what a stale session is now: old, settled, or neither ----------------------------------------
 
 
-def _state(stale: Stale, before: Stored, after: Stored) -> str:
+def _state(stale: Observed, before: Stored, after: Stored) -> str:
     """What storage shows of the session now: "old" (every row byte for byte as the crash left
     it, nothing appended), "settled" (rows settled and their events appended, together and
     once), or "torn: <why>"."""
@@ -256,7 +231,7 @@ def _state(stale: Stale, before: Stored, after: Stored) -> str:
 
 
 def _v1_problems(
-    stale: Stale, before: Stored, after: Stored, appended: list[tuple[int, str, str, str]]
+    stale: Observed, before: Stored, after: Stored, appended: list[tuple[int, str, str, str]]
 ) -> list[str]:
     """The part settled, the message closed, and one event for each holding exactly that row."""
     ids = {"sessionID": stale.session_id}
@@ -312,7 +287,7 @@ def _v1_message_problems(info: dict[str, Any], old: dict[str, Any]) -> list[str]
 
 
 def _v2_problems(
-    stale: Stale, before: Stored, after: Stored, appended: list[tuple[int, str, str, str]]
+    stale: Observed, before: Stored, after: Stored, appended: list[tuple[int, str, str, str]]
 ) -> list[str]:
     """The call settled in the message row, and one `tool.failed` agreeing with it."""
     message, old = (orjson.loads(stored.rows["session_message"][0]) for stored in (after, before))
@@ -352,7 +327,7 @@ def _count(events: Sequence[tuple[int, str, str, str]], kind: str, path: tuple[s
     return found
 
 
-def _written_counts(stale: Stale, before: Stored, after: Stored) -> dict[str, int]:
+def _written_counts(stale: Observed, before: Stored, after: Stored) -> dict[str, int]:
     """The events appended since `before` about the stale tool: per part (v1: its part and its
     message) or per call (v2)."""
     appended = after.events[len(before.events) :]
@@ -495,7 +470,7 @@ def _writer_behind_sampler(pid: int) -> Iterator[None]:
 
 
 def _kill_mid_pass(
-    pid: int, kill: Callable[[], None], database: Path, targets: list[Stale], before: dict[str, Stored]
+    pid: int, kill: Callable[[], None], database: Path, targets: list[Observed], before: dict[str, Stored]
 ) -> Kill:
     """Sample the writer frozen until it is inside a write transaction with part of the pass
     committed, and SIGKILL it right there; give up when the pass is over."""
@@ -504,7 +479,7 @@ def _kill_mid_pass(
 
 
 def _sample_and_kill(
-    pid: int, kill: Callable[[], None], database: Path, targets: list[Stale], before: dict[str, Stored]
+    pid: int, kill: Callable[[], None], database: Path, targets: list[Observed], before: dict[str, Stored]
 ) -> Kill:
     shm = _lock_id(database)
     samples, busy, torn = 0, 0, dict[str, str]()
@@ -601,11 +576,11 @@ def _fetch_and_wait_written(proxies: Sequence[ProxyProcess], turns: Sequence[Tur
 class Crashed:
     """Phase 1: the stale sessions, and what storage held for them right after the crash."""
 
-    stale: dict[Key, Stale]
+    stale: dict[Key, Observed]
     before: dict[str, Stored]
     """Every stale session as the crash left it, by session id."""
 
-    def sessions(self, keys: Sequence[Key]) -> list[Stale]:
+    def sessions(self, keys: Sequence[Key]) -> list[Observed]:
         return [self.stale[key] for key in keys]
 
 
@@ -626,7 +601,7 @@ def server(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> I
 def crashed(server: OpencodeServer) -> Crashed:
     """Start every turn first (their start-ups overlap), wait for each tool, SIGKILL, start."""
     turns = {key: start_turn(key[1], server.url, server.project, "-".join(map(str, key))) for key in STALE}
-    stale = {key: Stale(turn, wait_tool_running(server.url, turn)) for key, turn in turns.items()}
+    stale = {key: Observed(turn, wait_tool_running(server.url, turn)) for key, turn in turns.items()}
     server.crash()
     server.restart()
     return Crashed(stale, _stored(server.database, list(stale.values())))
@@ -751,7 +726,7 @@ def _trials(
     ]
 
 
-def _part_state(stale: Stale, before: Stored, after: Stored) -> str:
+def _part_state(stale: Observed, before: Stored, after: Stored) -> str:
     """The v1 part row alone: "settled part", or "torn: <why>"."""
     ids = {"id": stale.tool_id, "sessionID": stale.session_id, "messageID": stale.message_id}
     part = {**ids, **orjson.loads(after.rows["part"][0])}
@@ -798,7 +773,7 @@ class _Meeting:
 
 
 async def _forced_race(
-    server: OpencodeServer, crashed: Crashed, stale: Stale, *, shared: bool, locks: Path
+    server: OpencodeServer, crashed: Crashed, stale: Observed, *, shared: bool, locks: Path
 ) -> ForcedRace:
     """Make the part stale again, then let two API writers write it at once: with one lock
     directory (two proxies on one host), or with one each (no lock in common)."""
@@ -906,12 +881,12 @@ def killed(
     return result
 
 
-def _now(server: OpencodeServer, stale: Stale) -> Stored:
+def _now(server: OpencodeServer, stale: Observed) -> Stored:
     return _stored(server.database, [stale])[stale.session_id]
 
 
 def _kill_round(
-    server: OpencodeServer, crashed: Crashed, writer: str, targets: list[Stale], log: Path
+    server: OpencodeServer, crashed: Crashed, writer: str, targets: list[Observed], log: Path
 ) -> Round:
     database = server.database
     if writer == "proxy":
@@ -931,7 +906,9 @@ def _kill_round(
     )
 
 
-def _kill_proxy(server: OpencodeServer, targets: list[Stale], before: dict[str, Stored], log: Path) -> Kill:
+def _kill_proxy(
+    server: OpencodeServer, targets: list[Observed], before: dict[str, Stored], log: Path
+) -> Kill:
     """A db proxy with no grace: every session fetched at once schedules its pass at once."""
     proxy = KillableProxy(
         server.url, log, ("--write-back", "db", "--db", str(server.database), "--grace", "0")
@@ -950,7 +927,9 @@ def _kill_proxy(server: OpencodeServer, targets: list[Stale], before: dict[str, 
         pool.shutdown(wait=True)
 
 
-def _kill_settle(server: OpencodeServer, targets: list[Stale], before: dict[str, Stored], log: Path) -> Kill:
+def _kill_settle(
+    server: OpencodeServer, targets: list[Observed], before: dict[str, Stored], log: Path
+) -> Kill:
     """`settle --upstream` as a user runs it next to a live server: it settles every inactive
     session in turn, one transaction each."""
     with log.open("ab") as output:
@@ -976,7 +955,7 @@ def _kill_settle(server: OpencodeServer, targets: list[Stale], before: dict[str,
             process.wait(timeout=PROCESS_TIMEOUT_S)
 
 
-def _final_pass(server: OpencodeServer, crashed: Crashed, sessions: list[Stale], log: Path) -> None:
+def _final_pass(server: OpencodeServer, crashed: Crashed, sessions: list[Observed], log: Path) -> None:
     """A proxy nobody kills fetches every session; wait until none is left old (bounded: the
     tests then say which was not settled)."""
     proxy = ProxyProcess(

@@ -49,6 +49,35 @@ class RunningTool:
     tool: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Observed:
+    """A turn and its bash call as seen while it really ran (before a crash, say)."""
+
+    turn: Turn
+    running: RunningTool
+
+    @property
+    def session_id(self) -> str:
+        return self.turn.session_id
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.turn.runtime
+
+    @property
+    def message_id(self) -> str:
+        return self.running.message_id
+
+    @property
+    def tool_id(self) -> str:
+        """The v1 part id, or the v2 call id."""
+        return str(self.running.tool["id"])
+
+    def paths(self) -> tuple[str, str]:
+        """The list route and the single-message route that hold the tool."""
+        return self.turn.messages_path, self.turn.message_path(self.running.message_id)
+
+
 def start_v1_turn(base_url: str, directory: Path, prompt: str) -> Turn:
     """`POST /session` in `directory`, then `POST /session/{id}/prompt_async` (204, runs in background).
 
