@@ -24,6 +24,8 @@ class Flow:
     """The headers about to be sent upstream; `request_headers` hooks may edit them."""
     status: int = 0
     response_headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
+    content_length: int | None = None
+    """The upstream body's announced length, if it announced one."""
     read_body: bool = False
     """Set by a `response_headers` hook to receive the whole body in `response`."""
     body: bytes = b""

