@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from .expected import V1_MESSAGE_ERROR, V1_PART_ERROR, V2_TOOL_ERROR
 from .http_client import Reply, request
 from .opencode_server import OpencodeServer, directory_header
 from .polling import poll
@@ -32,9 +33,6 @@ from .turns import (
 pytestmark = pytest.mark.integration
 
 SETTLED_HEADER = "x-settle-settled"
-V2_TOOL_ERROR = {"type": "unknown", "message": "Tool execution interrupted"}
-V1_PART_ERROR = "Tool execution aborted"
-V1_MESSAGE_ERROR = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
 
 
 @dataclass(frozen=True)

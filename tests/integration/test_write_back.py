@@ -69,6 +69,7 @@ from rules import Api, Liveness
 
 from . import opencode_db
 from .event_tap import EventTap
+from .expected import V1_MESSAGE_ERROR, V1_PART_ERROR, V2_TOOL_ERROR
 from .http_client import request
 from .mock_model import MockModel, Plan
 from .opencode_server import REPO_ROOT, OpencodeServer, directory_header, opencode_binary
@@ -93,9 +94,6 @@ GRACE_S = 1.0
 """`--grace` of the proxies: long enough for a prompt to make a session active in between."""
 WRITE_TIMEOUT_S = 20.0
 SETTLE_TIMEOUT_S = 60.0
-V1_PART_ERROR = "Tool execution aborted"
-V2_TOOL_ERROR = {"type": "unknown", "message": "Tool execution interrupted"}
-V1_MESSAGE_ERROR = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
 SHORT_COMMAND = "for i in $(seq 1 40); do echo tick $i; sleep 0.1; done"
 """A short tool that keeps the server writing (v1 stores its part at every output) for ~4 s."""
 TOOL_FAILED = "session.next.tool.failed"

@@ -75,6 +75,7 @@ from proxy.upstream_api import Credentials, UpstreamApi
 from rules import Api, Liveness
 
 from . import opencode_db
+from .expected import V1_MESSAGE_ERROR, V1_PART_ERROR, V2_TOOL_ERROR
 from .http_client import Reply, request
 from .mock_model import MockModel
 from .opencode_server import REPO_ROOT, OpencodeServer, opencode_binary
@@ -113,9 +114,6 @@ PATCH_MEET_TIMEOUT_S = 1.0
 WAL_WRITE_LOCK_BYTE = 120
 """SQLite's WAL_WRITE_LOCK in the -shm file: held from `BEGIN IMMEDIATE` to commit or rollback."""
 
-V1_PART_ERROR = "Tool execution aborted"
-V2_TOOL_ERROR = {"type": "unknown", "message": "Tool execution interrupted"}
-V1_MESSAGE_ERROR = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
 PART_UPDATED = "message.part.updated.1"
 MESSAGE_UPDATED = "message.updated.1"
 TOOL_FAILED = "session.next.tool.failed.1"
