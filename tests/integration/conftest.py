@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from .mock_model import MockModel
-from .opencode_server import OpencodeServer, opencode_binary
+from .opencode_server import OpencodeServer, running_opencode
 from .proxy_process import ProxyProcess
 
 
@@ -39,12 +39,8 @@ def mock_model() -> Iterator[MockModel]:
 @pytest.fixture(scope="session")
 def opencode(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpencodeServer]:
     """The real `opencode serve`, shared by the whole test session; stopped with all its tools."""
-    server = OpencodeServer(opencode_binary(), tmp_path_factory.mktemp("opencode"), mock_model.base_url)
-    try:
-        server.start()
+    with running_opencode(tmp_path_factory.mktemp("opencode"), mock_model.base_url) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -230,3 +232,14 @@ class OpencodeServer:
             return self.log_path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
         except FileNotFoundError:
             return "(no log)"
+
+
+@contextmanager
+def running_opencode(root: Path, model_base_url: str) -> Iterator[OpencodeServer]:
+    """A started server with its data under `root`, stopped with all its tools however the block ends."""
+    server = OpencodeServer(opencode_binary(), root, model_base_url)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

@@ -72,7 +72,7 @@ from .event_tap import EventTap
 from .expected import V1_MESSAGE_ERROR, V1_PART_ERROR, V2_TOOL_ERROR
 from .http_client import request
 from .mock_model import MockModel, Plan
-from .opencode_server import REPO_ROOT, OpencodeServer, directory_header, opencode_binary
+from .opencode_server import REPO_ROOT, OpencodeServer, directory_header, running_opencode
 from .polling import WaitTimeout, poll
 from .proxy_process import ProxyProcess
 from .turns import (
@@ -156,12 +156,8 @@ def server(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> I
     mock_model.plan(NEXT_PROMPT, Plan(command=NEXT_COMMAND, each_prompt=True))
     for key in BUSY:
         mock_model.plan(_prompt(key), Plan(command=SHORT_COMMAND))
-    opencode = OpencodeServer(opencode_binary(), tmp_path_factory.mktemp("write-back"), mock_model.base_url)
-    try:
-        opencode.start()
+    with running_opencode(tmp_path_factory.mktemp("write-back"), mock_model.base_url) as opencode:
         yield opencode
-    finally:
-        opencode.stop()
 
 
 @pytest.fixture(scope="module")

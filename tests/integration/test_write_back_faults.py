@@ -78,7 +78,7 @@ from . import opencode_db
 from .expected import V1_MESSAGE_ERROR, V1_PART_ERROR, V2_TOOL_ERROR
 from .http_client import Reply, request
 from .mock_model import MockModel
-from .opencode_server import REPO_ROOT, OpencodeServer, opencode_binary
+from .opencode_server import REPO_ROOT, OpencodeServer, running_opencode
 from .polling import WaitTimeout, poll
 from .proxy_process import ProxyProcess
 from .turns import Observed, Runtime, Turn, start_turn, wait_tool_running
@@ -585,14 +585,8 @@ class Crashed:
 @pytest.fixture(scope="module")
 def server(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpencodeServer]:
     """This module's own server; stopped with all its tools at the end."""
-    opencode = OpencodeServer(
-        opencode_binary(), tmp_path_factory.mktemp("write-back-faults"), mock_model.base_url
-    )
-    try:
-        opencode.start()
+    with running_opencode(tmp_path_factory.mktemp("write-back-faults"), mock_model.base_url) as opencode:
         yield opencode
-    finally:
-        opencode.stop()
 
 
 @pytest.fixture(scope="module")
