@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +30,8 @@ DEFAULT_BINARY = "node_modules/.bin/opencode"
 _READY_TIMEOUT_S = 60.0
 _WARMUP_REQUEST_TIMEOUT_S = 30.0
 _EXPORT_TIMEOUT_S = 60.0
+_EXPORT_ATTEMPTS = 5
+_EXPORT_RETRY_DELAY_S = 0.5
 _LOG_TAIL_CHARS = 3000
 
 
@@ -158,19 +161,28 @@ class OpencodeServer:
 
         Measured on 1.18.33: the CLI reads the database itself (no server needed, any working
         directory), prints `Exporting session: <id>` on stderr and the JSON on stdout, and exits 0.
+        It does not wait for a lock held by another opencode process: in one CI run, three exports
+        started side by side right after a SIGKILL, one exited 1 with `database is locked`. A locked
+        start is tried again after a pause; any other failure fails the test at once.
         """
-        done = subprocess.run(
-            [str(self._binary), "export", session_id],
-            cwd=self.project,
-            env=self._environment(),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=_EXPORT_TIMEOUT_S,
-            check=False,
+        for attempt in range(1, _EXPORT_ATTEMPTS + 1):
+            done = subprocess.run(
+                [str(self._binary), "export", session_id],
+                cwd=self.project,
+                env=self._environment(),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=_EXPORT_TIMEOUT_S,
+                check=False,
+            )
+            if done.returncode == 0:
+                return orjson.loads(done.stdout)
+            if b"database is locked" not in done.stderr or attempt == _EXPORT_ATTEMPTS:
+                break
+            time.sleep(_EXPORT_RETRY_DELAY_S * attempt)
+        raise AssertionError(
+            f"opencode export {session_id} -> {done.returncode} (attempt {attempt}): {done.stderr[-500:]!r}"
         )
-        if done.returncode != 0:
-            raise AssertionError(f"opencode export {session_id} -> {done.returncode}: {done.stderr[-500:]!r}")
-        return orjson.loads(done.stdout)
 
     def _require_process(self) -> subprocess.Popen[bytes]:
         if self._process is None:

@@ -51,7 +51,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,10 +173,9 @@ def _prompt(key: Key) -> str:
 
 
 def _exports(server: OpencodeServer, sessions: dict[Key, Observed]) -> dict[Key, Any]:
-    """`opencode export` of every session, run side by side (each start of the CLI takes ~1 s)."""
-    with ThreadPoolExecutor(max_workers=len(sessions)) as pool:
-        running = {key: pool.submit(server.export, observed.session_id) for key, observed in sessions.items()}
-        return {key: export.result() for key, export in running.items()}
+    """`opencode export` of every session, one after another: CLIs started side by side contend for
+    the database lock at start-up."""
+    return {key: server.export(observed.session_id) for key, observed in sessions.items()}
 
 
 def _observe(server: OpencodeServer, keys: Sequence[Key]) -> dict[Key, Observed]:
