@@ -10,13 +10,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
 
 from aiohttp import web
-from yarl import URL
 
 from proxy import __version__, offline
 from proxy.app import create_app
+from proxy.arguments import UPSTREAM, OneLineParser, typed
 from proxy.auth import parse_credentials
 from proxy.config import (
     DEFAULT_HOST,
@@ -47,32 +46,8 @@ directly while no server runs on it.
 """
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """A bad flag gets one clear line on stderr, not the whole usage block."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def _env(name: str, default: str) -> str:
     return os.environ.get(name, default)
-
-
-def _typed(parse: Callable[[str], object], what: str) -> Callable[[str], object]:
-    def convert(text: str) -> object:
-        try:
-            return parse(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what}, got {text!r}") from None
-
-    return convert
-
-
-def _upstream(text: str) -> URL:
-    url = URL(text)
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(text)
-    return url
 
 
 def _port(text: str) -> int:
@@ -84,13 +59,13 @@ def _port(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface; defaults come from the environment."""
-    parser = _OneLineParser(
+    parser = OneLineParser(
         prog="settle-proxy", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument(
         "--upstream",
-        type=_typed(_upstream, "an http(s) URL such as http://127.0.0.1:4096"),
+        type=UPSTREAM,
         default=_env("SETTLE_UPSTREAM", DEFAULT_UPSTREAM),
         help="the opencode server to proxy [SETTLE_UPSTREAM, default %(default)s]",
     )
@@ -101,19 +76,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--port",
-        type=_typed(_port, "a port number from 0 to 65535"),
+        type=typed(_port, "a port number from 0 to 65535"),
         default=_env("SETTLE_PORT", str(DEFAULT_PORT)),
         help="port to listen on [SETTLE_PORT, default %(default)s]",
     )
     parser.add_argument(
         "--connect-timeout",
-        type=_typed(float, "a number of seconds"),
+        type=typed(float, "a number of seconds"),
         default=_env("SETTLE_CONNECT_TIMEOUT", "10"),
         help="seconds to connect upstream before answering 502 [SETTLE_CONNECT_TIMEOUT, default %(default)s]",
     )
     parser.add_argument(
         "--response-timeout",
-        type=_typed(float, "a number of seconds"),
+        type=typed(float, "a number of seconds"),
         default=_env("SETTLE_RESPONSE_TIMEOUT", "0"),
         help="seconds a plain request may wait on the upstream (headers, then each piece of the body) "
         "before a 504; 0 for no limit, the default, as opencode's synchronous prompt answers only when "
@@ -121,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--liveness-timeout",
-        type=_typed(float, "a number of seconds"),
+        type=typed(float, "a number of seconds"),
         default=_env("SETTLE_LIVENESS_TIMEOUT", "5"),
         help="seconds a liveness look-up may take before a body is passed on unchanged "
         "[SETTLE_LIVENESS_TIMEOUT, default %(default)s]",
@@ -137,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--grace",
-        type=_typed(float, "a number of seconds"),
+        type=typed(float, "a number of seconds"),
         default=_env("SETTLE_GRACE", "2"),
         help="seconds between the two liveness readings before a write-back "
         "[SETTLE_GRACE, default %(default)s]",
@@ -151,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--auth",
         metavar="USER:PASSWORD",
-        type=_typed(parse_credentials, "USER:PASSWORD"),
+        type=typed(parse_credentials, "USER:PASSWORD", secret=True),
         default=None,
         help="require this HTTP Basic login (or ?auth_token=) on every route of the proxy; what the client "
         "sends is forwarded as is, so use the server's own credentials to log in once for both [SETTLE_AUTH]",

@@ -25,6 +25,7 @@ from rich.progress import Progress
 from rich.table import Table
 from yarl import URL
 
+from proxy.arguments import UPSTREAM, OneLineParser
 from proxy.config import DEFAULT_USERNAME, Settings, basic_authorization
 from proxy.database import OpencodeDatabase, OpenTool, default_path
 from proxy.holders import can_see_holders, holders
@@ -63,7 +64,7 @@ class Plan:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="settle-proxy settle",
         description=__doc__,
         epilog=_EPILOG,
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="print what would be settled; write nothing")
     parser.add_argument(
         "--upstream",
-        type=URL,
+        type=UPSTREAM,
         default=None,
         help="a server running on this database, asked which sessions are live "
         "(credentials from OPENCODE_SERVER_PASSWORD / OPENCODE_SERVER_USERNAME)",

@@ -6,8 +6,10 @@ standard library is enough; it sends no `Accept-Encoding`, so bodies arrive unco
 
 from __future__ import annotations
 
+import base64
 import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from email.message import Message
@@ -39,8 +41,13 @@ def request(
     headers: dict[str, str] | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> Reply:
-    """Send one request and read the whole response; HTTP error statuses are returned, not raised."""
-    all_headers = dict(headers or {})
+    """Send one request and read the whole response; HTTP error statuses are returned, not raised.
+
+    Credentials in the URL (`http://user:password@host/`) are sent as Basic auth, as curl does,
+    so a password-protected server's URL is all a helper needs.
+    """
+    url, authorization = _split_credentials(url)
+    all_headers = ({"Authorization": authorization} if authorization else {}) | dict(headers or {})
     data = None
     if json is not None:
         data = orjson.dumps(json)
@@ -52,6 +59,22 @@ def request(
     except urllib.error.HTTPError as err:
         with err:
             return Reply(err.code, err.headers, err.read())
+
+
+def with_credentials(url: str, username: str, password: str) -> str:
+    """`url` with `username:password@` in it, for `request` to send as Basic auth."""
+    parts = urllib.parse.urlsplit(url)
+    userinfo = f"{urllib.parse.quote(username, safe='')}:{urllib.parse.quote(password, safe='')}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc}"))
+
+
+def _split_credentials(url: str) -> tuple[str, str | None]:
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None:
+        return url, None
+    plain = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    userinfo = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+    return plain, "Basic " + base64.b64encode(userinfo.encode()).decode("ascii")
 
 
 def get_json(url: str, *, headers: dict[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> Any:

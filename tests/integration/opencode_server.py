@@ -1,9 +1,9 @@
 """The real `opencode serve` as a test fixture: start, crash (SIGKILL with all tools), restart, stop.
 
-One instance owns one root directory holding fresh XDG config/data/state/cache dirs and the
-project directories. The dirs survive `crash()`/`restart()`, which is the point: the restarted
-server reads the same SQLite store and shows what the crash left behind. The config dir is
-reused across restarts because the first start npm-installs a plugin into it.
+One instance owns one root directory holding fresh XDG data/state/cache dirs and the project
+directories (the config dir is shared by the test run, see `opencode_environment`). The dirs
+survive `crash()`/`restart()`, which is the point: the restarted server reads the same SQLite
+store and shows what the crash left behind.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import orjson
 
-from .http_client import free_port, get_json, request
+from .http_client import free_port, get_json, request, with_credentials
 from .polling import poll
 from .proctree import kill_tree
 
@@ -48,11 +48,19 @@ def opencode_binary() -> Path:
 
 
 def opencode_environment(root: Path) -> dict[str, str]:
-    """The environment an opencode process of the tests gets: XDG dirs of its own under `root`,
-    no auto-update, and no password inherited from the developer's shell."""
+    """The environment an opencode process of the tests gets: data, state and cache dirs of its own
+    under `root`, no auto-update, and no password inherited from the developer's shell.
+
+    The config dir is shared by every opencode of the test run (it sits beside `root`, in pytest's
+    base temp dir): the first start npm-installs `@opencode-ai/plugin` (~64 MB) into it, and doing
+    that once per run instead of once per server keeps a slow registry answer out of every start-up.
+    It holds nothing per server: each project's provider config is in the project's own directory.
+    """
     env = dict(os.environ)
-    for name in ("CONFIG", "DATA", "STATE", "CACHE"):
-        xdg_dir = root / "xdg" / name.lower()
+    dirs = {"CONFIG": root.parent / "opencode-shared-config"} | {
+        name: root / "xdg" / name.lower() for name in ("DATA", "STATE", "CACHE")
+    }
+    for name, xdg_dir in dirs.items():
         xdg_dir.mkdir(parents=True, exist_ok=True)
         env[f"XDG_{name}_HOME"] = str(xdg_dir)
     env["OPENCODE_DISABLE_AUTOUPDATE"] = "1"
@@ -68,19 +76,28 @@ def directory_header(directory: Path) -> dict[str, str]:
 class OpencodeServer:
     """A real `opencode serve` on a fixed loopback port, whose data outlives crashes."""
 
-    def __init__(self, binary: Path, root: Path, model_base_url: str) -> None:
+    def __init__(self, binary: Path, root: Path, model_base_url: str, *, password: str | None = None) -> None:
         self._binary = binary
         self._root = root
         self._model_base_url = model_base_url
+        self._password = password
         self._port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
         self._projects: list[Path] = []
         self.project = self.add_project("main")
 
     @property
-    def url(self) -> str:
-        """Base URL without a trailing slash; it stays the same across restarts."""
+    def origin(self) -> str:
+        """Base URL without a trailing slash or credentials; it stays the same across restarts."""
         return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def url(self) -> str:
+        """The base URL a client of this server uses: `origin`, with the credentials when it has a
+        password (`http_client` sends them as Basic auth, user `opencode` as opencode defaults to)."""
+        if self._password is None:
+            return self.origin
+        return with_credentials(self.origin, "opencode", self._password)
 
     @property
     def pid(self) -> int:
@@ -199,7 +216,10 @@ class OpencodeServer:
         return {"provider": {"mock": provider}, "model": "mock/m", "permission": "allow"}
 
     def _environment(self) -> dict[str, str]:
-        return opencode_environment(self._root)
+        env = opencode_environment(self._root)
+        if self._password is not None:
+            env["OPENCODE_SERVER_PASSWORD"] = self._password
+        return env
 
     def _wait_ready(self) -> None:
         """Health first, then load the main instance, then each project's provider.
@@ -209,7 +229,10 @@ class OpencodeServer:
         """
         try:
             poll(
-                self._healthy, what=f"opencode health on {self.url}", timeout=_READY_TIMEOUT_S, interval=0.25
+                self._healthy,
+                what=f"opencode health on {self.origin}",
+                timeout=_READY_TIMEOUT_S,
+                interval=0.25,
             )
             get_json(f"{self.url}/config", timeout=_WARMUP_REQUEST_TIMEOUT_S)
             get_json(f"{self.url}/api/location", timeout=_WARMUP_REQUEST_TIMEOUT_S)
@@ -247,9 +270,11 @@ class OpencodeServer:
 
 
 @contextmanager
-def running_opencode(root: Path, model_base_url: str) -> Iterator[OpencodeServer]:
+def running_opencode(
+    root: Path, model_base_url: str, *, password: str | None = None
+) -> Iterator[OpencodeServer]:
     """A started server with its data under `root`, stopped with all its tools however the block ends."""
-    server = OpencodeServer(opencode_binary(), root, model_base_url)
+    server = OpencodeServer(opencode_binary(), root, model_base_url, password=password)
     try:
         server.start()
         yield server

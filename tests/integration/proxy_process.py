@@ -6,10 +6,11 @@ is deployed, and keeps its event loop and any crash apart from the harness.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .http_client import free_port, port_open
@@ -24,15 +25,30 @@ _LOG_TAIL_CHARS = 3000
 class ProxyProcess:
     """One proxy process in front of `upstream`, listening on a free loopback port.
 
-    `args` are further command-line flags, such as `("--write-back", "api", "--grace", "0.5")`.
+    `args` are further command-line flags, such as `("--write-back", "api", "--grace", "0.5")`;
+    `environment` is laid over the harness's own (opencode's password is never inherited from it).
     """
 
-    def __init__(self, upstream: str, log_path: Path, args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        log_path: Path,
+        args: Sequence[str] = (),
+        environment: Mapping[str, str] | None = None,
+    ) -> None:
         self._upstream = upstream
         self._log_path = log_path
         self._args = tuple(args)
+        self._environment = {
+            name: value for name, value in os.environ.items() if not name.startswith("OPENCODE_SERVER_")
+        } | dict(environment or {})
         self._port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def environment(self) -> Mapping[str, str]:
+        """The environment the proxy runs with."""
+        return self._environment
 
     @property
     def url(self) -> str:
@@ -54,6 +70,7 @@ class ProxyProcess:
                     *self._args,
                 ],
                 cwd=REPO_ROOT,
+                env=self._environment,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -23,6 +23,11 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
             "argument --upstream: an http(s) URL such as http://127.0.0.1:4096, got 'ftp://x'",
         ),
         (["--bogus"], "unrecognized arguments: --bogus"),
+        (
+            ["--upstream", "http://opencode:s3cret@127.0.0.1:4096"],
+            "argument --upstream: credentials do not belong in the URL (anyone can read a command line); "
+            "set OPENCODE_SERVER_PASSWORD and OPENCODE_SERVER_USERNAME",
+        ),
     ],
 )
 def test_a_bad_flag_gets_one_clear_line(args: list[str], complaint: str) -> None:
@@ -61,3 +66,18 @@ def test_flags_beat_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = settings_from(build_parser().parse_args(["--port", "6000"]))
     assert settings.port == 6000
     assert settings.authorization is None
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--upstream", "http://opencode:s3cret@127.0.0.1:4096"],
+        ["settle", "--upstream", "http://opencode:s3cret@127.0.0.1:4096"],
+        ["--auth", "s3cret"],
+    ],
+)
+def test_a_secret_in_a_bad_flag_is_not_echoed(args: list[str]) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert "s3cret" not in result.stderr
+    assert len(result.stderr.splitlines()) == 1

@@ -1,0 +1,144 @@
+"""A server with a password (`OPENCODE_SERVER_PASSWORD`): views are settled, and auth is never weakened.
+
+opencode 1.18.33 with a password answers a request without the right Basic credentials with 401.
+The proxy forwards the client's `Authorization` as it came and asks liveness with the client's
+credentials, or with its own from `OPENCODE_SERVER_PASSWORD` when it was given them; it never
+lends its own to a client that has none, which would make it an open door to the server.
+
+One crash/restart cycle serves the module: a stale v1 and v2 turn on a server with a password.
+Every test runs against a proxy without credentials of its own and one with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .expected import V1_PART_ERROR, V2_TOOL_ERROR
+from .http_client import Reply, get_json, request, with_credentials
+from .mock_model import MockModel
+from .opencode_server import OpencodeServer, running_opencode
+from .polling import poll
+from .proxy_process import ProxyProcess
+from .turns import (
+    RUNTIMES,
+    Observed,
+    Runtime,
+    find_running_tool,
+    read_messages,
+    start_turn,
+    wait_tool_running,
+)
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "correct horse battery staple"
+PROXY_CREDENTIALS = ("none", "own")
+"""Proxies under test: without credentials of their own, and with `OPENCODE_SERVER_PASSWORD`."""
+
+_EVENTS_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """A password-protected server after a crash and restart, and its stale turns."""
+
+    server: OpencodeServer
+    stale: dict[Runtime, Observed]
+
+
+@pytest.fixture(scope="module")
+def guarded(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
+    root = tmp_path_factory.mktemp("password")
+    with running_opencode(root, mock_model.base_url, password=PASSWORD) as server:
+        turns = {
+            runtime: start_turn(runtime, server.url, server.project, f"guarded {runtime}")
+            for runtime in RUNTIMES
+        }
+        stale = {
+            runtime: Observed(turn, wait_tool_running(server.url, turn)) for runtime, turn in turns.items()
+        }
+        server.crash()
+        server.restart()
+        yield Guarded(server, stale)
+
+
+@pytest.fixture(params=PROXY_CREDENTIALS)
+def proxy(request: pytest.FixtureRequest, guarded: Guarded, tmp_path: Path) -> Iterator[ProxyProcess]:
+    environment = {"OPENCODE_SERVER_PASSWORD": PASSWORD} if request.param == "own" else {}
+    process = ProxyProcess(guarded.server.origin, tmp_path / "proxy.log", environment=environment)
+    try:
+        process.start()
+        yield process
+    finally:
+        process.stop()
+
+
+def _tool(messages: list[dict[str, Any]], runtime: Runtime, tool_id: str) -> dict[str, Any]:
+    key = "parts" if runtime == "v1" else "content"
+    found: list[dict[str, Any]] = [
+        item for message in messages for item in message.get(key, []) if item.get("id") == tool_id
+    ]
+    assert len(found) == 1, f"tool {tool_id} appears {len(found)} times"
+    return found[0]
+
+
+def _same_refusal(direct: Reply, proxied: Reply) -> None:
+    assert direct.status == 401, f"premise: the server should refuse, got {direct.status}"
+    assert proxied.status == 401, f"the proxy let through what the server refuses: {proxied.status}"
+    assert proxied.body == direct.body
+    assert proxied.headers.get("WWW-Authenticate") == direct.headers.get("WWW-Authenticate")
+    assert proxied.headers.get("X-Settle-Settled") is None
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_client_with_credentials_sees_the_stale_tool_settled(
+    runtime: Runtime, guarded: Guarded, proxy: ProxyProcess
+) -> None:
+    observed = guarded.stale[runtime]
+    direct = find_running_tool(read_messages(guarded.server.url, observed.turn), runtime)
+    assert direct is not None, "premise: opencode still says running"
+    assert direct.tool["id"] == observed.tool_id, "premise: the same tool"
+
+    through = with_credentials(proxy.url, "opencode", PASSWORD)
+    state = _tool(read_messages(through, observed.turn), runtime, observed.tool_id)["state"]
+
+    assert state["status"] == "error"
+    assert state["error"] == (V1_PART_ERROR if runtime == "v1" else V2_TOOL_ERROR)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("password", [None, "wrong"], ids=["no-credentials", "wrong-password"])
+def test_client_without_the_password_gets_the_servers_own_401(
+    runtime: Runtime, password: str | None, guarded: Guarded, proxy: ProxyProcess
+) -> None:
+    path = guarded.stale[runtime].turn.messages_path
+    direct_base, proxy_base = guarded.server.origin, proxy.url
+    if password is not None:
+        direct_base, proxy_base = (
+            with_credentials(b, "opencode", password) for b in (direct_base, proxy_base)
+        )
+    _same_refusal(request("GET", direct_base + path), request("GET", proxy_base + path))
+
+
+def test_only_a_proxy_given_the_password_follows_the_event_stream(
+    guarded: Guarded, proxy: ProxyProcess
+) -> None:
+    """With its own credentials the proxy keeps liveness from `/global/event`; without, the server
+    refuses it the stream and it asks on every fetch, with the fetching client's credentials."""
+
+    def source() -> str:
+        return str(get_json(f"{proxy.url}/_settle/health")["liveness"]["source"])
+
+    if "OPENCODE_SERVER_PASSWORD" in proxy.environment:
+        poll(
+            lambda: True if source() == "events" else None, what="the event stream", timeout=_EVENTS_TIMEOUT_S
+        )
+    else:
+        through = with_credentials(proxy.url, "opencode", PASSWORD)
+        read_messages(through, guarded.stale["v1"].turn)
+        assert source() == "asked on every fetch"
