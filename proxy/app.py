@@ -17,6 +17,7 @@ from proxy.config import Settings, WriteBackMode
 from proxy.database import OpencodeDatabase, default_path
 from proxy.db_writer import DbWriter
 from proxy.forward import ADDONS, forward
+from proxy.headers import drop_invented_headers
 from proxy.live import LiveSettle
 from proxy.liveness import LivenessProbe
 from proxy.metrics import METRICS, CountingWriter, Metrics
@@ -84,6 +85,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app.cleanup_ctx.extend((upstream_session, _addons))
+    app.on_response_prepare.append(drop_invented_headers)
     health.add_routes(app)
     # (?s): a path may hold an encoded line break, and the upstream must answer for it, not us.
     app.router.add_route("*", "/{tail:(?s:.*)}", forward)

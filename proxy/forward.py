@@ -11,7 +11,8 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
 import aiohttp
 from aiohttp import hdrs, web
@@ -19,7 +20,12 @@ from yarl import URL
 
 from proxy.addons import Addon, Flow
 from proxy.errors import bad_gateway, gateway_timeout, transfer_coding_refused
-from proxy.headers import client_response_headers, unsupported_transfer_coding, upstream_request_headers
+from proxy.headers import (
+    UPSTREAM_HEADERS,
+    client_response_headers,
+    unsupported_transfer_coding,
+    upstream_request_headers,
+)
 from proxy.metrics import METRICS
 from proxy.sse import relay_with_injection
 from proxy.tracker import STREAM_START_TIMEOUT_S
@@ -27,6 +33,7 @@ from proxy.upstream import SETTINGS, UPSTREAM, opencode_path, upstream_path
 from proxy.websocket import is_websocket_upgrade, relay_websocket
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ADDONS = web.AppKey("addons", list[Addon])
 _EVENT_STREAMS = re.compile(r"^/(?:event|global/event|api/event|api/session/[^/]+/event)$")
@@ -50,14 +57,16 @@ async def forward(request: web.Request) -> web.StreamResponse:
     timeout = request.app[SETTINGS].response_timeout
     started = time.perf_counter()
     try:
-        async with asyncio.timeout(_start_timeout(request, timeout)):
-            upstream = await request.app[UPSTREAM].request(
+        upstream = await _bounded(
+            request.app[UPSTREAM].request(
                 request.method,
                 upstream_url(request),
                 headers=flow.upstream_headers,
                 data=request.content if request.body_exists else None,
                 allow_redirects=False,
-            )
+            ),
+            _start_timeout(request, timeout),
+        )
     except (aiohttp.ClientError, TimeoutError) as error:
         # Unreachable, or an answer aiohttp cannot parse (bad status line, invalid header):
         # either way the client gets JSON it can show, never a bare 500.
@@ -123,34 +132,47 @@ def _failure(request: web.Request, error: BaseException, timeout: float | None) 
     return bad_gateway(origin, error)
 
 
+async def _bounded(step: Awaitable[T], max_wait: float | None) -> T:
+    """`step`, bounded by `max_wait` seconds (None: never; no timer is armed for it, which is
+    measurable on every request)."""
+    if max_wait is None:
+        return await step
+    async with asyncio.timeout(max_wait):
+        return await step
+
+
 async def _pieces(upstream: aiohttp.ClientResponse, max_wait: float | None) -> AsyncIterator[bytes]:
     """The body as it arrives; each wait for its next piece is bounded by `max_wait` (None: never)."""
-    while True:
-        async with asyncio.timeout(max_wait):
-            piece = await upstream.content.readany()
-        if not piece:
-            return
+    while piece := await _bounded(upstream.content.readany(), max_wait):
         yield piece
 
 
 async def _answer_whole(
     flow: Flow, upstream: aiohttp.ClientResponse, addons: list[Addon], max_wait: float | None
-) -> web.Response:
+) -> web.StreamResponse:
     try:
         flow.body = b"".join([piece async for piece in _pieces(upstream, max_wait)])
     except (aiohttp.ClientError, TimeoutError) as error:
         return _failure(flow.request, error, max_wait)  # nothing was sent yet: a clean error is possible
     for addon in addons:
         await addon.response(flow)
-    return web.Response(
-        status=flow.status, reason=upstream.reason, headers=flow.response_headers, body=flow.body
-    )
+    return _answer(flow, upstream, flow.body)
 
 
 async def _stream(
     request: web.Request, flow: Flow, upstream: aiohttp.ClientResponse, max_wait: float | None
 ) -> web.StreamResponse:
-    response = web.StreamResponse(status=flow.status, reason=upstream.reason, headers=flow.response_headers)
+    pieces = _pieces(upstream, max_wait)
+    if flow.inject is None and not is_event_stream(upstream):
+        try:
+            first = await anext(pieces, b"")
+        except (aiohttp.ClientError, TimeoutError) as error:
+            return _failure(request, error, max_wait)  # nothing was sent yet: a clean error is possible
+        if first and upstream.content.at_eof():
+            # The whole body came in one piece (most answers do): headers and body in one write.
+            return _answer(flow, upstream, first)
+        pieces = _prepended(first, pieces)
+    response = _answer(flow, upstream)
     if upstream.content_length is not None and hdrs.TRANSFER_ENCODING not in upstream.headers:
         response.content_length = upstream.content_length
     await response.prepare(request)
@@ -158,7 +180,7 @@ async def _stream(
         if flow.inject is not None:
             await relay_with_injection(response, upstream, flow.inject)
         else:
-            async for piece in _pieces(upstream, max_wait):
+            async for piece in pieces:
                 await response.write(piece)
     except ConnectionResetError:
         return response  # the client left; only a handler that is not cancelled then gets here
@@ -168,6 +190,25 @@ async def _stream(
         log.info("upstream closed %s mid-stream; the client's stream ends and it may reconnect", request.path)
     await response.write_eof()
     return response
+
+
+def _answer(flow: Flow, upstream: aiohttp.ClientResponse, body: bytes | None = None) -> web.StreamResponse:
+    """The client's response for the upstream's: whole when `body` is given, else to be streamed."""
+    status, reason, headers = flow.status, upstream.reason, flow.response_headers
+    response = (
+        web.StreamResponse(status=status, reason=reason, headers=headers)
+        if body is None
+        else web.Response(status=status, reason=reason, headers=headers, body=body)
+    )
+    response[UPSTREAM_HEADERS] = upstream.headers
+    return response
+
+
+async def _prepended(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for piece in rest:
+        yield piece
 
 
 def _cut(request: web.Request, response: web.StreamResponse, error: BaseException) -> web.StreamResponse:

@@ -59,6 +59,22 @@ def client_response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     return end_to_end(headers, drop=(hdrs.CONTENT_LENGTH,))
 
 
+UPSTREAM_HEADERS = web.ResponseKey("upstream_headers", CIMultiDictProxy[str])
+"""On a response built from an upstream answer: the headers that answer came with."""
+_NEVER_INVENTED = (hdrs.SERVER, hdrs.CONTENT_TYPE)
+
+
+async def drop_invented_headers(_: web.Request, response: web.StreamResponse) -> None:
+    """`on_response_prepare`: aiohttp gives every response a `Server` (its own name and version)
+    and a default `Content-Type`; on a forwarded answer that lacked them they would be claims
+    the upstream never made, so they go. (`Date` stays: RFC 9110 §6.6.1 asks a forwarder to add it.)"""
+    sent = response.get(UPSTREAM_HEADERS)
+    if sent is not None:
+        for name in _NEVER_INVENTED:
+            if name not in sent:
+                response.headers.popall(name, None)
+
+
 def unsupported_transfer_coding(request: web.Request) -> str | None:
     """The request's transfer codings when they are anything but plain `chunked`, else None.
 

@@ -6,6 +6,7 @@ import socket
 from collections.abc import AsyncIterator
 
 import orjson
+import pytest
 from yarl import URL
 
 from proxy.app import create_app
@@ -134,3 +135,57 @@ async def test_unreachable_upstream_is_a_json_502(aiohttp_client) -> None:  # ty
 async def test_upstream_status_and_headers_pass(proxy: ProxyClient) -> None:
     response = await proxy.get("/missing/thing")
     assert response.status == 404
+
+
+async def _raw_upstream(head: bytes, pieces: list[bytes]) -> asyncio.Server:
+    """An upstream that answers every request with `head` and then `pieces`, a pause between
+    them, so a body can arrive whole or piece by piece; it sends exactly these bytes."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readline() not in (b"\r\n", b""):
+            pass
+        writer.write(head)
+        for piece in pieces:
+            await asyncio.sleep(0.05)
+            writer.write(piece)
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(answer, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize("pieces", [[b"hello"], [b"hel", b"lo"]], ids=["whole", "in-pieces"])
+@pytest.mark.parametrize(
+    ("sent", "expected"),
+    [
+        (b"", {}),
+        (
+            b"Server: opencode\r\nContent-Type: text/x-thing\r\n",
+            {"Server": "opencode", "Content-Type": "text/x-thing"},
+        ),
+    ],
+    ids=["absent", "present"],
+)
+async def test_server_and_content_type_are_the_upstreams_or_none(  # type: ignore[no-untyped-def]
+    aiohttp_client,
+    pieces: list[bytes],
+    sent: bytes,
+    expected: dict[str, str],
+) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n" + sent + b"\r\n"
+    server = await _raw_upstream(head, pieces)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        client: ProxyClient = await aiohttp_client(
+            create_app(Settings(upstream=URL(f"http://127.0.0.1:{port}")))
+        )
+        response = await client.get("/file/content")
+        assert await response.read() == b"hello"
+        assert {name: response.headers.get(name) for name in ("Server", "Content-Type")} == {
+            "Server": expected.get("Server"),
+            "Content-Type": expected.get("Content-Type"),
+        }
+        assert "Date" in response.headers
+    finally:
+        server.close()
+        await server.wait_closed()
