@@ -245,15 +245,21 @@ class RecentRewrites:
         self._budget = budget
         self._size = 0
 
+    def known(self, session_id: str, view: str, body: bytes) -> Rewritten | None:
+        """The rewrite kept for `view` when `body` is the very same bytes (a memcmp: ~10 µs for
+        600 KB, where the byte scan that would otherwise come first takes ~400 µs)."""
+        key = (session_id, view)
+        entry = self._entries.get(key)
+        if entry is None or entry[0] != body:
+            return None
+        self._entries.move_to_end(key)
+        return entry[1]
+
     def rewrite(
         self, view: str, body: bytes, route: MessageRoute, liveness: Liveness, rules: Sequence[Rule]
-    ) -> tuple[Rewritten | None, bool]:
-        """The rewrite of `body`, and whether it was computed now (False: the same as last time)."""
-        key = (liveness.session_id, view)
-        known = self._entries.get(key)
-        if known is not None and known[0] == body:
-            self._entries.move_to_end(key)
-            return known[1], False
+    ) -> Rewritten | None:
+        """Rewrite `body` and keep the result for `known`."""
+        key = (route.session_id, view)
         result = rewrite(body, route, liveness, rules)
         self._forget(key)
         if result is not None and len(body) + len(result.body) <= self._budget:
@@ -261,7 +267,7 @@ class RecentRewrites:
             self._size += len(body) + len(result.body)
             while self._size > self._budget:
                 self._forget(next(iter(self._entries)))
-        return result, True
+        return result
 
     def _forget(self, key: tuple[str, str]) -> None:
         entry = self._entries.pop(key, None)

@@ -90,17 +90,19 @@ class Settle(Addon):
         route = _route(flow)
         if route is None or self._known_unchanged(route, flow):
             return
-        if not mentions_open_status(flow.body, route.api):
-            self._tracker.mark_clean(route.session_id, flow.request.raw_path)
+        view = flow.request.raw_path
+        known = self._recent.known(route.session_id, view, flow.body)
+        if known is None and not mentions_open_status(flow.body, route.api):
+            self._tracker.mark_clean(route.session_id, view)
             return
         credentials = self._probe.credentials(flow.request)
         try:
             kept = self._tracker.cached(route.api, route.session_id)
             liveness = kept.liveness if kept else await self._ask(route, credentials)
-            rewritten, fresh = (
-                (None, False)
+            rewritten = (
+                None
                 if liveness.active
-                else self._recent.rewrite(flow.request.raw_path, flow.body, route, liveness, self._rules)
+                else known or self._recent.rewrite(view, flow.body, route, liveness, self._rules)
             )
             if rewritten is not None and kept is not None and not _vouches_for(kept, rewritten):
                 rewritten = None if (await self._ask(route, credentials)).active else rewritten
@@ -112,7 +114,7 @@ class Settle(Addon):
             return
         if rewritten is None:
             return
-        self._record(route, rewritten, log_it=fresh)
+        self._record(route, rewritten, log_it=known is None)
         if self._dry_run:
             return
         flow.body = rewritten.body

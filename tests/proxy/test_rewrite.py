@@ -167,17 +167,17 @@ def test_v2_context_view_is_a_message_list() -> None:
 def test_recent_rewrites_reuse_the_same_bytes_only() -> None:
     recent = RecentRewrites(budget=10 * 2**20)
     body = orjson.dumps(v2_history({1}))
-    first, fresh = recent.rewrite("/v", body, V2_LIST, INACTIVE, DEFAULT_RULES)
-    again, fresh_again = recent.rewrite("/v", bytes(body), V2_LIST, INACTIVE, DEFAULT_RULES)
-    assert fresh
-    assert not fresh_again
-    assert again is first
-    changed = orjson.dumps(v2_history({2}))
-    other, fresh_other = recent.rewrite("/v", changed, V2_LIST, INACTIVE, DEFAULT_RULES)
-    assert fresh_other
+    assert recent.known("ses_x", "/v", body) is None
+    first = recent.rewrite("/v", body, V2_LIST, INACTIVE, DEFAULT_RULES)
     assert first is not None
+    assert recent.known("ses_x", "/v", bytes(body)) is first
+    assert recent.known("ses_x", "/other", body) is None
+    changed = orjson.dumps(v2_history({2}))
+    assert recent.known("ses_x", "/v", changed) is None
+    other = recent.rewrite("/v", changed, V2_LIST, INACTIVE, DEFAULT_RULES)
     assert other is not None
     assert other.body != first.body
+    assert recent.known("ses_x", "/v", body) is None, "only the last body of a view is kept"
 
 
 def test_recent_rewrites_stay_within_budget() -> None:
@@ -185,5 +185,5 @@ def test_recent_rewrites_stay_within_budget() -> None:
     recent = RecentRewrites(budget=3 * len(body))
     for view in ("/a", "/b", "/c"):
         recent.rewrite(view, body, V2_LIST, INACTIVE, DEFAULT_RULES)
-    _, fresh = recent.rewrite("/a", body, V2_LIST, INACTIVE, DEFAULT_RULES)
-    assert fresh, "the oldest entry was dropped to stay within the budget"
+    assert recent.known("ses_x", "/a", body) is None, "the oldest entry was dropped to stay within the budget"
+    assert recent.known("ses_x", "/c", body) is not None
