@@ -32,6 +32,11 @@ class Flow:
     inject: asyncio.Queue[bytes] | None = None
     """Set by a `response_headers` hook on an event stream: events to slip in between the upstream's."""
 
+    @property
+    def event_stream(self) -> bool:
+        """Whether the response is a server-sent event stream (known once its headers are)."""
+        return self.response_headers.get("Content-Type", "").startswith("text/event-stream")
+
 
 class Addon:
     """Base class with no-op hooks; subclasses override the hooks they handle."""

@@ -14,6 +14,7 @@ from proxy.addons import Addon
 from proxy.api_writer import ApiWriter
 from proxy.auth import require_basic_auth
 from proxy.config import Settings, WriteBackMode
+from proxy.context import SettleContext
 from proxy.database import OpencodeDatabase, default_path
 from proxy.db_writer import DbWriter
 from proxy.forward import ADDONS, forward
@@ -21,6 +22,7 @@ from proxy.headers import drop_invented_headers
 from proxy.live import LiveSettle
 from proxy.liveness import LivenessProbe
 from proxy.metrics import METRICS, CountingWriter, Metrics
+from proxy.session_stream import SessionStreamSettle
 from proxy.settle import Settle
 from proxy.tracker import TRACKER, LivenessTracker
 from proxy.upstream import MOUNT_PREFIX, SETTINGS, UPSTREAM, upstream_session
@@ -50,22 +52,17 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         if writer is not None and not settings.dry_run:
             write_back = app[WRITE_BACK] = WriteBack(probe, CountingWriter(writer, metrics), settings.grace)
             stack.push_async_callback(write_back.close)
-        live = LiveSettle(
-            probe,
-            upstream,
-            Credentials.configured(settings.authorization),
-            metrics,
-            grace=settings.grace,
-            write_back=write_back,
-            dry_run=settings.dry_run,
-        )
+        ctx = SettleContext(probe, upstream, metrics, settings.grace, write_back, settings.dry_run)
+        live = LiveSettle(ctx, Credentials.configured(settings.authorization))
         stack.push_async_callback(live.close)
+        session_streams = SessionStreamSettle(ctx)
+        stack.push_async_callback(session_streams.close)
         tracker = app[TRACKER] = LivenessTracker(app[UPSTREAM], settings)
         tracker.listeners.append(live)
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)
         settle = Settle(probe, tracker, metrics, write_back=write_back, dry_run=settings.dry_run)
-        addons: list[Addon] = [settle, live]
+        addons: list[Addon] = [settle, live, session_streams]
         app[ADDONS] = addons
         yield
 

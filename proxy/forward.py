@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
@@ -27,6 +26,7 @@ from proxy.headers import (
     upstream_request_headers,
 )
 from proxy.metrics import METRICS
+from proxy.routes import EVENT_STREAMS, SESSION_STREAM
 from proxy.sse import relay_with_injection
 from proxy.tracker import STREAM_START_TIMEOUT_S
 from proxy.upstream import SETTINGS, UPSTREAM, opencode_path, upstream_path
@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ADDONS = web.AppKey("addons", list[Addon])
-_EVENT_STREAMS = re.compile(r"^/(?:event|global/event|api/event|api/session/[^/]+/event)$")
 
 
 def upstream_url(request: web.Request) -> URL:
@@ -110,11 +109,16 @@ def _start_timeout(request: web.Request, timeout: float | None) -> float | None:
     opencode's event streams answer at once when it is healthy, but a subscription sent the
     instant its port opens after a restart can go unanswered for 20 s and more (measured on
     1.18.33), and a client waiting on it misses everything meanwhile. So a stream must start
-    within `STREAM_START_TIMEOUT_S`, or the client gets a 504 and reconnects; once open, a
-    stream is never timed.
+    within `STREAM_START_TIMEOUT_S`, or the client gets a 504 and reconnects. A session's stream
+    starts with its next event, however long that takes, so it is never timed; nor is any
+    stream once open.
     """
-    if request.method == "GET" and _EVENT_STREAMS.match(opencode_path(request)):
-        return STREAM_START_TIMEOUT_S if timeout is None else min(timeout, STREAM_START_TIMEOUT_S)
+    if request.method == "GET":
+        path = opencode_path(request)
+        if EVENT_STREAMS.match(path):
+            return STREAM_START_TIMEOUT_S if timeout is None else min(timeout, STREAM_START_TIMEOUT_S)
+        if SESSION_STREAM.match(path):
+            return None
     return timeout
 
 

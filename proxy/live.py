@@ -26,13 +26,13 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from proxy.addons import Addon, Flow
-from proxy.liveness import LivenessProbe, LivenessUnknown
-from proxy.metrics import Metrics
+from proxy.context import SettleContext
+from proxy.liveness import LivenessUnknown
 from proxy.sse import event_frame, opencode_event
+from proxy.tasks import KeyedTasks
 from proxy.tracker import GlobalEvent, StreamListener
 from proxy.upstream import opencode_path
-from proxy.upstream_api import Credentials, UpstreamApi, UpstreamRefused
-from proxy.writeback import WriteBack
+from proxy.upstream_api import Credentials, UpstreamRefused
 from rules import OPEN_STATUSES, Api, Liveness, settle_view
 
 log = logging.getLogger(__name__)
@@ -82,28 +82,13 @@ class LiveSettle(Addon, StreamListener):
 
     name: ClassVar[str] = "live-settle"
 
-    def __init__(
-        self,
-        probe: LivenessProbe,
-        upstream: UpstreamApi,
-        credentials: Credentials,
-        metrics: Metrics,
-        *,
-        grace: float,
-        write_back: WriteBack | None = None,
-        dry_run: bool = False,
-    ) -> None:
-        self._probe = probe
-        self._upstream = upstream
+    def __init__(self, ctx: SettleContext, credentials: Credentials) -> None:
+        self._ctx = ctx
         self._credentials = credentials
-        self._metrics = metrics
-        self._grace = grace
-        self._write_back = write_back
-        self._dry_run = dry_run
         self._open: OrderedDict[str, OpenPart] = OrderedDict()
         self._orphans: OrderedDict[str, Orphan] = OrderedDict()
         self._subscribers: dict[int, Subscriber] = {}
-        self._checks: dict[str, asyncio.Task[None]] = {}
+        self._checks: KeyedTasks[str] = KeyedTasks(self.name)
 
     # What the followed stream says.
 
@@ -139,7 +124,7 @@ class LiveSettle(Addon, StreamListener):
     # Client streams.
 
     async def response_headers(self, flow: Flow) -> None:
-        if flow.status != 200 or flow.request.method != "GET" or not _is_event_stream(flow):
+        if flow.status != 200 or flow.request.method != "GET" or not flow.event_stream:
             return
         path = opencode_path(flow.request)
         if path == GLOBAL_STREAM:
@@ -158,22 +143,17 @@ class LiveSettle(Addon, StreamListener):
 
     async def close(self) -> None:
         """Cancel pending confirmations (application cleanup)."""
-        for task in self._checks.values():
-            task.cancel()
-        await asyncio.gather(*self._checks.values(), return_exceptions=True)
+        await self._checks.close()
 
     # Confirmation.
 
     def _schedule(self, session_id: str) -> None:
-        if session_id not in self._checks:
-            task = asyncio.create_task(self._confirm(session_id), name=f"live-settle {session_id}")
-            self._checks[session_id] = task
-            task.add_done_callback(lambda _: self._checks.pop(session_id, None))
+        self._checks.start(session_id, lambda: self._confirm(session_id))
 
     async def _confirm(self, session_id: str) -> None:
-        await asyncio.sleep(self._grace)
+        await asyncio.sleep(self._ctx.grace)
         try:
-            liveness = await self._probe.read(Api.V1, session_id, self._credentials)
+            liveness = await self._ctx.probe.read(Api.V1, session_id, self._credentials)
         except LivenessUnknown as error:
             log.info("live settle of %s postponed: liveness unknown (%s)", session_id, error)
             return
@@ -189,7 +169,7 @@ class LiveSettle(Addon, StreamListener):
         self, session_id: str, message_id: str, parts: list[tuple[str, OpenPart]], liveness: Liveness
     ) -> None:
         try:
-            message = await self._upstream.get(
+            message = await self._ctx.upstream.get(
                 f"/session/{session_id}/message/{message_id}", self._credentials
             )
         except (UpstreamRefused, OSError) as error:
@@ -223,7 +203,7 @@ class LiveSettle(Addon, StreamListener):
             opencode_event("message.updated", {**session, "info": info}),
             opencode_event("session.status", {**session, "status": {"type": "idle"}}),
         ]
-        verb = "would settle" if self._dry_run else "settled"
+        verb = "would settle" if self._ctx.dry_run else "settled"
         what = (
             "orphaned part in client streams"
             if settled_here
@@ -246,15 +226,15 @@ class LiveSettle(Addon, StreamListener):
                 }
             },
         )
-        if self._dry_run:
+        if self._ctx.dry_run:
             return
         orphan = self._orphans[part_id] = Orphan(part, state, [opencode_event("session.idle", session)])
         while len(self._orphans) > _REMEMBERED:
             self._orphans.popitem(last=False)
         for subscriber in self._subscribers.values():
             self._send(subscriber, orphan, live=True)
-        if settled_here and self._write_back is not None:
-            self._write_back.schedule(Api.V1, part.session_id, self._credentials)
+        if settled_here and self._ctx.write_back is not None:
+            self._ctx.write_back.schedule(Api.V1, part.session_id, self._credentials)
 
     def _send(self, subscriber: Subscriber, orphan: Orphan, *, live: bool) -> None:
         part = orphan.part
@@ -268,17 +248,13 @@ class LiveSettle(Addon, StreamListener):
             return
         for frame in frames:
             subscriber.queue.put_nowait(frame)
-        self._metrics.injected_events.inc(len(frames))
+        self._ctx.metrics.injected_events.inc(len(frames))
 
 
 def _went_idle(event: GlobalEvent) -> bool:
     if event.kind == "session.status":
         return (event.properties.get("status") or {}).get("type") == "idle"
     return event.kind in _IDLE_KINDS
-
-
-def _is_event_stream(flow: Flow) -> bool:
-    return flow.response_headers.get("Content-Type", "").startswith("text/event-stream")
 
 
 def _requested_directory(request: web.Request) -> str | None:

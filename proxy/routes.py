@@ -1,4 +1,5 @@
-"""Which upstream routes return message views the rules check, and how their bodies are shaped."""
+"""Which upstream routes are which: message views the rules check (and how their bodies are
+shaped), and opencode's event streams."""
 
 from __future__ import annotations
 
@@ -36,3 +37,10 @@ def match_message_route(method: str, path: str) -> MessageRoute | None:
         if found:
             return MessageRoute(api, found["session"], single=found["message"] is not None)
     return None
+
+
+EVENT_STREAMS = re.compile(r"^/(?:event|global/event|api/event)$")
+"""Event streams that open with an event at once (`server.connected`)."""
+SESSION_STREAM = re.compile(r"^/api/session/(?P<session>[^/]+)/event$")
+"""A v2 session's event stream: its history, then what follows. It sends nothing, not even its
+response headers, until it has an event after the `after` a client asked for (1.18.33)."""

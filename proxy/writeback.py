@@ -16,6 +16,7 @@ from typing import Protocol
 
 from proxy.config import WriteBackMode
 from proxy.liveness import LivenessProbe, LivenessUnknown
+from proxy.tasks import KeyedTasks
 from proxy.upstream_api import Credentials
 from rules import Api, Liveness
 
@@ -52,27 +53,19 @@ class WriteBack:
         self._probe = probe
         self._writer = writer
         self._grace = grace
-        self._pending: dict[tuple[Api, str], asyncio.Task[None]] = {}
+        self._pending: KeyedTasks[tuple[Api, str]] = KeyedTasks("write-back")
 
     def schedule(self, api: Api, session_id: str, credentials: Credentials) -> None:
         """Confirm and write the session's settlements later, unless that is already under way."""
-        key = (api, session_id)
-        if key in self._pending:
-            return
-        task = asyncio.create_task(self._confirm_and_write(api, session_id, credentials))
-        self._pending[key] = task
-        task.add_done_callback(lambda _: self._pending.pop(key, None))
+        self._pending.start((api, session_id), lambda: self._confirm_and_write(api, session_id, credentials))
 
     async def idle(self) -> None:
         """Wait for every scheduled write (tests and the offline command use this)."""
-        while self._pending:
-            await asyncio.gather(*self._pending.values(), return_exceptions=True)
+        await self._pending.idle()
 
     async def close(self) -> None:
         """Cancel what has not been written yet: an unconfirmed write is simply not made."""
-        for task in self._pending.values():
-            task.cancel()
-        await asyncio.gather(*self._pending.values(), return_exceptions=True)
+        await self._pending.close()
 
     async def _confirm_and_write(self, api: Api, session_id: str, credentials: Credentials) -> None:
         await asyncio.sleep(self._grace)

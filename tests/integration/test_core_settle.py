@@ -10,12 +10,14 @@ stays running that long; the tests that need one check that premise first.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .event_tap import EventTap
 from .expected import V1_MESSAGE_ERROR, V1_PART_ERROR, V2_TOOL_ERROR
 from .http_client import Reply, request
 from .opencode_server import OpencodeServer, directory_header
@@ -273,3 +275,45 @@ def test_steady_state_needs_no_liveness_request_per_fetch(
             assert _settled_count(_get_ok(proxy_url + path)) == 1
         asked = _metric(proxy_url, f'settle_proxy_liveness_requests_total{{api="{runtime}"}}')
         assert asked == 1, f"{runtime}: {asked} liveness requests for {fetches} fetches"
+
+
+TOOL_FAILED = "session.next.tool.failed"
+_PROXY_GRACE_S = 2.0
+"""The proxy's default grace period: it confirms an orphan that long after a stream opens."""
+
+
+def _is_tool_failed(event: Any) -> bool:
+    return isinstance(event, dict) and event.get("type") == TOOL_FAILED
+
+
+def test_v2_session_stream_of_a_stale_session_is_told_the_call_failed(
+    scene: CrashScene, opencode: OpencodeServer, proxy_url: str
+) -> None:
+    """(live, v2) A client following the session's events gets the history as the server replays
+    it, then the `tool.failed` the server would have sent, without a sequence number."""
+    observed = scene.stale["v2"]
+    path = f"/api/session/{observed.session_id}/event"
+    with EventTap(opencode.url + path) as direct, EventTap(proxy_url + path) as through:
+        failed = through.wait_for(_is_tool_failed, what="tool.failed through the proxy", timeout=15.0)
+        told_by_server = [event for event in direct.payloads() if _is_tool_failed(event)]
+        history = [event for event in direct.payloads() if "durable" in event]
+        relayed = [event for event in through.payloads() if "durable" in event]
+    assert told_by_server == [], "premise: the server says nothing of the orphaned call"
+    assert relayed == history
+    assert "durable" not in failed
+    assert failed["data"]["callID"] == observed.tool_id
+    assert failed["data"]["assistantMessageID"] == observed.message_id
+    assert failed["data"]["error"] == V2_TOOL_ERROR
+
+
+def test_v2_session_stream_of_a_busy_session_is_left_alone(
+    scene: CrashScene, opencode: OpencodeServer, proxy_url: str
+) -> None:
+    observed = scene.busy_elsewhere["v2"]
+    path = f"/api/session/{observed.session_id}/event"
+    with EventTap(proxy_url + path) as through:
+        time.sleep(_PROXY_GRACE_S + 2.0)
+        events = through.payloads()
+    _assert_still_running(opencode.url, observed, "checked right after the stream was watched")
+    assert events, "premise: the stream replayed the session's history"
+    assert not [event for event in events if _is_tool_failed(event)]

@@ -36,6 +36,8 @@ class FakeOpencode:
     subscribers: int = 0
     release: asyncio.Event = field(default_factory=asyncio.Event)
     """`/events` holds back everything after its first event until this is set."""
+    session_history: dict[str, list[bytes]] = field(default_factory=dict)
+    """What `/api/session/{id}/event` replays (one JSON event a line) before it goes quiet."""
     password: str | None = None
     """When set, every route wants Basic `opencode:<password>` or `?auth_token=`, as opencode does."""
 
@@ -55,6 +57,7 @@ class FakeOpencode:
         app.router.add_post("/sync/history", self._history)
         app.router.add_post("/sync/replay", self._replay)
         app.router.add_get("/api/session/{session}", self._v2_session)
+        app.router.add_get("/api/session/{session}/event", self._session_events)
         app.router.add_get("/{tail:.*}", self._body)
         return app
 
@@ -147,6 +150,15 @@ class FakeOpencode:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await response.write(b'data: {"type":"server.connected","properties":{}}\n\n')
+        await self.release.wait()
+        return response
+
+    async def _session_events(self, request: web.Request) -> web.StreamResponse:
+        """A v2 session's stream: its history, then quiet (no heartbeat, as on 1.18.33)."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in self.session_history.get(request.match_info["session"], []):
+            await response.write(b"data: " + event + b"\n\n")
         await self.release.wait()
         return response
 

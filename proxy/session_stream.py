@@ -1,0 +1,137 @@
+"""The `session-stream-settle` addon: v2 clients following a session's event stream are told, too.
+
+`/api/session/{id}/event` replays the session's durable history and then follows it. After a
+crash that history ends with a tool call opened and never closed, and the server adds nothing
+until the next prompt in that session, so a client building its state from the stream keeps
+the call running. When a client opens such a stream through the proxy, the proxy waits the
+grace period, reads the session's messages, confirms with a reading taken after them that the
+session is inactive, and sends each of the session's open streams the
+`session.next.tool.failed` the server would have sent for every call the rules settle.
+
+The event goes without `durable`: sequence numbers are the server's to give, and a client
+resuming with `?after=<seq>` would otherwise skip the server's own event of that number. With
+`--write-back`, the server's own durable event follows.
+
+Measured on 1.18.33: a session stream has no heartbeat and sends nothing, not even its response
+headers, until it has an event after `after`; a client resuming a stream whose history it has
+seen to the end waits for the next event, through the proxy exactly as directly (the proxy can
+only speak on a stream the server has opened).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from proxy.addons import Addon, Flow
+from proxy.context import SettleContext
+from proxy.event_log import tool_failed_data
+from proxy.ids import ascending_id
+from proxy.liveness import LivenessUnknown
+from proxy.routes import SESSION_STREAM
+from proxy.sse import event_frame
+from proxy.tasks import KeyedTasks
+from proxy.upstream import opencode_path
+from proxy.upstream_api import Credentials, UpstreamRefused
+from rules import Api, UnexpectedShape, settle_view
+
+log = logging.getLogger(__name__)
+
+TOOL_FAILED = "session.next.tool.failed"
+
+
+@dataclass(slots=True)
+class SessionStream:
+    """One client's stream of one session, and the calls it has been told are settled."""
+
+    session_id: str
+    queue: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
+    told: set[str] = field(default_factory=set)
+
+
+class SessionStreamSettle(Addon):
+    """Settle orphaned v2 tool calls in the session event streams clients follow."""
+
+    name: ClassVar[str] = "session-stream-settle"
+
+    def __init__(self, ctx: SettleContext) -> None:
+        self._ctx = ctx
+        self._streams: dict[int, SessionStream] = {}
+        self._checks: KeyedTasks[str] = KeyedTasks(self.name)
+
+    async def response_headers(self, flow: Flow) -> None:
+        if flow.status != 200 or flow.request.method != "GET" or not flow.event_stream:
+            return
+        match = SESSION_STREAM.match(opencode_path(flow.request))
+        if match is None:
+            return
+        stream = self._streams[id(flow)] = SessionStream(match["session"])
+        flow.inject = stream.queue
+        credentials = self._ctx.probe.credentials(flow.request)
+        self._checks.start(stream.session_id, lambda: self._confirm(stream.session_id, credentials))
+
+    async def done(self, flow: Flow) -> None:
+        self._streams.pop(id(flow), None)
+
+    async def close(self) -> None:
+        """Cancel pending confirmations (application cleanup)."""
+        await self._checks.close()
+
+    async def _confirm(self, session_id: str, credentials: Credentials) -> None:
+        await asyncio.sleep(self._ctx.grace)
+        try:
+            document = await self._ctx.upstream.get(f"/api/session/{session_id}/message", credentials)
+            liveness = await self._ctx.probe.read(Api.V2, session_id, credentials)
+            view = None if liveness.active else settle_view(document, Api.V2, liveness)
+        except (UpstreamRefused, OSError, LivenessUnknown, UnexpectedShape) as error:
+            log.info("stream settle of %s postponed: %s", session_id, error)
+            return
+        if view is None:
+            return
+        events = {
+            event["data"]["callID"]: event
+            for _, settlement in view.messages.settled
+            for change in settlement.changes
+            if (event := _tool_failed(session_id, settlement.message, change.path)) is not None
+        }
+        self._report(session_id, events)
+        if self._ctx.dry_run:
+            return
+        for stream in self._streams.values():
+            if stream.session_id == session_id:
+                self._tell(stream, events)
+        if self._ctx.write_back is not None:
+            self._ctx.write_back.schedule(Api.V2, session_id, credentials)
+
+    def _tell(self, stream: SessionStream, events: dict[str, dict[str, Any]]) -> None:
+        for call_id, event in events.items():
+            if call_id not in stream.told:
+                stream.told.add(call_id)
+                stream.queue.put_nowait(event_frame(event))
+                self._ctx.metrics.injected_events.inc()
+
+    def _report(self, session_id: str, events: dict[str, dict[str, Any]]) -> None:
+        verb = "would settle" if self._ctx.dry_run else "settled"
+        for call_id, event in events.items():
+            fields = {
+                "session": session_id,
+                "message": event["data"]["assistantMessageID"],
+                "part": call_id,
+                "rule": "orphaned-tool",
+                "api": "v2",
+                "why": "open in the session's history; inactive in a reading taken after its messages",
+            }
+            log.info("%s orphaned call in session streams", verb, extra={"fields": fields})
+
+
+def _tool_failed(session_id: str, message: Any, path: tuple[str | int, ...]) -> dict[str, Any] | None:
+    """The event for a change to a tool item of `message` (None for a change to anything else)."""
+    if path[:1] != ("content",) or len(path) < 2:
+        return None
+    item = message["content"][int(path[1])]
+    if item.get("type") != "tool":
+        return None
+    data = tool_failed_data(session_id, str(message["id"]), item)
+    return {"id": ascending_id("evt"), "type": TOOL_FAILED, "data": data}

@@ -1,0 +1,37 @@
+"""Background work keyed by what it is about: at most one task per key, all owned until closed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Hashable
+from typing import Any, Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class KeyedTasks(Generic[K]):
+    """Confirmations and writes scheduled per session: a second request for a key whose task is
+    still under way is the same request, so it starts nothing."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._tasks: dict[K, asyncio.Task[None]] = {}
+
+    def start(self, key: K, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run `work()` for `key` unless a task for `key` is running."""
+        if key in self._tasks:
+            return
+        task = asyncio.create_task(work(), name=f"{self._name} {key}")
+        self._tasks[key] = task
+        task.add_done_callback(lambda _: self._tasks.pop(key, None))
+
+    async def idle(self) -> None:
+        """Wait until no task runs (tests and the offline command use this)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Cancel every task that has not finished (application cleanup)."""
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)

@@ -1,0 +1,101 @@
+"""v2 session streams: a client following a stale session's events is told its call failed."""
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from yarl import URL
+
+from proxy.app import create_app
+from proxy.config import Settings
+from tests.fixtures import compact, raw
+from tests.proxy.conftest import ProxyClient
+from tests.proxy.fake_opencode import FakeOpencode
+
+V2 = "ses_dd6bd0f33ffejRStwdnQDIkDom"
+STREAM = f"/api/session/{V2}/event"
+HISTORY = [line for line in raw("sse-v2-session-events-busy.txt").splitlines() if line.startswith(b"{")]
+GRACE_S = 0.05
+QUIET_S = 0.5
+ClientFactory = Callable[[web.Application], Awaitable[ProxyClient]]
+
+
+@pytest.fixture
+async def proxy(upstream: TestServer, aiohttp_client: ClientFactory, fake: FakeOpencode) -> ProxyClient:
+    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
+    fake.session_history[V2] = HISTORY
+    settings = Settings(upstream=URL(str(upstream.make_url("/"))), grace=GRACE_S)
+    return await aiohttp_client(create_app(settings))
+
+
+async def events(response: aiohttp.ClientResponse, *, within: float = 5) -> AsyncIterator[Any]:
+    while True:
+        line = await asyncio.wait_for(response.content.readline(), within)
+        if line.startswith(b"data: "):
+            yield orjson.loads(line[6:])
+
+
+async def history_then(response: aiohttp.ClientResponse) -> AsyncIterator[Any]:
+    """The events after the replayed history, which must come first and unchanged."""
+    stream = events(response)
+    assert [await anext(stream) for _ in HISTORY] == [orjson.loads(line) for line in HISTORY]
+    async for event in stream:
+        yield event
+
+
+async def assert_quiet(stream: AsyncIterator[Any]) -> None:
+    try:
+        extra = await asyncio.wait_for(anext(stream), QUIET_S)
+    except TimeoutError:
+        return
+    raise AssertionError(f"unexpected event {extra}")
+
+
+async def test_a_stale_sessions_stream_is_told_its_call_failed(proxy: ProxyClient) -> None:
+    response = await proxy.get(STREAM)
+    stream = history_then(response)
+    event = await anext(stream)
+    assert event["type"] == "session.next.tool.failed"
+    assert event["id"].startswith("evt_")
+    assert "durable" not in event, "a sequence number is the server's to give"
+    data = event["data"]
+    assert {key: data[key] for key in ("sessionID", "assistantMessageID", "callID", "provider")} == {
+        "sessionID": V2,
+        "assistantMessageID": "msg_22942f8cd001S0O0R7RZWGCalD",
+        "callID": "call_mock_1",
+        "provider": {"executed": False},
+    }
+    assert data["error"] == {"type": "unknown", "message": "Tool execution interrupted"}
+    assert data["timestamp"] >= 1795988584703, "not before the call was last seen running"
+    await assert_quiet(stream)
+
+
+async def test_an_active_sessions_stream_is_left_alone(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    fake.v2_active.add(V2)
+    response = await proxy.get(STREAM)
+    stream = history_then(response)
+    await assert_quiet(stream)
+    assert fake.liveness_requests >= 1, "the proxy asked before it decided"
+
+
+async def test_each_stream_is_told_once(proxy: ProxyClient) -> None:
+    first = history_then(await proxy.get(STREAM))
+    assert (await anext(first))["data"]["callID"] == "call_mock_1"
+    second = history_then(await proxy.get(STREAM))
+    assert (await anext(second))["data"]["callID"] == "call_mock_1"
+    await assert_quiet(first)
+
+
+async def test_a_dry_run_tells_no_stream(
+    upstream: TestServer, aiohttp_client: ClientFactory, fake: FakeOpencode
+) -> None:
+    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
+    fake.session_history[V2] = HISTORY
+    settings = Settings(upstream=URL(str(upstream.make_url("/"))), grace=GRACE_S, dry_run=True)
+    client = await aiohttp_client(create_app(settings))
+    await assert_quiet(history_then(await client.get(STREAM)))
