@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -356,3 +357,22 @@ async def test_an_event_stream_that_never_starts_is_a_504_so_the_client_reconnec
         status, _, body = await get(proxy.with_path("/event"))
     assert status == 504
     assert b"did not answer within 0.5s" in body
+
+
+async def _session_stream_after(delay: float, request: Received) -> Reply:
+    """A v2 session stream as 1.18.33 serves one: nothing at all until its first event."""
+    if not request.target.endswith("/event"):
+        return Reply(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+    await asyncio.sleep(delay)
+    event = b'data: {"type":"session.next.prompted"}\n\n'
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(event)
+    return Reply(head + event, "close")
+
+
+async def test_a_session_stream_may_wait_for_its_first_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("proxy.forward.STREAM_START_TIMEOUT_S", TIMEOUT_S)
+    responder = functools.partial(_session_stream_after, 3 * TIMEOUT_S)
+    async with proxy_in_front(responder, response_timeout=TIMEOUT_S) as proxy:
+        status, _, body = await get(proxy.with_path("/api/session/ses_x/event"))
+    assert status == 200
+    assert body == b'data: {"type":"session.next.prompted"}\n\n'
