@@ -35,7 +35,7 @@ from proxy.sse import event_frame
 from proxy.tasks import KeyedTasks
 from proxy.upstream import opencode_path
 from proxy.upstream_api import Credentials, UpstreamRefused
-from rules import Api, UnexpectedShape, settle_view
+from rules import Api, Change, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
 
@@ -90,48 +90,63 @@ class SessionStreamSettle(Addon):
             return
         if view is None:
             return
-        events = {
-            event["data"]["callID"]: event
+        calls = {
+            call.call_id: call
             for _, settlement in view.messages.settled
             for change in settlement.changes
-            if (event := _tool_failed(session_id, settlement.message, change.path)) is not None
+            if (call := _failed_call(session_id, settlement.message, change)) is not None
         }
-        self._report(session_id, events)
+        self._report(session_id, calls)
         if self._ctx.dry_run:
             return
         for stream in self._streams.values():
             if stream.session_id == session_id:
-                self._tell(stream, events)
+                self._tell(stream, calls)
         if self._ctx.write_back is not None:
             self._ctx.write_back.schedule(Api.V2, session_id, credentials)
 
-    def _tell(self, stream: SessionStream, events: dict[str, dict[str, Any]]) -> None:
-        for call_id, event in events.items():
+    def _tell(self, stream: SessionStream, calls: dict[str, FailedCall]) -> None:
+        for call_id, call in calls.items():
             if call_id not in stream.told:
                 stream.told.add(call_id)
-                stream.queue.put_nowait(event_frame(event))
+                stream.queue.put_nowait(event_frame(call.event))
                 self._ctx.metrics.injected_events.inc()
 
-    def _report(self, session_id: str, events: dict[str, dict[str, Any]]) -> None:
+    def _report(self, session_id: str, calls: dict[str, FailedCall]) -> None:
         verb = "would settle" if self._ctx.dry_run else "settled"
-        for call_id, event in events.items():
+        for call_id, call in calls.items():
             fields = {
                 "session": session_id,
-                "message": event["data"]["assistantMessageID"],
+                "message": call.event["data"]["assistantMessageID"],
                 "part": call_id,
-                "rule": "orphaned-tool",
+                "tool": call.tool,
+                "rule": call.rule,
                 "api": "v2",
                 "why": "open in the session's history; inactive in a reading taken after its messages",
             }
             log.info("%s orphaned call in session streams", verb, extra={"fields": fields})
 
 
-def _tool_failed(session_id: str, message: Any, path: tuple[str | int, ...]) -> dict[str, Any] | None:
-    """The event for a change to a tool item of `message` (None for a change to anything else)."""
-    if path[:1] != ("content",) or len(path) < 2:
+@dataclass(frozen=True, slots=True)
+class FailedCall:
+    """A call the rules settled: the event that tells a client, and what the log says of it."""
+
+    event: dict[str, Any]
+    tool: str | None
+    rule: str
+
+    @property
+    def call_id(self) -> str:
+        return str(self.event["data"]["callID"])
+
+
+def _failed_call(session_id: str, message: Any, change: Change) -> FailedCall | None:
+    """The failure a change to a tool item of `message` stands for (None for any other change)."""
+    if change.path[:1] != ("content",) or len(change.path) < 2:
         return None
-    item = message["content"][int(path[1])]
+    item = message["content"][int(change.path[1])]
     if item.get("type") != "tool":
         return None
-    data = tool_failed_data(session_id, str(message["id"]), item)
-    return {"id": ascending_id("evt"), "type": TOOL_FAILED, "data": data}
+    data = tool_failed_data(session_id, message["id"], item)
+    event = {"id": ascending_id("evt"), "type": TOOL_FAILED, "data": data}
+    return FailedCall(event, item.get("name"), change.rule)

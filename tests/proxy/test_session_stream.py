@@ -1,6 +1,7 @@
 """v2 session streams: a client following a stale session's events is told its call failed."""
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -56,7 +57,10 @@ async def assert_quiet(stream: AsyncIterator[Any]) -> None:
     raise AssertionError(f"unexpected event {extra}")
 
 
-async def test_a_stale_sessions_stream_is_told_its_call_failed(proxy: ProxyClient) -> None:
+async def test_a_stale_sessions_stream_is_told_its_call_failed(
+    proxy: ProxyClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="proxy.session_stream")
     response = await proxy.get(STREAM)
     stream = history_then(response)
     event = await anext(stream)
@@ -73,6 +77,10 @@ async def test_a_stale_sessions_stream_is_told_its_call_failed(proxy: ProxyClien
     assert data["error"] == {"type": "unknown", "message": "Tool execution interrupted"}
     assert data["timestamp"] >= 1795988584703, "not before the call was last seen running"
     await assert_quiet(stream)
+    [logged] = [record.fields for record in caplog.records if hasattr(record, "fields")]
+    assert logged["tool"] == "bash"
+    assert logged["rule"] == "orphaned-tool"
+    assert (logged["session"], logged["part"]) == (V2, "call_mock_1")
 
 
 async def test_an_active_sessions_stream_is_left_alone(proxy: ProxyClient, fake: FakeOpencode) -> None:
