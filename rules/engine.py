@@ -13,7 +13,7 @@ from rules.liveness import Liveness
 from rules.models import Api, JSONObject, Message, V1Message, V2Message
 from rules.registry import DEFAULT_RULES
 from rules.rule import Rule
-from rules.tools import has_open_tool, message_settled_at
+from rules.tools import message_last_alive, needs_settling
 
 
 class UnexpectedShape(ValueError):
@@ -27,7 +27,7 @@ class Settlement:
     message: JSONObject
     changes: tuple[Change, ...]
     last_alive: int
-    """The latest moment any settled tool is known to have been alive (epoch ms)."""
+    """The latest moment anything in the message is known to have been alive (epoch ms)."""
 
 
 _MODELS: Mapping[Api, type[Message]] = {Api.V1: V1Message, Api.V2: V2Message}
@@ -38,10 +38,11 @@ def settle(
 ) -> Settlement | None:
     """Return the settled message, or None when no rule has anything to change.
 
-    Messages without an open tool are skipped before validation: on a long history almost
-    every message is such, and validating them all would dominate the cost of a rewrite.
+    Messages with neither an open tool nor an unfinished turn are skipped before validation:
+    on a long history almost every message is such, and validating them all would dominate
+    the cost of a rewrite.
     """
-    if liveness.active or not has_open_tool(raw_message, api):
+    if liveness.active or not needs_settling(raw_message, api):
         return None
     try:
         message = _MODELS[api].model_validate(raw_message)
@@ -50,4 +51,4 @@ def settle(
     changes = tuple(change for rule in rules for change in rule(message, liveness))
     if not changes:
         return None
-    return Settlement(apply_changes(raw_message, changes), changes, message_settled_at(message))
+    return Settlement(apply_changes(raw_message, changes), changes, message_last_alive(message))

@@ -27,20 +27,21 @@ class _View(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
-class V1ToolTime(_View):
+class V1Time(_View):
     start: int | None = None
     end: int | None = None
 
 
 class V1ToolState(_View):
     status: str
-    time: V1ToolTime | None = None
+    time: V1Time | None = None
 
 
 class V1Part(_View):
     id: str
     type: str
     state: V1ToolState | None = None
+    time: V1Time | None = None
 
 
 class V1MessageTime(_View):

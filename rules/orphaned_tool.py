@@ -11,19 +11,23 @@ from typing import ClassVar
 from rules.changes import Change
 from rules.liveness import Liveness
 from rules.models import JSONObject, Message, V1Message
-from rules.tools import open_tool_indexes, tool_settled_at
+from rules.tools import message_last_alive, open_tool_indexes, tool_settled_at
 
 V1_ERROR = "Tool execution aborted"
 V2_ERROR: JSONObject = {"type": "unknown", "message": "Tool execution interrupted"}
 
 
 class OrphanedTool:
-    """Settle open tool parts of an inactive session as interrupted."""
+    """Settle open tool parts of an inactive session as interrupted.
+
+    The whole message is judged by its latest sign of life: its tools ran in one turn, so a
+    reading too close to any of them (or a process that may run that turn) vouches for none.
+    """
 
     name: ClassVar[str] = "orphaned-tool"
 
     def __call__(self, message: Message, liveness: Liveness) -> list[Change]:
-        if liveness.active:
+        if not liveness.vouches_for(message_last_alive(message)):
             return []
         return [self._settle(message, index) for index in open_tool_indexes(message)]
 

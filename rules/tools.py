@@ -37,6 +37,25 @@ def has_open_tool(raw_message: Any, api: Api) -> bool:
     return False
 
 
+def is_unfinished_assistant(raw_message: Any, api: Api) -> bool:
+    """Cheap check on the raw JSON: an assistant message the server never recorded as finished."""
+    if type(raw_message) is not dict:
+        return False
+    header = raw_message.get("info") if api is Api.V1 else raw_message
+    if type(header) is not dict or header.get(_ROLE_KEY[api]) != "assistant":
+        return False
+    time = header.get("time")
+    return type(time) is dict and time.get("completed") is None
+
+
+def needs_settling(raw_message: Any, api: Api) -> bool:
+    """Whether any rule could have something to say about `raw_message` (cheap, on raw JSON)."""
+    return has_open_tool(raw_message, api) or is_unfinished_assistant(raw_message, api)
+
+
+_ROLE_KEY: Mapping[Api, str] = {Api.V1: "role", Api.V2: "type"}
+
+
 def open_tool_indexes(message: Message) -> list[int]:
     """Positions of the tool items of `message` whose status is still open."""
     if isinstance(message, V1Message):
@@ -63,10 +82,21 @@ def tool_settled_at(message: Message, index: int) -> int:
     return max(known, default=message.time.created)
 
 
-def message_settled_at(message: Message) -> int:
-    """The completion time to record for a message: when its last open tool is settled."""
-    created = message.info.time.created if isinstance(message, V1Message) else message.time.created
-    return max((tool_settled_at(message, index) for index in open_tool_indexes(message)), default=created)
+def message_last_alive(message: Message) -> int:
+    """The last moment anything in `message` is known to have been alive (epoch ms): its
+    creation, and every time its parts record. A message left unfinished is closed at it."""
+    if isinstance(message, V1Message):
+        times = [message.info.time.created]
+        for part in message.parts:
+            for span in (part.time, part.state.time if part.state else None):
+                if span is not None:
+                    times += [t for t in (span.start, span.end) if t is not None]
+        return max(times)
+    times = [message.time.created]
+    for item in message.content:
+        if item.time is not None:
+            times += [t for t in (item.time.created, item.time.ran, item.time.completed) if t is not None]
+    return max(times)
 
 
 def message_completed(message: Message) -> bool:
@@ -84,8 +114,10 @@ __all__ = [
     "OPEN_STATUSES",
     "has_open_tool",
     "is_assistant",
+    "is_unfinished_assistant",
     "message_completed",
-    "message_settled_at",
+    "message_last_alive",
+    "needs_settling",
     "open_tool_indexes",
     "tool_settled_at",
 ]

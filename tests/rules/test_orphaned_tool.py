@@ -83,8 +83,29 @@ def test_active_session_is_never_touched() -> None:
 def test_already_settled_fixtures_need_nothing() -> None:
     for message in load("v2-message-interrupted.json")["data"]:
         assert settle(message, Api.V2, INACTIVE) is None
-    for message in load("v1-message-after-patch.json") + load("v1-message-aborted.json"):
+    for message in load("v1-message-aborted.json"):
         assert settle(message, Api.V1, INACTIVE) is None
+
+
+def test_a_patched_part_leaves_only_its_message_to_close() -> None:
+    """The API cannot close a v1 message, so after a write-back the view still needs its turn ended."""
+    settled = [settle(message, Api.V1, INACTIVE) for message in load("v1-message-after-patch.json")]
+    rules = [[change.rule for change in found.changes] for found in settled if found is not None]
+    assert rules == [["unfinished-message"]]
+
+
+def test_a_reading_too_close_to_the_tool_vouches_for_nothing() -> None:
+    message = v2_stale()
+    last_alive = message["content"][0]["time"]["ran"]
+    assert settle(message, Api.V2, Liveness("s", active=False, taken_at=last_alive + 1_999)) is None
+    assert settle(message, Api.V2, Liveness("s", active=False, taken_at=last_alive + 2_000)) is not None
+
+
+def test_a_tool_that_may_run_in_another_process_is_left_alone() -> None:
+    message = v2_stale()
+    last_alive = message["content"][0]["time"]["ran"]
+    assert settle(message, Api.V2, Liveness("s", active=False, elsewhere_since=last_alive)) is None
+    assert settle(message, Api.V2, Liveness("s", active=False, elsewhere_since=last_alive + 1)) is not None
 
 
 def test_unknown_fields_survive_in_place() -> None:
