@@ -13,7 +13,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from proxy import __version__, offline
+from proxy import __version__, logs, offline
 from proxy.app import create_app
 from proxy.arguments import UPSTREAM, OneLineParser, typed
 from proxy.auth import parse_credentials
@@ -227,9 +227,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         offline.main(arguments[1:])
         return
     args = build_parser().parse_args(arguments)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(args.log_level, args.log_format)
     settings = settings_from(args)
     if not _is_loopback(settings.host):
         log.warning("listening on %s: clients beyond this machine can reach the proxy", settings.host)

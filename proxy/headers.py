@@ -66,13 +66,17 @@ _NEVER_INVENTED = (hdrs.SERVER, hdrs.CONTENT_TYPE)
 
 async def drop_invented_headers(_: web.Request, response: web.StreamResponse) -> None:
     """`on_response_prepare`: aiohttp gives every response a `Server` (its own name and version)
-    and a default `Content-Type`; on a forwarded answer that lacked them they would be claims
-    the upstream never made, so they go. (`Date` stays: RFC 9110 §6.6.1 asks a forwarder to add it.)"""
+    and a default `Content-Type`. On a forwarded answer that lacked them they would be claims
+    the upstream never made, so they go; on the proxy's own answers (its errors, `/_settle/*`)
+    `Server` would tell anyone who can reach the port which versions of the stack to attack.
+    (`Date` stays: RFC 9110 §6.6.1 asks a forwarder to add it.)"""
     sent = response.get(UPSTREAM_HEADERS)
-    if sent is not None:
-        for name in _NEVER_INVENTED:
-            if name not in sent:
-                response.headers.popall(name, None)
+    if sent is None:
+        response.headers.popall(hdrs.SERVER, None)
+        return
+    for name in _NEVER_INVENTED:
+        if name not in sent:
+            response.headers.popall(name, None)
 
 
 def unsupported_transfer_coding(request: web.Request) -> str | None:

@@ -1,11 +1,19 @@
+import asyncio
+import socket
 import subprocess
 import sys
 
+import aiohttp
+import orjson
 import pytest
 from yarl import URL
 
 from proxy import __version__
 from proxy.cli import build_parser, settings_from
+from tests.fixtures import compact
+from tests.proxy.fake_opencode import FakeOpencode
+
+V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -81,3 +89,60 @@ def test_a_secret_in_a_bad_flag_is_not_echoed(args: list[str]) -> None:
     assert result.returncode == 2
     assert "s3cret" not in result.stderr
     assert len(result.stderr.splitlines()) == 1
+
+
+async def test_log_format_json_is_applied_end_to_end(aiohttp_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`--log-format json` as users start it: the settlement is one JSON line with its fields."""
+    fake = FakeOpencode()
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    upstream = await aiohttp_server(fake.app())
+    port = free_port()
+    log_path = tmp_path / "proxy.log"
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "proxy",
+            "--upstream",
+            str(upstream.make_url("/")),
+            "--port",
+            str(port),
+            "--log-format",
+            "json",
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        async with aiohttp.ClientSession() as client:
+            await wait_until_listening(client, f"http://127.0.0.1:{port}/_settle/health")
+            async with client.get(f"http://127.0.0.1:{port}/session/{V1}/message") as response:
+                assert response.headers.get("X-Settle-Settled") == "1"
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), timeout=10)
+    lines = [orjson.loads(line) for line in log_path.read_bytes().splitlines() if line.strip()]
+    (settled,) = [line for line in lines if line.get("rule") == "orphaned-tool"]
+    assert settled["event"] == "settled orphaned-tool"
+    assert settled["level"] == "info"
+    assert {settled[key] for key in ("session", "part", "tool")} == {
+        V1,
+        "prt_229433856001UdZM6dtgAYZqVe",
+        "bash",
+    }
+
+
+async def wait_until_listening(client: aiohttp.ClientSession, url: str) -> None:
+    for _ in range(200):
+        try:
+            async with client.get(url):
+                return
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} never answered")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -103,3 +103,15 @@ async def test_one_structured_line_per_settlement(
         "c2VjcmV0" not in record.getMessage() and "secret" not in str(getattr(record, "fields", ""))
         for record in caplog.records
     )
+
+
+async def test_the_proxys_own_answers_name_no_server_software(aiohttp_client: ClientFactory) -> None:
+    """`Server: Python/3.x aiohttp/3.x` would tell anyone who reaches the port what to attack."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = await aiohttp_client(create_app(Settings(upstream=URL(f"http://127.0.0.1:{port}"))))
+    for path in ("/_settle/health", "/_settle/metrics", "/_settle/nothing", "/api/session/active"):
+        response = await client.get(path)
+        assert response.status in (200, 404, 502, 503)
+        assert "Server" not in response.headers, path
