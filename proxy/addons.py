@@ -1,18 +1,24 @@
 """The addon model: each behaviour is a small named object with hooks, as in mitmproxy.
 
-The forwarding core walks the addons at fixed points of an exchange and knows none of
-them. An addon that needs a whole response body says so in `response_headers`; every
-other body is streamed through untouched.
+The forwarding core calls the hooks through `Addons`, at fixed points of an exchange, and
+knows none of the addons. An addon that needs a whole response body says so in
+`response_headers`; every other body is streamed through untouched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar, Literal
 
 from aiohttp import web
 from multidict import CIMultiDict
+from prometheus_client import Counter
+
+log = logging.getLogger(__name__)
+Hook = Literal["request_headers", "response_headers", "response", "done"]
 
 
 @dataclass(slots=True)
@@ -54,3 +60,65 @@ class Addon:
 
     async def done(self, flow: Flow) -> None:
         """The exchange is over (answered, streamed to the end, or abandoned by the client)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """What a hook may change in a flow, taken before the hook runs, to undo a failed one."""
+
+    upstream_headers: CIMultiDict[str]
+    status: int
+    response_headers: CIMultiDict[str]
+    read_body: bool
+    body: bytes
+    inject: asyncio.Queue[bytes] | None
+
+    @classmethod
+    def of(cls, flow: Flow) -> _Snapshot:
+        return cls(
+            flow.upstream_headers.copy(),
+            flow.status,
+            flow.response_headers.copy(),
+            flow.read_body,
+            flow.body,
+            flow.inject,
+        )
+
+    def restore(self, flow: Flow) -> None:
+        flow.upstream_headers = self.upstream_headers
+        flow.status, flow.response_headers = self.status, self.response_headers
+        flow.read_body, flow.body, flow.inject = self.read_body, self.body, self.inject
+
+
+class Addons:
+    """The addons of one application, in order, and the one place their hooks are called.
+
+    A hook that raises is isolated: it is logged and counted, whatever it changed in the flow
+    is undone (so the client gets the upstream's bytes, never a 500 made by the proxy), and the
+    other addons run on. Only the addons that implement a hook are called for it.
+    """
+
+    def __init__(self, addons: Sequence[Addon], errors: Counter) -> None:
+        self._errors = errors
+        self._implementing = {
+            hook: tuple(addon for addon in addons if getattr(type(addon), hook) is not getattr(Addon, hook))
+            for hook in ("request_headers", "response_headers", "response", "done")
+        }
+
+    async def trigger(self, hook: Hook, flow: Flow) -> None:
+        """Call `hook` of every addon that has it, in order, each isolated from the others."""
+        for addon in self._implementing[hook]:
+            method: Callable[[Flow], Coroutine[Any, Any, None]] = getattr(addon, hook)
+            snapshot = _Snapshot.of(flow) if hook != "done" else None
+            try:
+                await method(flow)
+            except Exception:
+                log.exception(
+                    "addon %s failed in %s of %s; what it changed is undone",
+                    addon.name,
+                    hook,
+                    flow.request.path,
+                )
+                self._errors.labels(addon.name, hook).inc()
+                if snapshot is not None:
+                    snapshot.restore(flow)

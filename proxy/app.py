@@ -10,7 +10,7 @@ from contextlib import AsyncExitStack
 from aiohttp import web
 
 from proxy import health
-from proxy.addons import Addon
+from proxy.addons import Addons
 from proxy.api_writer import ApiWriter
 from proxy.auth import require_basic_auth
 from proxy.config import Settings, WriteBackMode
@@ -62,8 +62,7 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)
         settle = Settle(probe, tracker, metrics, write_back=write_back, dry_run=settings.dry_run)
-        addons: list[Addon] = [settle, live, session_streams]
-        app[ADDONS] = addons
+        app[ADDONS] = Addons([settle, live, session_streams], metrics.addon_errors)
         yield
 
 

@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import hdrs, web
 from yarl import URL
 
-from proxy.addons import Addon, Flow
+from proxy.addons import Addons, Flow
 from proxy.errors import bad_gateway, gateway_timeout, transfer_coding_refused
 from proxy.headers import (
     UPSTREAM_HEADERS,
@@ -35,7 +35,7 @@ from proxy.websocket import is_websocket_upgrade, relay_websocket
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-ADDONS = web.AppKey("addons", list[Addon])
+ADDONS = web.AppKey("addons", Addons)
 
 
 def upstream_url(request: web.Request) -> URL:
@@ -49,10 +49,17 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return transfer_coding_refused(codings)
     if is_websocket_upgrade(request):
         return await relay_websocket(request, upstream_url(request))
-    addons, metrics = request.app[ADDONS], request.app[METRICS]
+    addons = request.app[ADDONS]
     flow = Flow(request, upstream_request_headers(request))
-    for addon in addons:
-        await addon.request_headers(flow)
+    try:
+        return await _exchange(flow, addons)
+    finally:
+        await addons.trigger("done", flow)
+
+
+async def _exchange(flow: Flow, addons: Addons) -> web.StreamResponse:
+    request, metrics = flow.request, flow.request.app[METRICS]
+    await addons.trigger("request_headers", flow)
     timeout = request.app[SETTINGS].response_timeout
     started = time.perf_counter()
     try:
@@ -74,27 +81,22 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return failure
     metrics.upstream_seconds.observe(time.perf_counter() - started)
     metrics.requests.labels(request.method, str(upstream.status)).inc()
-    try:
-        async with upstream:
-            return await _respond(request, flow, upstream, addons, max_wait=timeout)
-    finally:
-        for addon in addons:
-            await addon.done(flow)
+    async with upstream:
+        return await _respond(request, flow, upstream, addons, max_wait=timeout)
 
 
 async def _respond(
     request: web.Request,
     flow: Flow,
     upstream: aiohttp.ClientResponse,
-    addons: list[Addon],
+    addons: Addons,
     *,
     max_wait: float | None,
 ) -> web.StreamResponse:
     flow.status = upstream.status
     flow.response_headers = client_response_headers(upstream.headers)
     flow.content_length = upstream.content_length
-    for addon in addons:
-        await addon.response_headers(flow)
+    await addons.trigger("response_headers", flow)
     if flow.read_body:
         return await _answer_whole(flow, upstream, addons, max_wait)
     if is_event_stream(upstream):
@@ -152,14 +154,13 @@ async def _pieces(upstream: aiohttp.ClientResponse, max_wait: float | None) -> A
 
 
 async def _answer_whole(
-    flow: Flow, upstream: aiohttp.ClientResponse, addons: list[Addon], max_wait: float | None
+    flow: Flow, upstream: aiohttp.ClientResponse, addons: Addons, max_wait: float | None
 ) -> web.StreamResponse:
     try:
         flow.body = b"".join([piece async for piece in _pieces(upstream, max_wait)])
     except (aiohttp.ClientError, TimeoutError) as error:
         return _failure(flow.request, error, max_wait)  # nothing was sent yet: a clean error is possible
-    for addon in addons:
-        await addon.response(flow)
+    await addons.trigger("response", flow)
     return _answer(flow, upstream, flow.body)
 
 

@@ -57,6 +57,12 @@ class Metrics:
             "Events slipped into client event streams by live settlement.",
             registry=self.registry,
         )
+        self.addon_errors = Counter(
+            "settle_proxy_addon_errors",
+            "Addon hooks that raised (the flow went on without their changes), by addon and hook.",
+            ("addon", "hook"),
+            registry=self.registry,
+        )
         self.open_streams = Gauge(
             "settle_proxy_open_streams",
             "Event streams and WebSockets open right now.",

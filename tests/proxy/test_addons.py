@@ -1,0 +1,108 @@
+"""The hook dispatcher: a failing addon is isolated, its changes undone, and `done` always runs."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+from multidict import CIMultiDict
+from prometheus_client import CollectorRegistry, Counter
+from yarl import URL
+
+from proxy.addons import Addon, Addons, Flow
+from proxy.app import create_app
+from proxy.config import Settings
+from proxy.live import LiveSettle
+from proxy.settle import Settle
+from tests.fixtures import compact
+from tests.proxy.conftest import ProxyClient
+from tests.proxy.fake_opencode import FakeOpencode
+
+V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
+
+
+class Marks(Addon):
+    name = "marks"
+
+    async def response(self, flow: Flow) -> None:
+        flow.response_headers["X-Marked"] = "yes"
+
+
+class Breaks(Addon):
+    name = "breaks"
+
+    async def response(self, flow: Flow) -> None:
+        flow.body = b"half-written"
+        flow.response_headers["X-Broken"] = "yes"
+        raise RuntimeError("boom")
+
+
+def errors() -> Counter:
+    return Counter("addon_errors", "test", ("addon", "hook"), registry=CollectorRegistry())
+
+
+async def test_a_failing_hook_is_undone_and_the_others_keep_theirs() -> None:
+    counter = errors()
+    flow = Flow(make_mocked_request("GET", "/x"), CIMultiDict(), status=200, body=b"upstream")
+    await Addons([Marks(), Breaks()], counter).trigger("response", flow)
+    assert flow.body == b"upstream"
+    assert dict(flow.response_headers) == {"X-Marked": "yes"}
+    assert counter.labels("breaks", "response")._value.get() == 1
+
+
+async def test_only_addons_that_implement_a_hook_are_called() -> None:
+    calls: list[str] = []
+
+    class Counts(Addon):
+        name = "counts"
+
+        async def done(self, flow: Flow) -> None:
+            calls.append("done")
+
+    addons = Addons([Marks(), Counts()], errors())
+    flow = Flow(make_mocked_request("GET", "/x"), CIMultiDict())
+    await addons.trigger("done", flow)
+    await addons.trigger("request_headers", flow)
+    assert calls == ["done"]
+
+
+async def test_a_raising_settle_passes_the_upstreams_bytes(
+    proxy: ProxyClient, fake: FakeOpencode, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def raising(self: Settle, flow: Flow) -> None:
+        flow.body = b"{"
+        raise RuntimeError("a bug in a rule")
+
+    monkeypatch.setattr(Settle, "response", raising)
+    body = compact("v1-message-stale-running.json")
+    fake.bodies[f"/session/{V1}/message"] = body
+    with caplog.at_level(logging.ERROR, logger="proxy.addons"):
+        response = await proxy.get(f"/session/{V1}/message")
+    assert response.status == 200
+    assert await response.read() == body
+    assert "X-Settle-Settled" not in response.headers
+    assert "addon settle failed in response" in caplog.text
+    metrics = await (await proxy.get("/_settle/metrics")).text()
+    assert 'settle_proxy_addon_errors_total{addon="settle",hook="response"} 1.0' in metrics
+
+
+async def test_done_runs_when_the_upstream_failed(
+    aiohttp_client: Callable[[web.Application], Awaitable[ProxyClient]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    finished: list[str] = []
+
+    async def done(self: LiveSettle, flow: Flow) -> None:
+        finished.append(flow.request.path)
+
+    monkeypatch.setattr(LiveSettle, "done", done)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = await aiohttp_client(create_app(Settings(upstream=URL(f"http://127.0.0.1:{port}"))))
+    response = await client.get("/global/event")
+    assert response.status == 502
+    assert finished == ["/global/event"]
