@@ -2,186 +2,22 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import ipaddress
 import logging
-import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from aiohttp import web
 
-from proxy import __version__, logs, offline
+from proxy import __version__, logs, offline, run_command
 from proxy.app import create_app
-from proxy.arguments import UPSTREAM, OneLineParser, typed
-from proxy.auth import parse_credentials
-from proxy.config import (
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-    DEFAULT_UPSTREAM,
-    DEFAULT_USERNAME,
-    Settings,
-    WriteBackMode,
-    basic_authorization,
-)
-from proxy.database import default_path
+from proxy.config import Settings
+from proxy.options import build_parser, settings_from
+from proxy.supervisor import SUPERVISOR, Supervisor, supervised
 
 log = logging.getLogger("proxy")
-
-_DESCRIPTION = """\
-A reverse proxy for `opencode serve`. Everything is forwarded unchanged, except that in
-message views (v1 /session/{id}/message..., v2 /api/session/{id}/message...) a tool part
-still "running" in a session the server says is not active -- left behind by a crashed
-server -- is shown settled, in the shape opencode writes for an interrupted tool.
-
-Every flag can also be set by the environment variable named in its help. For its own
-liveness look-ups the proxy uses the client's credentials; when a client sends none it uses
-OPENCODE_SERVER_PASSWORD (user OPENCODE_SERVER_USERNAME, default "opencode"). It never
-answers a client with data the upstream refused that client.
-
-`settle-proxy settle --help` describes the offline command, which settles opencode.db
-directly while no server runs on it.
-"""
-
-
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name, default)
-
-
-def _port(text: str) -> int:
-    port = int(text)
-    if not 0 <= port <= 65535:
-        raise ValueError(text)
-    return port
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line interface; defaults come from the environment."""
-    parser = OneLineParser(
-        prog="settle-proxy", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument(
-        "--upstream",
-        type=UPSTREAM,
-        default=_env("SETTLE_UPSTREAM", DEFAULT_UPSTREAM),
-        help="the opencode server to proxy [SETTLE_UPSTREAM, default %(default)s]",
-    )
-    parser.add_argument(
-        "--host",
-        default=_env("SETTLE_HOST", DEFAULT_HOST),
-        help="address to listen on; anything but loopback is warned about [SETTLE_HOST, default %(default)s]",
-    )
-    parser.add_argument(
-        "--port",
-        type=typed(_port, "a port number from 0 to 65535"),
-        default=_env("SETTLE_PORT", str(DEFAULT_PORT)),
-        help="port to listen on [SETTLE_PORT, default %(default)s]",
-    )
-    parser.add_argument(
-        "--connect-timeout",
-        type=typed(float, "a number of seconds"),
-        default=_env("SETTLE_CONNECT_TIMEOUT", "10"),
-        help="seconds to connect upstream before answering 502 [SETTLE_CONNECT_TIMEOUT, default %(default)s]",
-    )
-    parser.add_argument(
-        "--response-timeout",
-        type=typed(float, "a number of seconds"),
-        default=_env("SETTLE_RESPONSE_TIMEOUT", "0"),
-        help="seconds a plain request may wait on the upstream (headers, then each piece of the body) "
-        "before a 504; 0 for no limit, the default, as opencode's synchronous prompt answers only when "
-        "the turn ends. Never applied to event streams or PTYs [SETTLE_RESPONSE_TIMEOUT]",
-    )
-    parser.add_argument(
-        "--liveness-timeout",
-        type=typed(float, "a number of seconds"),
-        default=_env("SETTLE_LIVENESS_TIMEOUT", "5"),
-        help="seconds a liveness look-up may take before a body is passed on unchanged "
-        "[SETTLE_LIVENESS_TIMEOUT, default %(default)s]",
-    )
-    parser.add_argument(
-        "--write-back",
-        choices=[mode.value for mode in WriteBackMode],
-        default=_env("SETTLE_WRITE_BACK", WriteBackMode.OFF.value),
-        help="make settlements durable: `api` through the server (every client is told; v1 parts and v2 "
-        "tools), `db` straight into opencode.db (also closes v1 messages; for a server you cannot reach), "
-        "`off` to only rewrite views. Only parts inactive in two readings --grace apart are written "
-        "[SETTLE_WRITE_BACK, default %(default)s]",
-    )
-    parser.add_argument(
-        "--grace",
-        type=typed(float, "a number of seconds"),
-        default=_env("SETTLE_GRACE", "2"),
-        help="seconds between the two liveness readings before a write-back "
-        "[SETTLE_GRACE, default %(default)s]",
-    )
-    parser.add_argument(
-        "--db",
-        type=Path,
-        default=_env("SETTLE_DB", str(default_path())),
-        help="opencode's database, for --write-back db [SETTLE_DB, default %(default)s]",
-    )
-    parser.add_argument(
-        "--auth",
-        metavar="USER:PASSWORD",
-        type=typed(parse_credentials, "USER:PASSWORD", secret=True),
-        default=None,
-        help="require this HTTP Basic login (or ?auth_token=) on every route of the proxy; what the client "
-        "sends is forwarded as is, so use the server's own credentials to log in once for both [SETTLE_AUTH]",
-    )
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        default=_env("SETTLE_DRY_RUN", "") not in ("", "0", "false"),
-        help="log and count what would be settled, but change no response and write nothing [SETTLE_DRY_RUN]",
-    )
-    parser.add_argument(
-        "--log-format",
-        choices=("text", "json"),
-        default=_env("SETTLE_LOG_FORMAT", "text"),
-        help="text for people, json (one object per line) for log pipelines "
-        "[SETTLE_LOG_FORMAT, default %(default)s]",
-    )
-    parser.add_argument(
-        "--log-level",
-        choices=("debug", "info", "warning", "error"),
-        default=_env("SETTLE_LOG_LEVEL", "info"),
-        help="how much to log [SETTLE_LOG_LEVEL, default %(default)s]",
-    )
-    return parser
-
-
-def settings_from(args: argparse.Namespace) -> Settings:
-    """Settings from parsed flags and the opencode credentials in the environment."""
-    password = os.environ.get("OPENCODE_SERVER_PASSWORD")
-    username = os.environ.get("OPENCODE_SERVER_USERNAME") or DEFAULT_USERNAME
-    return Settings(
-        upstream=args.upstream,
-        host=args.host,
-        port=args.port,
-        authorization=basic_authorization(username, password) if password else None,
-        connect_timeout=args.connect_timeout,
-        liveness_timeout=args.liveness_timeout,
-        response_timeout=args.response_timeout or None,
-        write_back=WriteBackMode(args.write_back),
-        grace=args.grace,
-        db_path=Path(args.db),
-        dry_run=args.dry_run,
-        auth=args.auth or _auth_from_environment(),
-    )
-
-
-def _auth_from_environment() -> tuple[str, str] | None:
-    """SETTLE_AUTH is read here, not as a flag default, so that --help never prints it."""
-    text = os.environ.get("SETTLE_AUTH")
-    if not text:
-        return None
-    try:
-        return parse_credentials(text)
-    except ValueError:
-        sys.exit("settle-proxy: error: SETTLE_AUTH: expected USER:PASSWORD")
 
 
 def _is_loopback(host: str) -> bool:
@@ -193,11 +29,18 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-async def serve(settings: Settings) -> None:
-    """Serve until cancelled. Handlers are cancelled when their client goes away, which
-    closes the matching upstream request (an abandoned event stream must not live on)."""
-    runner = web.AppRunner(create_app(settings), handler_cancellation=True, access_log=None)
+async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int:
+    """Serve until SIGTERM or SIGINT (or, under `run`, until the server is gone for good); return
+    the exit code. Handlers are cancelled when their client goes away, which closes the matching
+    upstream request (an abandoned event stream must not live on)."""
+    app = create_app(settings)
+    if supervisor is not None:
+        app[SUPERVISOR] = supervisor
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     try:
         await web.TCPSite(runner, settings.host, settings.port).start()
         log.info(
@@ -207,7 +50,10 @@ async def serve(settings: Settings) -> None:
             settings.port,
             settings.upstream_origin,
         )
-        await asyncio.Event().wait()
+        if supervisor is None:
+            await stop.wait()
+            return 0
+        return await supervised(supervisor, stop)
     finally:
         await runner.cleanup()
 
@@ -226,17 +72,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     if arguments[:1] == ["settle"]:
         offline.main(arguments[1:])
         return
-    args = build_parser().parse_args(arguments)
-    logs.configure(args.log_level, args.log_format)
-    settings = settings_from(args)
+    if arguments[:1] == ["run"]:
+        settings, supervisor = run_command.parse(arguments[1:])
+    else:
+        args = build_parser().parse_args(arguments)
+        logs.configure(args.log_level, args.log_format)
+        settings, supervisor = settings_from(args), None
     if not _is_loopback(settings.host):
         log.warning("listening on %s: clients beyond this machine can reach the proxy", settings.host)
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(serve(settings))
-    except KeyboardInterrupt:
-        pass
+            code = runner.run(serve(settings, supervisor))
     except FileNotFoundError as error:
         sys.exit(f"settle-proxy: error: {error}")
     except OSError as error:
         sys.exit(f"settle-proxy: error: cannot listen on {settings.host}:{settings.port}: {error.strerror}")
+    sys.exit(code)

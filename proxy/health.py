@@ -7,6 +7,7 @@ from aiohttp import hdrs, web
 
 from proxy import __version__
 from proxy.metrics import CONTENT_TYPE_LATEST, METRICS
+from proxy.supervisor import SUPERVISOR
 from proxy.tracker import TRACKER, StreamState
 from proxy.upstream import SETTINGS, UPSTREAM
 
@@ -39,6 +40,8 @@ async def health(request: web.Request) -> web.Response:
         "write_back": str(settings.write_back),
         "dry_run": settings.dry_run,
     }
+    if (supervisor := request.app.get(SUPERVISOR)) is not None:
+        body["server"] = supervisor.health()
     return web.json_response(body, status=200 if upstream["reachable"] else 503)
 
 

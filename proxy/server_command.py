@@ -1,0 +1,60 @@
+"""The server command of `settle-proxy run -- opencode serve …`: where it wanted to listen, and
+the same command told to listen where only the proxy can reach it.
+
+The address a user gives the server is the address clients already use, so the proxy takes it
+over and the server gets a free loopback port instead. Any command that takes `--port` and
+`--hostname` works (`opencode serve`, `opencode web`).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+LOOPBACK = "127.0.0.1"
+_PORT, _HOSTNAME = "--port", "--hostname"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerCommand:
+    """A server command line without its listening flags, and the values those flags had."""
+
+    argv: tuple[str, ...]
+    port: int | None
+    hostname: str | None
+
+    @classmethod
+    def parse(cls, argv: Sequence[str]) -> ServerCommand:
+        """Split out `--port`/`--hostname` (as `--flag value` or `--flag=value`); ValueError if
+        a flag has no value or the port is not a number."""
+        rest: list[str] = []
+        found: dict[str, str] = {}
+        words = iter(argv)
+        for word in words:
+            flag, equals, value = word.partition("=")
+            if flag not in (_PORT, _HOSTNAME):
+                rest.append(word)
+                continue
+            if not equals:
+                value = next(words, "")
+            if not value or value.startswith("--"):
+                raise ValueError(f"{flag} needs a value")
+            found[flag] = value
+        if not rest:
+            raise ValueError("no server command after --")
+        port = found.get(_PORT)
+        if port is not None and not (port.isdigit() and 0 <= int(port) <= 65535):
+            raise ValueError(f"{_PORT} must be a port number, got {port!r}")
+        return cls(tuple(rest), int(port) if port is not None else None, found.get(_HOSTNAME))
+
+    def listening_on(self, port: int) -> list[str]:
+        """The command, told to listen on `port` of the loopback interface only."""
+        return [*self.argv, _PORT, str(port), _HOSTNAME, LOOPBACK]
+
+
+def free_loopback_port() -> int:
+    """A port nobody listens on right now (the server binds it a moment later)."""
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return int(probe.getsockname()[1])

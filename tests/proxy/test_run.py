@@ -1,0 +1,170 @@
+"""`settle-proxy run -- SERVER`, as users start it, with a stand-in server (the real one:
+tests/integration/test_run_supervised.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy import supervisor
+from proxy.server_command import ServerCommand, free_loopback_port
+from proxy.supervisor import ChildState, Restart, Supervisor
+from tests.integration.polling import poll
+
+FAKE_SERVER = str(Path(__file__).with_name("fake_server_command.py"))
+
+
+@contextmanager
+def running(*arguments: str, port: int | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """`settle-proxy run [--port P] ARGUMENTS` (the server command after `--`), killed at the end."""
+    port = port or free_loopback_port()
+    own = [] if "--port" in arguments else ["--port", str(port)]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "run", *own, *arguments],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        yield process, port
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+        assert process.stderr is not None
+        process.stderr.close()
+
+
+def health(port: int) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_settle/health", timeout=2) as answer:
+            return dict(json.load(answer))
+    except urllib.error.HTTPError as refusal:
+        return dict(json.load(refusal))
+    except OSError:
+        return None
+
+
+def serving(port: int, **expected: object) -> dict[str, Any]:
+    """The health of a proxy whose server answers and whose server state has `expected` values."""
+
+    def ready() -> dict[str, Any] | None:
+        found = health(port)
+        if found is None or not found["upstream"]["reachable"]:
+            return None
+        return found if all(found["server"][key] == value for key, value in expected.items()) else None
+
+    return poll(ready, what=f"the proxy on {port} serving with {expected}", timeout=30)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_crashed_server_is_restarted_and_nothing_outlives_a_stopped_proxy(tmp_path: Path) -> None:
+    orphan_file = tmp_path / "orphan"
+    with running("--", sys.executable, FAKE_SERVER, "--orphan", str(orphan_file)) as (proxy, port):
+        first = serving(port, state="running")["server"]["pid"]
+        orphan = int(poll(lambda: orphan_file.read_text() or None, what="the tool's pid", timeout=10))
+        os.kill(first, signal.SIGKILL)
+        after = serving(port, state="running", restarts=1)
+        assert after["server"]["pid"] != first
+        assert after["server"]["last_exit"] == "killed by SIGKILL"
+        assert alive(orphan)
+        assert parent_of(orphan) == proxy.pid  # adopted by the proxy, not by PID 1
+        second_orphan = int(poll(lambda: orphan_file.read_text() or None, what="the new pid", timeout=10))
+        proxy.send_signal(signal.SIGTERM)
+        assert proxy.wait(timeout=30) == 0
+        left = [pid for pid in (after["server"]["pid"], orphan, second_orphan) if alive(pid)]
+        assert left == []
+
+
+def test_a_killed_proxy_takes_its_server_down() -> None:
+    with running("--", sys.executable, FAKE_SERVER) as (proxy, port):
+        server = serving(port, state="running")["server"]["pid"]
+        proxy.kill()
+        proxy.wait(timeout=10)
+        poll(lambda: True if not alive(server) else None, what="the server to die with the proxy", timeout=10)
+
+
+@pytest.mark.parametrize(("restart", "code"), [("no", 3), ("on-failure", 0)])
+def test_a_server_that_is_not_restarted_ends_the_proxy_with_its_status(restart: str, code: int) -> None:
+    with running("--restart", restart, "--", sys.executable, FAKE_SERVER, "--exit", str(code)) as (proxy, _):
+        assert proxy.wait(timeout=30) == code
+
+
+def test_the_servers_address_becomes_the_proxys() -> None:
+    port = free_loopback_port()
+    with running("--", sys.executable, FAKE_SERVER, "--port", str(port), port=port) as (_, _):
+        found = serving(port, state="running")
+        assert found["upstream"]["url"] != f"http://127.0.0.1:{port}"
+        assert found["server"]["command"][-4:-2] == ["--port", found["upstream"]["url"].rsplit(":", 1)[1]]
+
+
+async def test_a_restart_storm_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(supervisor, "BACKOFF_S", (0.01,))
+    monkeypatch.setattr(supervisor, "RESTARTS_PER_WINDOW", 3)
+    monkeypatch.setattr(supervisor, "become_subreaper", lambda: False)  # not for the test runner itself
+    command = ServerCommand.parse([sys.executable, FAKE_SERVER, "--exit", "1"])
+    child = Supervisor(command, free_loopback_port(), Restart.ON_FAILURE)
+    await child.run()
+    assert child.state is ChildState.GAVE_UP
+    assert (child.restarts, child.exit_code, child.health()["last_exit"]) == (3, 1, "exit status 1")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["opencode", "serve"], ServerCommand(("opencode", "serve"), None, None)),
+        (
+            ["opencode", "web", "--port", "4096", "--hostname=0.0.0.0", "--cors", "x"],
+            ServerCommand(("opencode", "web", "--cors", "x"), 4096, "0.0.0.0"),
+        ),
+    ],
+)
+def test_server_command_listening_flags(argv: list[str], expected: ServerCommand) -> None:
+    assert ServerCommand.parse(argv) == expected
+    assert expected.listening_on(5)[-4:] == ["--port", "5", "--hostname", "127.0.0.1"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "complaint"),
+    [
+        ([], "the server command goes after `--`"),
+        (["--"], "server command: no server command after --"),
+        (["--", "opencode", "serve", "--port"], "server command: --port needs a value"),
+        (["--", "opencode", "serve", "--port", "x"], "server command: --port must be a port number, got 'x'"),
+        (["--upstream", "http://127.0.0.1:1", "--", "opencode"], "--upstream is not for `run`"),
+        (["--restart", "sometimes", "--", "opencode"], "argument --restart: invalid choice"),
+    ],
+)
+def test_a_bad_run_command_gets_one_line(arguments: list[str], complaint: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "run", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"settle-proxy run: error: {complaint}")
