@@ -9,7 +9,7 @@ import pytest
 from yarl import URL
 
 from proxy import __version__
-from proxy.cli import build_parser, settings_from
+from proxy.options import build_parser, settings_from
 from tests.fixtures import compact
 from tests.proxy.fake_opencode import FakeOpencode
 
