@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -76,8 +77,18 @@ def directory_header(directory: Path) -> dict[str, str]:
 class OpencodeServer:
     """A real `opencode serve` on a fixed loopback port, whose data outlives crashes."""
 
-    def __init__(self, binary: Path, root: Path, model_base_url: str, *, password: str | None = None) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        root: Path,
+        model_base_url: str,
+        *,
+        password: str | None = None,
+        supervised: bool = False,
+    ) -> None:
         self._binary = binary
+        self._supervised = supervised
+        """Started as `settle-proxy run -- opencode serve …`: `url` and `pid` are then the proxy's."""
         self._root = root
         self._model_base_url = model_base_url
         self._password = password
@@ -137,6 +148,7 @@ class OpencodeServer:
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
                 [
+                    *((sys.executable, "-m", "proxy", "run", "--") if self._supervised else ()),
                     str(self._binary),
                     "serve",
                     "--port",
@@ -217,6 +229,8 @@ class OpencodeServer:
 
     def _environment(self) -> dict[str, str]:
         env = opencode_environment(self._root)
+        if self._supervised:
+            env["PYTHONPATH"] = str(REPO_ROOT)
         if self._password is not None:
             env["OPENCODE_SERVER_PASSWORD"] = self._password
         return env
@@ -271,10 +285,10 @@ class OpencodeServer:
 
 @contextmanager
 def running_opencode(
-    root: Path, model_base_url: str, *, password: str | None = None
+    root: Path, model_base_url: str, *, password: str | None = None, supervised: bool = False
 ) -> Iterator[OpencodeServer]:
     """A started server with its data under `root`, stopped with all its tools however the block ends."""
-    server = OpencodeServer(opencode_binary(), root, model_base_url, password=password)
+    server = OpencodeServer(opencode_binary(), root, model_base_url, password=password, supervised=supervised)
     try:
         server.start()
         yield server

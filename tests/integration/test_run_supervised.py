@@ -1,0 +1,75 @@
+"""`settle-proxy run -- opencode serve --port P` with the real opencode 1.18.33: clients use P as
+before; the server's own pid SIGKILLed mid-tool (as an OOM kill does) is restarted, its stale
+tools are settled for every client, the tool's process it left running is adopted by the proxy,
+and SIGTERM to the proxy leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+
+from .http_client import request
+from .mock_model import MockModel
+from .opencode_server import OpencodeServer, running_opencode
+from .polling import poll
+from .proctree import descendants, is_gone
+from .turns import RUNTIMES, Observed, find_running_tool, read_messages, start_turn, wait_tool_running
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def supervised(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpencodeServer]:
+    with running_opencode(
+        tmp_path_factory.mktemp("supervised"), mock_model.base_url, supervised=True
+    ) as server:
+        yield server
+
+
+def health(server: OpencodeServer) -> dict[str, Any]:
+    """The proxy's health, also while the server is down (503)."""
+    return dict(request("GET", f"{server.url}/_settle/health", timeout=15).json())
+
+
+def settled(server: OpencodeServer, observed: Observed) -> bool | None:
+    messages = read_messages(server.url, observed.turn)
+    if find_running_tool(messages, observed.runtime) is not None:
+        return None
+    return True
+
+
+def test_crash_restart_settle_and_a_clean_stop(supervised: OpencodeServer) -> None:
+    proxy = supervised.pid
+    turns = [start_turn(runtime, supervised.url, supervised.project, "run the demo") for runtime in RUNTIMES]
+    observed = [Observed(turn, wait_tool_running(supervised.url, turn)) for turn in turns]
+    server = health(supervised)["server"]["pid"]
+    tools = descendants(server) - {server}
+    assert tools, "the tools run below the server"
+
+    os.kill(server, signal.SIGKILL)  # the server's own pid only, as the OOM killer does
+
+    def restarted() -> dict[str, Any] | None:
+        try:
+            found = health(supervised)
+        except TimeoutError:  # health asks the server, and a server just started may not answer yet
+            return None
+        return found if found["server"]["restarts"] == 1 and found["upstream"]["reachable"] else None
+
+    after = poll(restarted, what="the server restarted", timeout=90)
+    assert after["server"]["last_exit"] == "killed by SIGKILL"
+    assert after["server"]["pid"] != server
+    for each in observed:
+        poll(partial(settled, supervised, each), what=f"{each.runtime} tool settled", timeout=60)
+    left = [pid for pid in tools if not is_gone(pid)]
+    assert left, "a SIGKILL of the server leaves its tools running"
+    assert set(left) <= descendants(proxy)  # adopted by the proxy, not by PID 1
+
+    os.kill(proxy, signal.SIGTERM)
+    poll(lambda: True if is_gone(proxy) else None, what="the proxy to stop", timeout=40)
+    everything = [*left, after["server"]["pid"]]
+    assert [pid for pid in everything if not is_gone(pid)] == []
