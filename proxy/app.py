@@ -24,6 +24,7 @@ from proxy.liveness import LivenessProbe
 from proxy.metrics import METRICS, CountingWriter, Metrics
 from proxy.session_stream import SessionStreamSettle
 from proxy.settle import Settle
+from proxy.supervisor import SUPERVISOR
 from proxy.tracker import TRACKER, LivenessTracker
 from proxy.upstream import MOUNT_PREFIX, SETTINGS, UPSTREAM, upstream_session
 from proxy.upstream_api import Credentials, UpstreamApi
@@ -59,6 +60,9 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         stack.push_async_callback(session_streams.close)
         tracker = app[TRACKER] = LivenessTracker(app[UPSTREAM], settings)
         tracker.listeners.append(live)
+        if (supervisor := app.get(SUPERVISOR)) is not None:
+            tracker.listeners.append(supervisor.tool_processes)
+            metrics.orphans.set_function(lambda: len(supervisor.orphans()))
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)
         settle = Settle(probe, tracker, metrics, write_back=write_back, dry_run=settings.dry_run)

@@ -57,6 +57,16 @@ async def metrics(request: web.Request) -> web.Response:
     )
 
 
+async def orphans(request: web.Request) -> web.Response:
+    """The processes a dead server left running, each with the session and part that started it."""
+    supervisor = request.app.get(SUPERVISOR)
+    if supervisor is None:
+        reason = "only `settle-proxy run` starts the server and can adopt what it leaves behind"
+        return web.json_response({"tracked": False, "reason": reason, "orphans": []})
+    found = [orphan.as_json() for orphan in supervisor.orphans()]
+    return web.json_response({"tracked": supervisor.subreaper, "orphans": found})
+
+
 async def not_found(_: web.Request) -> web.Response:
     """Anything else under the prefix is the proxy's, and does not exist."""
     return web.json_response(
@@ -68,4 +78,5 @@ def add_routes(app: web.Application) -> None:
     """Register the routes; they must come before the catch-all forwarder."""
     app.router.add_get(f"{PREFIX}/health", health)
     app.router.add_get(f"{PREFIX}/metrics", metrics)
+    app.router.add_get(f"{PREFIX}/orphans", orphans)
     app.router.add_route("*", PREFIX + "/{tail:.*}", not_found)

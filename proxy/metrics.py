@@ -63,6 +63,11 @@ class Metrics:
             ("addon", "hook"),
             registry=self.registry,
         )
+        self.orphans = Gauge(
+            "settle_proxy_orphans",
+            "Processes a dead server left running (under settle-proxy run).",
+            registry=self.registry,
+        )
         self.open_streams = Gauge(
             "settle_proxy_open_streams",
             "Event streams and WebSockets open right now.",

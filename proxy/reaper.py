@@ -15,11 +15,11 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
+
+from proxy.procfs import pids, stat
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-_PROC = Path("/proc")
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -44,11 +44,9 @@ def die_with_parent(parent: int) -> None:
 def adopted(*, besides: int | None = None) -> list[int]:
     """The proxy's children other than `besides` (its server): processes the server left behind."""
     own = os.getpid()
-    found = []
-    for entry in _PROC.glob("[0-9]*"):
-        if int(entry.name) != besides and _parent_of(entry) == own:
-            found.append(int(entry.name))
-    return found
+    return [
+        pid for pid in pids() if pid != besides and (found := stat(pid)) is not None and found.parent == own
+    ]
 
 
 def reap(pids: list[int]) -> None:
@@ -82,11 +80,9 @@ def _signal_groups(groups: set[int], signum: int) -> None:
 
 def _group_alive(group: int) -> bool:
     """Whether any process of `group` still runs (a zombie is only waiting to be reaped)."""
-    for entry in _PROC.glob("[0-9]*"):
-        stat = _stat(entry)
-        if stat and stat[2] == group and stat[0] != "Z":
-            return True
-    return False
+    return any(
+        (found := stat(pid)) is not None and found.group == group and found.state != "Z" for pid in pids()
+    )
 
 
 def _group_of(pid: int) -> int | None:
@@ -94,18 +90,3 @@ def _group_of(pid: int) -> int | None:
         return os.getpgid(pid)
     except ProcessLookupError:
         return None
-
-
-def _parent_of(process: Path) -> int | None:
-    stat = _stat(process)
-    return stat[1] if stat else None
-
-
-def _stat(process: Path) -> tuple[str, int, int] | tuple[()]:
-    """(state, parent pid, process group) from /proc/PID/stat; () when it is gone."""
-    try:
-        text = (process / "stat").read_text()
-    except OSError:
-        return ()
-    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
-    return fields[0], int(fields[1]), int(fields[2])

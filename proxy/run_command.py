@@ -17,7 +17,7 @@ from proxy import logs
 from proxy.config import Settings
 from proxy.options import DESCRIPTION, build_parser, settings_from
 from proxy.server_command import LOOPBACK, ServerCommand, free_loopback_port
-from proxy.supervisor import Restart, Supervisor
+from proxy.supervisor import Orphans, Restart, Supervisor
 
 USAGE = "settle-proxy run [options] -- opencode serve [server options]"
 
@@ -36,6 +36,15 @@ def build_run_parser() -> argparse.ArgumentParser:
         default=Restart.ON_FAILURE.value,
         help="when to start the server again after it exits (default %(default)s); restarts back off, "
         "and more than 5 within 60 s make the proxy give up and exit 1",
+    )
+    parser.add_argument(
+        "--orphans",
+        choices=[policy.value for policy in Orphans],
+        default=Orphans.REPORT.value,
+        help="what to do with the processes a crashed server leaves running: `report` them (log, "
+        "/_settle/orphans), or also `terminate` those of calls that were running at the crash (SIGTERM, "
+        "then SIGKILL); a process of a completed call, or of no known call, is only reported "
+        "(default %(default)s)",
     )
     return parser
 
@@ -64,4 +73,4 @@ def parse(arguments: Sequence[str]) -> tuple[Settings, Supervisor]:
         host=command.hostname or args.host,
         port=command.port if command.port is not None else args.port,
     )
-    return settings, Supervisor(command, server_port, Restart(args.restart))
+    return settings, Supervisor(command, server_port, Restart(args.restart), Orphans(args.orphans))

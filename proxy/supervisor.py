@@ -23,6 +23,7 @@ from aiohttp import web
 
 from proxy.reaper import adopted, become_subreaper, end_groups, reap
 from proxy.server_command import ServerCommand
+from proxy.tool_processes import Orphan, ToolProcesses
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,13 @@ class Restart(StrEnum):
     ALWAYS = "always"
 
 
+class Orphans(StrEnum):
+    """What to do with the processes of calls that were running when the server died."""
+
+    REPORT = "report"
+    TERMINATE = "terminate"
+
+
 class ChildState(StrEnum):
     STARTING = "starting"
     RUNNING = "running"
@@ -61,9 +69,18 @@ def describe_exit(code: int) -> str:
 class Supervisor:
     """Runs one server command on a loopback port until `stop()`, restarting it by `restart`."""
 
-    def __init__(self, command: ServerCommand, port: int, restart: Restart = Restart.ON_FAILURE) -> None:
+    def __init__(
+        self,
+        command: ServerCommand,
+        port: int,
+        restart: Restart = Restart.ON_FAILURE,
+        orphans: Orphans = Orphans.REPORT,
+    ) -> None:
         self._command = command.listening_on(port)
         self._restart = restart
+        self._orphans = orphans
+        self.tool_processes = ToolProcesses()
+        """Follows the event stream (the app adds it) to tie tool processes to their calls."""
         self._process: asyncio.subprocess.Process | None = None
         self._stopping = False
         self._restarts_at: deque[float] = deque()
@@ -73,6 +90,7 @@ class Supervisor:
         self.finished = asyncio.Event()
         """Set when the proxy should stop with the server: it exited for good, or restarts gave up."""
         self.subreaper = become_subreaper()
+        self._ending: asyncio.Task[None] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -93,6 +111,7 @@ class Supervisor:
             "restarts": self.restarts,
             "last_exit": None if self.last_exit is None else describe_exit(self.last_exit),
             "restart": str(self._restart),
+            "orphans": str(self._orphans),
             "command": self._command,
         }
 
@@ -105,7 +124,8 @@ class Supervisor:
             if self._stopping:
                 break
             self.last_exit = code
-            self._reap_orphans()
+            self.tool_processes.server_pid = None
+            self._account_for_orphans()
             if not self._restarts_after(code):
                 self._set(
                     ChildState.STOPPED,
@@ -139,6 +159,8 @@ class Supervisor:
                 process.kill()
                 await process.wait()
             self._set(ChildState.STOPPED, "server stopped with the proxy")
+        if self._ending is not None:
+            await self._ending
         if self.subreaper and (left := adopted()):
             log.info("ending %d process(es) the server left running: pids %s", len(left), left)
             await asyncio.to_thread(end_groups, left, STOP_GRACE_S)
@@ -154,6 +176,7 @@ class Supervisor:
             *self._command,
             stdin=subprocess.DEVNULL,
         )
+        self.tool_processes.server_pid = self._process.pid
         self._set(ChildState.RUNNING, f"server running, pid {self._process.pid}")
         return await self._process.wait()
 
@@ -169,14 +192,26 @@ class Supervisor:
         self._restarts_at.append(now)
         return False
 
-    def _reap_orphans(self) -> None:
-        """Collect the processes the dead server left that have ended too; say which still run."""
+    def orphans(self) -> list[Orphan]:
+        """The processes dead servers left that still run, with the calls that started them."""
         if not self.subreaper:
-            return
-        left = adopted()
+            return []
+        left = adopted(besides=self.pid)
         reap(left)
-        if still := adopted():
-            log.warning("the server left %d process(es) running: pids %s", len(still), still)
+        return self.tool_processes.orphans(adopted(besides=self.pid))
+
+    def _account_for_orphans(self) -> None:
+        """One log line per process the dead server left running; with `--orphans terminate`, the
+        process groups of calls that were running at the crash are ended (SIGTERM, then SIGKILL).
+        A process of a call that had completed (a server started on purpose), or that cannot be
+        tied to a call, is only reported."""
+        found = self.orphans()
+        for orphan in found:
+            log.warning("orphaned process %s", _described(orphan), extra={"fields": orphan.as_json()})
+        doomed = [orphan.pid for orphan in found if orphan.call_was_running]
+        if self._orphans is Orphans.TERMINATE and doomed:
+            log.warning("ending the process groups of %d orphaned call(s): pids %s", len(doomed), doomed)
+            self._ending = asyncio.create_task(asyncio.to_thread(end_groups, doomed, STOP_GRACE_S))
 
     def _set(self, state: ChildState, message: str) -> None:
         self.state = state
@@ -184,6 +219,15 @@ class Supervisor:
             logging.WARNING if state in (ChildState.BACKING_OFF, ChildState.GAVE_UP) else logging.INFO,
             message,
         )
+
+
+def _described(orphan: Orphan) -> str:
+    where = f"pid {orphan.pid} ({orphan.command[:120]})"
+    call = orphan.call
+    if call is None:
+        return f"{where}: no known tool call started it"
+    state = "running at the crash" if call.running else "had completed"
+    return f"{where}: {call.tool} call {call.call} of session {call.session_id}, {state}"
 
 
 SUPERVISOR = web.AppKey("supervisor", Supervisor)

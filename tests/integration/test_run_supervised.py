@@ -1,7 +1,8 @@
 """`settle-proxy run -- opencode serve --port P` with the real opencode 1.18.33: clients use P as
 before; the server's own pid SIGKILLed mid-tool (as an OOM kill does) is restarted, its stale
 tools are settled for every client, the tool's process it left running is adopted by the proxy,
-and SIGTERM to the proxy leaves no process behind."""
+`/_settle/orphans` names each with its session and part, and SIGTERM to the proxy leaves no
+process behind."""
 
 from __future__ import annotations
 
@@ -68,6 +69,11 @@ def test_crash_restart_settle_and_a_clean_stop(supervised: OpencodeServer) -> No
     left = [pid for pid in tools if not is_gone(pid)]
     assert left, "a SIGKILL of the server leaves its tools running"
     assert set(left) <= descendants(proxy)  # adopted by the proxy, not by PID 1
+    listed = request("GET", f"{supervised.url}/_settle/orphans", timeout=15).json()["orphans"]
+    assert {(o["session"], o["part"], o["tool"], o["call_was_running"]) for o in listed} == {
+        (each.session_id, each.tool_id, "bash", True) for each in observed
+    }
+    assert {o["pid"] for o in listed} <= set(left)
 
     os.kill(proxy, signal.SIGTERM)
     poll(lambda: True if is_gone(proxy) else None, what="the proxy to stop", timeout=40)

@@ -1,0 +1,48 @@
+"""What Linux's /proc says about a process: the few fields the proxy reads, parsed in one place.
+
+Every reader returns None for a process that is gone, or not ours to read, by the time it looks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """The fields of /proc/PID/stat the proxy uses."""
+
+    state: str
+    """`R`, `S`, … and `Z` for a zombie (ended, waiting to be reaped)."""
+    parent: int
+    group: int
+    started: int
+    """Start time in clock ticks since boot: with the pid, it names one process for good."""
+
+
+def stat(pid: int) -> Stat | None:
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    return Stat(fields[0], int(fields[1]), int(fields[2]), int(fields[19]))
+
+
+def command_line(pid: int) -> str:
+    """The process's command line as one string ("?" when it cannot be read)."""
+    try:
+        return (
+            (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        )
+    except OSError:
+        return "?"
+
+
+def pids() -> Iterator[int]:
+    """Every process id in /proc right now."""
+    return (int(entry.name) for entry in PROC.iterdir() if entry.name.isdigit())

@@ -1,0 +1,175 @@
+"""Which process runs which tool call, recorded while the server lives, so that what a crash
+leaves behind can be named, and on request ended, exactly.
+
+opencode's bash tool starts every command as the leader of a process group of its own, a direct
+child of the server (v1 runs the command itself, v2 a `/bin/sh -c`). When the event stream shows
+a call start, the server's new group leaders are tied to it, each by its pid *and* its start time
+(clock ticks since boot, from /proc): a pid the kernel hands out again later never matches, and
+nothing is ever matched by its name alone. A leader that cannot be tied to exactly one call is
+not tied to any: it is only ever reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.procfs import command_line, pids, stat
+from proxy.tracker import GlobalEvent
+from rules import OPEN_STATUSES, Api
+
+_SCAN_AFTER_S = (0.2, 1.0, 3.0)
+"""When to look for a started call's process: it may start a moment after the call is announced."""
+_V2_CALLED = "session.next.tool.called"
+_V2_TOOL = "session.next.tool."
+_REMEMBERED = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """A process, told apart from any later process that gets the same pid."""
+
+    pid: int
+    started: int
+    """Start time in clock ticks since boot (/proc/PID/stat field 22)."""
+
+    @classmethod
+    def of(cls, pid: int) -> Identity | None:
+        found = stat(pid)
+        return cls(pid, found.started) if found else None
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """A tool call the stream showed, and whether it was still running when last heard of."""
+
+    session_id: str
+    call: str
+    """The v1 part id, or the v2 call id."""
+    tool: str
+    command: str
+    running: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """A process the dead server left running, and the call that started it, when known."""
+
+    pid: int
+    command: str
+    call: ToolCall | None
+
+    @property
+    def call_was_running(self) -> bool:
+        """Whether its call was still running at the crash (only such processes may be ended)."""
+        return self.call is not None and self.call.running
+
+    def as_json(self) -> dict[str, Any]:
+        call = self.call
+        return {
+            "pid": self.pid,
+            "command": self.command,
+            "session": call.session_id if call else None,
+            "part": call.call if call else None,
+            "tool": call.tool if call else None,
+            "call_was_running": self.call_was_running,
+        }
+
+
+class ToolProcesses:
+    """A `StreamListener` that ties the server's tool processes to the calls that started them."""
+
+    def __init__(self) -> None:
+        self.server_pid: int | None = None
+        self._calls: dict[str, ToolCall] = {}
+        self._awaiting: set[str] = set()
+        self._processes: dict[Identity, str] = {}
+
+    def following(self) -> None:
+        """Nothing to do: calls and processes are kept across stream losses."""
+
+    def event(self, event: GlobalEvent) -> None:
+        if event.kind == "message.part.updated":
+            self._v1_part(event.properties.get("part"))
+        elif event.kind.startswith(_V2_TOOL) and ".input." not in event.kind:
+            self._v2_call(event)
+
+    def orphans(self, pids: list[int]) -> list[Orphan]:
+        """What `pids` (processes adopted from the dead server) were started for."""
+        found = []
+        for pid in pids:
+            identity = Identity.of(pid)
+            if identity is None:
+                continue
+            key = self._processes.get(identity)
+            found.append(Orphan(pid, command_line(pid), self._calls.get(key) if key else None))
+        return found
+
+    def _v1_part(self, part: Any) -> None:
+        if not isinstance(part, dict) or part.get("type") != "tool" or not isinstance(part.get("id"), str):
+            return
+        state: dict[str, Any] = part["state"] if isinstance(part.get("state"), dict) else {}
+        if state.get("status") in OPEN_STATUSES[Api.V1]:
+            command = (state.get("input") or {}).get("command")
+            self._started(str(part.get("sessionID")), part["id"], str(part.get("tool")), command)
+        else:
+            self._ended(part["id"])
+
+    def _v2_call(self, event: GlobalEvent) -> None:
+        call = event.properties.get("callID")
+        if not isinstance(call, str):
+            return
+        if event.kind == _V2_CALLED:
+            command = (event.properties.get("input") or {}).get("command")
+            self._started(str(event.session_id), call, str(event.properties.get("tool")), command)
+        else:
+            self._ended(call)
+
+    def _started(self, session_id: str, call: str, tool: str, command: Any) -> None:
+        if call in self._calls or not isinstance(command, str):
+            return  # only calls that run a command start processes; a repeated update starts nothing
+        self._calls[call] = ToolCall(session_id, call, tool, command)
+        self._awaiting.add(call)
+        while len(self._calls) > _REMEMBERED:
+            self._calls.pop(next(iter(self._calls)))
+        loop = asyncio.get_running_loop()
+        for delay in _SCAN_AFTER_S:
+            loop.call_later(delay, self._scan)
+
+    def _ended(self, call: str) -> None:
+        if (known := self._calls.get(call)) is not None:
+            known.running = False
+        self._awaiting.discard(call)
+
+    def _scan(self) -> None:
+        """Tie the server's group leaders not yet known to the calls that wait for a process."""
+        if self.server_pid is None or not self._awaiting:
+            return
+        known = set(self._processes)
+        for identity in _group_leaders_below(self.server_pid):
+            if identity in known:
+                continue
+            call = self._call_for(command_line(identity.pid))
+            if call is not None:
+                self._processes[identity] = call
+                self._awaiting.discard(call)
+        while len(self._processes) > _REMEMBERED:
+            self._processes.pop(next(iter(self._processes)))
+
+    def _call_for(self, command: str) -> str | None:
+        """The one waiting call whose command this process runs: v1 execs the last command of
+        `a && b` (`b`), v2 runs `/bin/sh -c <command>`. Another child of the server (a language
+        server, a plugin) fits no call, and a process that fits two fits none."""
+        shell = command.removeprefix("/bin/sh -c ")
+        fitting = [call for call in self._awaiting if self._calls[call].command.endswith(shell)]
+        return fitting[0] if len(fitting) == 1 else None
+
+
+def _group_leaders_below(parent: int) -> list[Identity]:
+    found = []
+    for pid in pids():
+        process = stat(pid)
+        if process is not None and process.parent == parent and process.group == pid:
+            found.append(Identity(pid, process.started))
+    return found

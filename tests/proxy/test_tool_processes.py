@@ -1,0 +1,99 @@
+"""Tying the server's tool processes to their calls, by pid and start time (here the test process
+plays the server: the processes it starts are its children)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from proxy import tool_processes
+from proxy.tool_processes import ToolProcesses
+from proxy.tracker import GlobalEvent
+
+
+class Tools(list[subprocess.Popen[bytes]]):
+    """Processes started as opencode's bash tool starts them: each the leader of its own group."""
+
+    def start(self, *argv: str) -> None:
+        self.append(subprocess.Popen(argv, process_group=0))
+
+
+@pytest.fixture
+def tools() -> Iterator[Tools]:
+    started = Tools()
+    yield started
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def v1_part(part_id: str, status: str, command: str) -> GlobalEvent:
+    part: dict[str, Any] = {
+        "id": part_id,
+        "sessionID": "ses_a",
+        "type": "tool",
+        "tool": "bash",
+        "state": {"status": status, "input": {"command": command}},
+    }
+    return GlobalEvent("/d", None, "message.part.updated", {"sessionID": "ses_a", "part": part})
+
+
+def v2_called(call: str, command: str) -> GlobalEvent:
+    properties = {"sessionID": "ses_b", "callID": call, "tool": "bash", "input": {"command": command}}
+    return GlobalEvent("/d", None, "session.next.tool.called", properties)
+
+
+async def test_each_process_is_tied_to_the_call_whose_command_it_runs(
+    tools: Tools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.1,))
+    watcher = ToolProcesses()
+    watcher.server_pid = os.getpid()
+    watcher.event(v1_part("prt_1", "running", "echo hello && sleep 601"))
+    watcher.event(v2_called("call_2", "sleep 602"))
+    tools.start("sleep", "601")
+    tools.start("/bin/sh", "-c", "sleep 602")
+    tools.start("sleep", "603")  # no call runs this
+    await asyncio.sleep(0.5)
+    watcher.event(v1_part("prt_1", "completed", "echo hello && sleep 601"))
+    found = {orphan.pid: orphan.as_json() for orphan in watcher.orphans([tool.pid for tool in tools])}
+    first, second, unknown = (found[tool.pid] for tool in tools)
+    assert (first["part"], first["session"], first["call_was_running"]) == ("prt_1", "ses_a", False)
+    assert (second["part"], second["session"], second["call_was_running"]) == ("call_2", "ses_b", True)
+    assert (unknown["part"], unknown["call_was_running"]) == (None, False)
+
+
+async def test_a_process_two_calls_could_run_is_tied_to_neither(
+    tools: Tools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.1,))
+    watcher = ToolProcesses()
+    watcher.server_pid = os.getpid()
+    watcher.event(v1_part("prt_1", "running", "sleep 604"))
+    watcher.event(v1_part("prt_2", "running", "true && sleep 604"))
+    tools.start("sleep", "604")
+    await asyncio.sleep(0.5)
+    (orphan,) = watcher.orphans([tools[0].pid])
+    assert orphan.call is None
+
+
+async def test_a_recycled_pid_is_not_the_process_that_was_recorded(
+    tools: Tools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.1,))
+    watcher = ToolProcesses()
+    watcher.server_pid = os.getpid()
+    watcher.event(v1_part("prt_1", "running", "sleep 605"))
+    tools.start("sleep", "605")
+    await asyncio.sleep(0.5)
+    (recorded,) = list(watcher._processes)
+    monkeypatch.setattr(
+        tool_processes.Identity, "of", classmethod(lambda cls, pid: cls(pid, recorded.started + 1))
+    )
+    (orphan,) = watcher.orphans([tools[0].pid])
+    assert orphan.call is None
