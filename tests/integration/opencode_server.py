@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -84,11 +84,12 @@ class OpencodeServer:
         model_base_url: str,
         *,
         password: str | None = None,
-        supervised: bool = False,
+        supervised: Sequence[str] | None = None,
     ) -> None:
         self._binary = binary
         self._supervised = supervised
-        """Started as `settle-proxy run -- opencode serve …`: `url` and `pid` are then the proxy's."""
+        """Proxy options: started as `settle-proxy run OPTIONS -- opencode serve …`, and `url` and
+        `pid` are then the proxy's. None: the server alone."""
         self._root = root
         self._model_base_url = model_base_url
         self._password = password
@@ -148,7 +149,11 @@ class OpencodeServer:
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
                 [
-                    *((sys.executable, "-m", "proxy", "run", "--") if self._supervised else ()),
+                    *(
+                        (sys.executable, "-m", "proxy", "run", *self._supervised, "--")
+                        if self._supervised is not None
+                        else ()
+                    ),
                     str(self._binary),
                     "serve",
                     "--port",
@@ -229,7 +234,7 @@ class OpencodeServer:
 
     def _environment(self) -> dict[str, str]:
         env = opencode_environment(self._root)
-        if self._supervised:
+        if self._supervised is not None:
             env["PYTHONPATH"] = str(REPO_ROOT)
         if self._password is not None:
             env["OPENCODE_SERVER_PASSWORD"] = self._password
@@ -285,7 +290,7 @@ class OpencodeServer:
 
 @contextmanager
 def running_opencode(
-    root: Path, model_base_url: str, *, password: str | None = None, supervised: bool = False
+    root: Path, model_base_url: str, *, password: str | None = None, supervised: Sequence[str] | None = None
 ) -> Iterator[OpencodeServer]:
     """A started server with its data under `root`, stopped with all its tools however the block ends."""
     server = OpencodeServer(opencode_binary(), root, model_base_url, password=password, supervised=supervised)

@@ -6,20 +6,32 @@ process behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
 import pytest
 
+from proxy.procfs import command_line
+
 from .http_client import request
-from .mock_model import MockModel
+from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer, running_opencode
 from .polling import poll
 from .proctree import descendants, is_gone
-from .turns import RUNTIMES, Observed, find_running_tool, read_messages, start_turn, wait_tool_running
+from .turns import (
+    RUNTIMES,
+    Observed,
+    find_running_tool,
+    read_messages,
+    start_turn,
+    wait_tool_running,
+    wait_turn_done,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -27,8 +39,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def supervised(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpencodeServer]:
     with running_opencode(
-        tmp_path_factory.mktemp("supervised"), mock_model.base_url, supervised=True
+        tmp_path_factory.mktemp("supervised"), mock_model.base_url, supervised=()
     ) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def terminating(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpencodeServer]:
+    root = tmp_path_factory.mktemp("terminating")
+    with running_opencode(root, mock_model.base_url, supervised=("--orphans", "terminate")) as server:
         yield server
 
 
@@ -79,3 +98,40 @@ def test_crash_restart_settle_and_a_clean_stop(supervised: OpencodeServer) -> No
     poll(lambda: True if is_gone(proxy) else None, what="the proxy to stop", timeout=40)
     everything = [*left, after["server"]["pid"]]
     assert [pid for pid in everything if not is_gone(pid)] == []
+
+
+def test_terminate_ends_only_the_calls_that_were_running(
+    terminating: OpencodeServer, mock_model: MockModel
+) -> None:
+    """A dev server a completed call left on purpose, and an unrelated process with the same command
+    line as the running tool, survive; the running call's processes are ended within the grace."""
+    mock_model.plan("start it in the background", Plan(command="(sleep 710 >/dev/null 2>&1 &); echo started"))
+    background_turn = start_turn("v1", terminating.url, terminating.project, "start it in the background")
+    wait_turn_done(terminating.url, background_turn)
+    background = poll(partial(running_below, terminating.pid, "sleep 710"), what="the dev server", timeout=30)
+    unrelated = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL)
+    try:
+        turn = start_turn("v1", terminating.url, terminating.project, "run the demo")
+        wait_tool_running(terminating.url, turn)
+        server = health(terminating)["server"]["pid"]
+        tools = descendants(server) - {server} - set(background)
+        os.kill(server, signal.SIGKILL)
+        poll(
+            lambda: True if all(map(is_gone, tools)) else None,
+            what="the running call's processes ended",
+            timeout=30,
+        )
+        assert not any(map(is_gone, background))
+        assert unrelated.poll() is None
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+        for pid in background:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def running_below(root: int, command: str) -> list[int] | None:
+    """The processes below `root` whose command line is `command` (None while there are none)."""
+    found = [pid for pid in descendants(root) if command_line(pid) == command and not is_gone(pid)]
+    return found or None
