@@ -120,15 +120,18 @@ def test_the_servers_address_becomes_the_proxys() -> None:
         assert found["server"]["command"][-4:-2] == ["--port", found["upstream"]["url"].rsplit(":", 1)[1]]
 
 
-async def test_a_restart_storm_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("restart", "code"), [(Restart.ON_FAILURE, 1), (Restart.ALWAYS, 0)])
+async def test_a_restart_storm_is_given_up(
+    monkeypatch: pytest.MonkeyPatch, restart: Restart, code: int
+) -> None:
     monkeypatch.setattr(supervisor, "BACKOFF_S", (0.01,))
     monkeypatch.setattr(supervisor, "RESTARTS_PER_WINDOW", 3)
     monkeypatch.setattr(supervisor, "become_subreaper", lambda: False)  # not for the test runner itself
-    command = ServerCommand.parse([sys.executable, FAKE_SERVER, "--exit", "1"])
-    child = Supervisor(command, free_loopback_port(), Restart.ON_FAILURE)
+    command = ServerCommand.parse([sys.executable, FAKE_SERVER, "--exit", str(code)])
+    child = Supervisor(command, free_loopback_port(), restart)
     await child.run()
     assert child.state is ChildState.GAVE_UP
-    assert (child.restarts, child.exit_code, child.health()["last_exit"]) == (3, 1, "exit status 1")
+    assert (child.restarts, child.exit_code, child.health()["last_exit"]) == (3, 1, f"exit status {code}")
 
 
 @pytest.mark.parametrize(
