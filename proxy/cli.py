@@ -73,11 +73,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         offline.main(arguments[1:])
         return
     if arguments[:1] == ["run"]:
-        settings, supervisor = run_command.parse(arguments[1:])
+        args, settings, supervisor = run_command.parse(arguments[1:])
     else:
         args = build_parser().parse_args(arguments)
-        logs.configure(args.log_level, args.log_format)
         settings, supervisor = settings_from(args), None
+    logs.configure(args.log_level, args.log_format)
     if not _is_loopback(settings.host):
         log.warning("listening on %s: clients beyond this machine can reach the proxy", settings.host)
     try:

@@ -13,7 +13,6 @@ from dataclasses import replace
 
 from yarl import URL
 
-from proxy import logs
 from proxy.config import Settings
 from proxy.options import DESCRIPTION, build_parser, settings_from
 from proxy.server_command import LOOPBACK, ServerCommand, free_loopback_port
@@ -49,8 +48,9 @@ def build_run_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse(arguments: Sequence[str]) -> tuple[Settings, Supervisor]:
-    """Settings and supervisor for `settle-proxy run ARGUMENTS`; exits 2 with one line if they are wrong."""
+def parse(arguments: Sequence[str]) -> tuple[argparse.Namespace, Settings, Supervisor]:
+    """Options, settings and supervisor for `settle-proxy run ARGUMENTS`; exits 2 with one line if
+    they are wrong."""
     parser = build_run_parser()
     if "--" not in arguments:
         if {"-h", "--help"} & set(arguments):
@@ -65,7 +65,6 @@ def parse(arguments: Sequence[str]) -> tuple[Settings, Supervisor]:
         command = ServerCommand.parse(server)
     except ValueError as error:
         parser.error(f"server command: {error}")
-    logs.configure(args.log_level, args.log_format)
     server_port = free_loopback_port()
     settings = replace(
         settings_from(args),
@@ -73,4 +72,4 @@ def parse(arguments: Sequence[str]) -> tuple[Settings, Supervisor]:
         host=command.hostname or args.host,
         port=command.port if command.port is not None else args.port,
     )
-    return settings, Supervisor(command, server_port, Restart(args.restart), Orphans(args.orphans))
+    return args, settings, Supervisor(command, server_port, Restart(args.restart), Orphans(args.orphans))

@@ -89,8 +89,14 @@ class Supervisor:
         self.last_exit: int | None = None
         self.finished = asyncio.Event()
         """Set when the proxy should stop with the server: it exited for good, or restarts gave up."""
-        self.subreaper = become_subreaper()
+        self.subreaper = False
+        """Whether this process adopts what the server leaves behind (set once `run` starts)."""
         self._ending: asyncio.Task[None] | None = None
+
+    @property
+    def command(self) -> list[str]:
+        """The server command as started, with the loopback address it was given."""
+        return list(self._command)
 
     @property
     def pid(self) -> int | None:
@@ -117,6 +123,7 @@ class Supervisor:
 
     async def run(self) -> None:
         """Start the server, and again after each exit the policy restarts; return when done."""
+        self.subreaper = become_subreaper()
         failures_in_a_row = 0
         while not self._stopping:
             started = time.monotonic()
