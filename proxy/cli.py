@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
-from proxy import __version__, logs, offline, run_command
+from proxy import __version__, logs, offline, orphans_command, run_command
 from proxy.app import create_app
 from proxy.config import Settings
 from proxy.options import build_parser, settings_from
@@ -71,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] == ["settle"]:
         offline.main(arguments[1:])
+        return
+    if arguments[:1] == ["orphans"]:
+        orphans_command.main(arguments[1:])
         return
     if arguments[:1] == ["run"]:
         args, settings, supervisor = run_command.parse(arguments[1:])

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from yarl import URL
 
+from proxy import process_records
 from proxy.config import Settings
 from proxy.options import DESCRIPTION, build_parser, settings_from
 from proxy.server_command import LOOPBACK, ServerCommand, free_loopback_port
@@ -72,4 +73,11 @@ def parse(arguments: Sequence[str]) -> tuple[argparse.Namespace, Settings, Super
         host=command.hostname or args.host,
         port=command.port if command.port is not None else args.port,
     )
-    return args, settings, Supervisor(command, server_port, Restart(args.restart), Orphans(args.orphans))
+    supervisor = Supervisor(
+        command,
+        server_port,
+        Restart(args.restart),
+        Orphans(args.orphans),
+        records=process_records.default_path(),
+    )
+    return args, settings, supervisor

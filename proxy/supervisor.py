@@ -18,9 +18,11 @@ import sys
 import time
 from collections import deque
 from enum import StrEnum
+from pathlib import Path
 
 from aiohttp import web
 
+from proxy.process_records import ProcessRecords
 from proxy.reaper import adopted, become_subreaper, end_groups, reap
 from proxy.server_command import ServerCommand
 from proxy.tool_processes import Orphan, ToolProcesses
@@ -75,10 +77,12 @@ class Supervisor:
         port: int,
         restart: Restart = Restart.ON_FAILURE,
         orphans: Orphans = Orphans.REPORT,
+        records: Path | None = None,
     ) -> None:
         self._command = command.listening_on(port)
         self._restart = restart
         self._orphans = orphans
+        self._records = records
         self.tool_processes = ToolProcesses()
         """Follows the event stream (the app adds it) to tie tool processes to their calls."""
         self._process: asyncio.subprocess.Process | None = None
@@ -122,8 +126,24 @@ class Supervisor:
         }
 
     async def run(self) -> None:
-        """Start the server, and again after each exit the policy restarts; return when done."""
+        """Start the server, and again after each exit the policy restarts; return when done.
+
+        With a state database, every tool process tied to its call is recorded there, so that
+        `settle-proxy orphans` can still name it after the proxy itself is gone.
+        """
         self.subreaper = become_subreaper()
+        if self._records is None:
+            await self._supervise()
+            return
+        async with ProcessRecords.open(self._records) as records:
+            self.tool_processes.recorder = records
+            try:
+                await self._supervise()
+            finally:
+                await self.tool_processes.flush()
+                self.tool_processes.recorder = None
+
+    async def _supervise(self) -> None:
         failures_in_a_row = 0
         while not self._stopping:
             started = time.monotonic()

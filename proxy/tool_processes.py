@@ -12,8 +12,10 @@ not tied to any: it is only ever reported.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from proxy.procfs import command_line, pids, stat
 from proxy.tracker import GlobalEvent
@@ -24,6 +26,7 @@ _SCAN_AFTER_S = (0.2, 1.0, 3.0)
 _V2_CALLED = "session.next.tool.called"
 _V2_TOOL = "session.next.tool."
 _REMEMBERED = 10_000
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +80,21 @@ class Orphan:
         }
 
 
+class Recorder(Protocol):
+    """Where ties are kept beyond the proxy's life (`proxy.process_records`)."""
+
+    async def record(self, process: Identity, command: str, server: Identity, call: ToolCall) -> None: ...
+
+    async def ended(self, call: str) -> None: ...
+
+
 class ToolProcesses:
     """A `StreamListener` that ties the server's tool processes to the calls that started them."""
 
     def __init__(self) -> None:
         self.server_pid: int | None = None
+        self.recorder: Recorder | None = None
+        self._writes: set[asyncio.Task[None]] = set()
         self._calls: dict[str, ToolCall] = {}
         self._awaiting: set[str] = set()
         self._processes: dict[Identity, str] = {}
@@ -138,22 +151,43 @@ class ToolProcesses:
             loop.call_later(delay, self._scan)
 
     def _ended(self, call: str) -> None:
-        if (known := self._calls.get(call)) is not None:
+        if (known := self._calls.get(call)) is not None and known.running:
             known.running = False
+            if self.recorder is not None:
+                self._write(self.recorder.ended(call))
         self._awaiting.discard(call)
+
+    async def flush(self) -> None:
+        """Wait until every tie is on disk."""
+        while self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+
+    def _write(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._writes.add(task)
+        task.add_done_callback(self._written)
+
+    def _written(self, task: asyncio.Task[None]) -> None:
+        self._writes.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.warning("could not record a tool process: %s", error)
 
     def _scan(self) -> None:
         """Tie the server's group leaders not yet known to the calls that wait for a process."""
         if self.server_pid is None or not self._awaiting:
             return
         known = set(self._processes)
+        server = Identity.of(self.server_pid)
         for identity in _group_leaders_below(self.server_pid):
             if identity in known:
                 continue
-            call = self._call_for(command_line(identity.pid))
+            command = command_line(identity.pid)
+            call = self._call_for(command)
             if call is not None:
                 self._processes[identity] = call
                 self._awaiting.discard(call)
+                if self.recorder is not None and server is not None:
+                    self._write(self.recorder.record(identity, command, server, self._calls[call]))
         while len(self._processes) > _REMEMBERED:
             self._processes.pop(next(iter(self._processes)))
 

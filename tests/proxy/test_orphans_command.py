@@ -1,0 +1,92 @@
+"""`settle-proxy orphans`, as users run it, over a state database like the one `run` keeps."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from proxy.process_records import ProcessRecords
+from proxy.tool_processes import Identity, ToolCall
+
+
+class Processes(list[subprocess.Popen[bytes]]):
+    def start(self, *argv: str) -> subprocess.Popen[bytes]:
+        self.append(subprocess.Popen(argv, process_group=0))
+        return self[-1]
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    started = Processes()
+    yield started
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def identity(process: subprocess.Popen[bytes]) -> Identity:
+    found = Identity.of(process.pid)
+    assert found is not None
+    return found
+
+
+async def record(path: Path, server: Identity, *tools: tuple[subprocess.Popen[bytes], str, bool]) -> None:
+    async with ProcessRecords.open(path) as records:
+        for process, call, running in tools:
+            await records.record(
+                identity(process), f"sleep {call}", server, ToolCall("ses_x", call, "bash", "sleep", running)
+            )
+
+
+def orphans(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", "orphans", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_lists_and_ends_what_a_dead_server_left(tmp_path: Path, processes: Processes) -> None:
+    state = tmp_path / "processes.db"
+    server = processes.start("sleep", "900")
+    running, completed = processes.start("sleep", "901"), processes.start("sleep", "902")
+    gone = processes.start("sleep", "903")
+    asyncio.run(
+        record(
+            state,
+            identity(server),
+            (running, "prt_run", True),
+            (completed, "prt_done", False),
+            (gone, "prt_gone", True),
+        )
+    )
+    gone.kill()
+    gone.wait()
+
+    alive_server = orphans("--state", str(state))
+    assert (alive_server.returncode, alive_server.stdout.strip()) == (0, "no orphaned tool processes")
+
+    server.kill()
+    server.wait()
+    listed = orphans("--state", str(state))
+    assert listed.returncode == 10, listed.stderr
+    assert "prt_run" in listed.stdout
+    assert "prt_done" in listed.stdout
+    assert "prt_gone" not in listed.stdout
+
+    ended = orphans("--state", str(state), "--terminate")
+    assert ended.returncode == 10, ended.stderr
+    assert running.wait(timeout=15) is not None
+    assert completed.poll() is None  # a completed call's process is never ended
+
+
+def test_nothing_recorded(tmp_path: Path) -> None:
+    result = orphans("--state", str(tmp_path / "none.db"))
+    assert (result.returncode, result.stdout.strip()) == (0, f"nothing recorded at {tmp_path / 'none.db'}")
