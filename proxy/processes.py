@@ -77,6 +77,8 @@ class Survey:
     others: tuple[OtherProcess, ...] = ()
     not_inspected: int = 0
     """Processes whose open files could not be read (other users'): a blind spot."""
+    listeners: tuple[str, ...] = ()
+    """Inodes of the sockets listening on the upstream's port, for the next survey."""
 
     @property
     def bound(self) -> int | None:
@@ -121,11 +123,13 @@ def survey(
     proc: Path | None = None,
     own_pid: int | None = None,
     now_ms: int | None = None,
+    listeners: tuple[str, ...] = (),
 ) -> Survey:
     """Survey the processes around `upstream`'s database (blocking; run it in a thread).
 
     `database` names the file when the caller already knows it (the offline command); the
     upstream's process is then optional: unidentified, every holder counts as another.
+    `listeners` are the socket inodes an earlier survey found listening on the upstream's port.
     """
     scanned_at = int(time.time() * 1000) if now_ms is None else now_ms
     proc = PROC if proc is None else proc
@@ -134,14 +138,23 @@ def survey(
         boot_ms = _boot_time_ms(proc)
     except (OSError, ValueError):
         return Survey(scanned_at, unknown=f"no readable {proc}/stat: not Linux, or /proc is not mounted")
-    listening = _listening_sockets(proc, upstream)
-    if database is None and not listening:
-        where = "is not on this host's loopback" if listening is None else "listens in no socket seen here"
+    if database is None and not _on_loopback(upstream):
         return Survey(
-            scanned_at, unknown=f"the upstream {upstream.origin()} {where} (another host or container?)"
+            scanned_at,
+            unknown=f"the upstream {upstream.origin()} is not on this host's loopback "
+            "(another host or container?)",
         )
     seen, not_inspected = _fd_tables(proc)
-    upstream_pids = tuple(sorted(pid for pid, s in seen.items() if s.sockets & (listening or set())))
+    held = {socket for process in seen.values() for socket in process.sockets}
+    # Reading the socket tables costs more than the whole fd pass: the last answer holds while
+    # its socket is still open.
+    listening = set(listeners) & held or _listening_sockets(proc, upstream)
+    if database is None and not listening:
+        return Survey(
+            scanned_at,
+            unknown=f"the upstream {upstream.origin()} listens in no socket seen here (another container?)",
+        )
+    upstream_pids = tuple(sorted(pid for pid, process in seen.items() if process.sockets & listening))
     if database is not None:
         databases = {str(database.resolve())}
     elif not upstream_pids:
@@ -172,6 +185,7 @@ def survey(
         scanned_at,
         upstream_pids=upstream_pids,
         databases=tuple(sorted(databases)),
+        listeners=tuple(sorted(listening)),
         others=tuple(others),
         not_inspected=not_inspected,
     )
@@ -184,23 +198,26 @@ def _boot_time_ms(proc: Path) -> int:
     raise ValueError("no btime")
 
 
-def _listening_sockets(proc: Path, upstream: URL) -> set[str] | None:
-    """Inodes of the sockets listening on the upstream's port; None when it is not on loopback."""
-    if not _is_loopback(upstream.host or "") or upstream.port is None:
-        return None
-    inodes = set()
+def _on_loopback(upstream: URL) -> bool:
+    return _is_loopback(upstream.host or "") and upstream.port is not None
+
+
+def _listening_sockets(proc: Path, upstream: URL) -> set[str]:
+    """Inodes of the sockets listening on the upstream's port (none unless it is on loopback)."""
+    inodes: set[str] = set()
+    if not _on_loopback(upstream):
+        return inodes
     for table in ("tcp", "tcp6"):
         try:
             lines = (proc / "net" / table).read_text().splitlines()[1:]
         except OSError:
             continue
+        port = f":{upstream.port:04X}"
         for line in lines:
+            if f"{port} " not in line:  # most lines, cheaply
+                continue
             fields = line.split()
-            if (
-                len(fields) > 9
-                and fields[3] == _LISTEN
-                and int(fields[1].rsplit(":", 1)[1], 16) == upstream.port
-            ):
+            if len(fields) > 9 and fields[3] == _LISTEN and fields[1].endswith(port):
                 inodes.add(fields[9])
     return inodes
 
@@ -228,16 +245,24 @@ def _fd_tables(proc: Path) -> tuple[dict[int, _Seen], int]:
 
 
 def _links(fd_dir: Path) -> list[str] | None:
-    """Where the descriptors point; None when they cannot be read (gone, or another user's)."""
+    """Where the descriptors point; None when they cannot be read (gone, or another user's).
+
+    Read relative to the open directory: building a path per descriptor cost more than reading it.
+    """
     try:
-        names = os.listdir(fd_dir)
+        directory = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return None
-    links = []
-    for name in names:
-        with contextlib.suppress(OSError):  # closed meanwhile
-            links.append(os.readlink(fd_dir / name))
-    return links
+    try:
+        links = []
+        for name in os.listdir(directory):
+            with contextlib.suppress(OSError):  # closed meanwhile
+                links.append(os.readlink(name, dir_fd=directory))
+        return links
+    except OSError:
+        return None
+    finally:
+        os.close(directory)
 
 
 def _gone_or_kernel(process: Path) -> bool:
@@ -297,7 +322,10 @@ class OtherProcesses:
         """A survey at most `MAX_AGE_S` old."""
         async with self._lock:
             if self._last is None or time.time() * 1000 - self._last.scanned_at >= MAX_AGE_S * 1000:
-                found = await asyncio.to_thread(survey, self._upstream, database=self._database)
+                listeners = self._last.listeners if self._last else ()
+                found = await asyncio.to_thread(
+                    survey, self._upstream, database=self._database, listeners=listeners
+                )
                 self._tell(found)
                 self._last = found
             return self._last

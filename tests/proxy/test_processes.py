@@ -141,6 +141,21 @@ def test_an_upstream_that_cannot_be_found_gives_no_bound(proc: FakeProc, upstrea
     assert why in found.unknown
 
 
+def test_a_listener_still_open_is_not_looked_up_again(proc: FakeProc) -> None:
+    proc.process(100, "socket:[111]", DB)
+    proc.process(200, "socket:[999]", "/elsewhere/opencode.db")
+    first = survey(UPSTREAM, proc=proc.root, own_pid=1)
+    assert first.listeners == ("111",)
+    (proc.root / "net" / "tcp").write_text("")
+    assert survey(UPSTREAM, proc=proc.root, own_pid=1, listeners=first.listeners).upstream_pids == (100,)
+    trusted = survey(UPSTREAM, proc=proc.root, own_pid=1, listeners=("999",))
+    assert trusted.upstream_pids == (200,)
+    proc.listen(PORT, "777")
+    gone = survey(UPSTREAM, proc=proc.root, own_pid=1, listeners=("404",))
+    assert gone.listeners == ("111", "777")
+    assert gone.upstream_pids == (100,)
+
+
 def test_ipv6_and_localhost_upstreams_are_on_loopback(proc: FakeProc) -> None:
     proc.process(100, "socket:[111]", DB)
     for upstream in (f"http://[::1]:{PORT}", f"http://localhost:{PORT}"):
