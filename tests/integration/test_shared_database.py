@@ -6,7 +6,8 @@ database. Timeline:
 
 1. A runs a v1 and a v2 tool per write-back mode, and is SIGKILLed with its tools: orphans.
 2. A restarts; B starts on A's data dir (same database, its own port) and runs a v1 and a v2 tool.
-3. Proxies in front of A (`--write-back api`, `--write-back db`) serve views of both.
+3. Proxies in front of A (`--write-back api`, `--write-back db`) serve views of both; then
+   `settle-proxy settle --upstream A` runs on the database while both servers and proxies run.
 
 B's tools must be shown running and written nowhere, B must still run them; the orphans, last
 alive before B existed, must still be settled and written.
@@ -14,6 +15,8 @@ alive before B existed, must still be settled and written.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +28,7 @@ import pytest
 from . import opencode_db
 from .http_client import get_json, request
 from .mock_model import MockModel
-from .opencode_server import OpencodeServer, opencode_binary
+from .opencode_server import REPO_ROOT, OpencodeServer, opencode_binary
 from .polling import poll
 from .proxy_process import ProxyProcess
 from .turns import (
@@ -43,6 +46,7 @@ pytestmark = pytest.mark.integration
 
 GRACE_S = 1.0
 MODES = ("api", "db")
+WRITERS = (*MODES, "offline")
 WRITE_TIMEOUT_S = 30.0
 Key = tuple[str, Runtime]
 
@@ -64,6 +68,8 @@ class Shared:
     written: dict[Key, list[dict[str, Any]]]
     """The orphans' direct views from A once written back."""
     busy_after: dict[Runtime, bool]
+    offline: subprocess.CompletedProcess[str]
+    """`settle-proxy settle --upstream A` on the shared database."""
     logs: dict[str, str]
     health: dict[str, Any]
 
@@ -76,7 +82,7 @@ def shared(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> I
     proxies: dict[str, ProxyProcess] = {}
     try:
         first.start()
-        stale = _observe(first, [(mode, runtime) for mode in MODES for runtime in RUNTIMES])
+        stale = _observe(first, [(mode, runtime) for mode in WRITERS for runtime in RUNTIMES])
         first.crash()
         first.restart()
         second.start()
@@ -102,7 +108,16 @@ def shared(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> I
             time.sleep(0.3)
         last_live_fetch = time.monotonic()
         for (mode, _), observed in stale.items():
-            read_messages(proxies[mode].url, observed.turn)
+            if mode in proxies:
+                read_messages(proxies[mode].url, observed.turn)
+        offline = subprocess.run(
+            [sys.executable, "-m", "proxy", "settle", "--db", str(first.database), "--upstream", first.url],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         written = _wait_written(first, stale)
         time.sleep(max(0.0, last_live_fetch + 2 * GRACE_S + 1.0 - time.monotonic()))
         yield Shared(
@@ -115,6 +130,7 @@ def shared(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> I
             rows_after=opencode_db.snapshot(first.database),
             written=written,
             busy_after={runtime: is_active(second.url, observed.turn) for runtime, observed in live.items()},
+            offline=offline,
             logs={mode: proxy.log() for mode, proxy in proxies.items()},
             health=get_json(f"{proxies['api'].url}/_settle/health"),
         )
@@ -189,6 +205,16 @@ def test_a_tool_orphaned_before_the_other_server_started_is_still_written(
     observed = shared.stale[(mode, runtime)]
     assert _tool(shared.written[(mode, runtime)], observed)["state"]["status"] == "error"
     assert f"session={observed.session_id}" in shared.logs[mode]
+
+
+def test_offline_settle_with_upstream_settles_the_orphans_and_leaves_the_other_servers_tools(
+    shared: Shared,
+) -> None:
+    assert shared.offline.returncode == 10, shared.offline.stderr
+    assert "2 tool call(s) left alone: another process may run them" in shared.offline.stdout
+    for runtime in RUNTIMES:
+        observed = shared.stale[("offline", runtime)]
+        assert _tool(shared.written[("offline", runtime)], observed)["state"]["status"] == "error"
 
 
 def test_health_names_the_other_server(shared: Shared) -> None:
