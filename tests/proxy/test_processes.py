@@ -324,3 +324,18 @@ async def test_offline_with_upstream_leaves_alone_what_another_holder_may_run(
         assert db.execute("SELECT data FROM part WHERE session_id = ?", (V1_SESSION,)).fetchall() == before
         (v2,) = db.execute("SELECT data FROM session_message WHERE session_id = ?", (V2_SESSION,)).fetchone()
     assert '"status":"running"' not in v2
+
+
+async def test_a_survey_is_reused_for_a_while_and_what_is_unknown_is_said_once(
+    proc: FakeProc, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(processes, "PROC", proc.root)
+    around = processes.OtherProcesses(UPSTREAM)
+    first = await around.current()
+    assert await around.current() is first
+    monkeypatch.setattr(processes, "MAX_AGE_S", 0.0)
+    assert await around.current() is not first
+    assert await around.bound() is None
+    warnings = [record for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert "is not among those readable here" in warnings[0].getMessage()
