@@ -98,8 +98,9 @@ class Survey:
         body |= {
             "upstream_pids": list(self.upstream_pids),
             "databases": list(self.databases),
+            # The program's name only: a command line may hold what a client of the proxy should not see.
             "others": [
-                {"pid": other.pid, "started_at": other.started_at, "command": other.command[:200]}
+                {"pid": other.pid, "started_at": other.started_at, "program": _program(other.command)}
                 for other in self.others
             ],
             "not_inspected": self.not_inspected,
@@ -293,6 +294,10 @@ def _command(process: Path) -> str:
         return (process / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return "?"
+
+
+def _program(command: str) -> str:
+    return os.path.basename(command.split(" ", 1)[0])
 
 
 def _is_loopback(host: str) -> bool:

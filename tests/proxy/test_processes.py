@@ -230,14 +230,16 @@ async def test_a_view_alive_after_another_holder_started_is_left_alone(
     proxy: ProxyClient, fake: FakeOpencode, other_server: FakeProc
 ) -> None:
     fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
-    other_server.process(200, DB, started_at=V2_LAST_ALIVE - 60_000)
+    other_server.process(200, DB, started_at=V2_LAST_ALIVE - 60_003)  # a whole tick
     response = await proxy.get(f"/api/session/{V2}/message")
     assert SETTLED_HEADER not in response.headers
     assert orjson.loads(await response.read()) == load("v2-message-stale-running.json")
     health = await (await proxy.get("/_settle/health")).json()
     assert health["other_processes"]["known"] is True
     assert health["other_processes"]["upstream_pids"] == [100]
-    assert [other["pid"] for other in health["other_processes"]["others"]] == [200]
+    assert health["other_processes"]["others"] == [
+        {"pid": 200, "started_at": V2_LAST_ALIVE - 60_003 - START_MARGIN_MS, "program": "opencode"}
+    ]
 
 
 async def test_a_view_alive_before_every_other_holder_started_is_settled(
