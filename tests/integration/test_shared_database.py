@@ -10,7 +10,8 @@ database. Timeline:
    `settle-proxy settle --upstream A` runs on the database while both servers and proxies run.
 
 B's tools must be shown running and written nowhere, B must still run them; the orphans, last
-alive before B existed, must still be settled and written.
+alive before B existed, must still be settled and written. Last, the race of `test_races` runs
+its lanes in B while its fetchers read through a `--write-back api` proxy in front of A.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .mock_model import MockModel
 from .opencode_server import REPO_ROOT, OpencodeServer, opencode_binary
 from .polling import poll
 from .proxy_process import ProxyProcess
+from .test_races import RACE_S, TURN_TIMEOUT_S, Race, Urls, _fetcher, _lane, _threads
 from .turns import (
     RUNTIMES,
     Observed,
@@ -223,3 +225,34 @@ def test_health_names_the_other_server(shared: Shared) -> None:
     assert around["upstream_pids"] == [shared.first.pid]
     assert around["databases"] == [str(Path(shared.first.database).resolve())]
     assert [other["pid"] for other in around["others"]] == [shared.second.pid]
+
+
+def test_a_race_in_the_other_server_is_never_shown_settled(
+    shared: Shared, mock_model: MockModel, tmp_path: Path
+) -> None:
+    """Every tool here completes normally in B: one settled view, or one tool that B's own view
+    shows interrupted (a false write), is a failure."""
+    proxy = ProxyProcess(shared.first.url, tmp_path / "race.log", ("--write-back", "api", "--grace", "0.5"))
+    proxy.start()
+    race = Race()
+    in_b = Urls(shared.second.url, shared.second.url)
+    through_a = Urls(shared.second.url, proxy.url)
+    lanes = [
+        lambda runtime=runtime: _lane(race, in_b, mock_model, runtime, shared.second.project)
+        for runtime in RUNTIMES
+    ]
+    threads = _threads([*lanes, *[lambda: _fetcher(race, through_a)] * 3])
+    try:
+        race.stop.wait(RACE_S / 2)
+    finally:
+        race.stop.set()
+        for thread in threads:
+            thread.join(TURN_TIMEOUT_S)
+        proxy.stop()
+    assert not any(thread.is_alive() for thread in threads), "a lane or fetcher did not stop"
+    print(f"\nrace in B: {dict(race.counts)}, turns started {len(race.turns)}")
+    assert race.errors == [], race.errors[:5]
+    assert race.false_settles == [], race.false_settles[:5]
+    assert race.counts["proxy fetches showing a live tool"] > 0, "no fetch caught a tool running"
+    assert race.counts["turns v1"] > 0
+    assert race.counts["turns v2"] > 0
