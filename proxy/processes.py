@@ -166,7 +166,12 @@ def survey(
             not_inspected=not_inspected,
         )
     else:
-        databases = {path for pid in upstream_pids for path in seen[pid].databases}
+        databases = {
+            path
+            for pid in upstream_pids
+            for path in seen[pid].databases
+            if os.path.basename(path).startswith("opencode")
+        }
         if not databases:
             return Survey(
                 scanned_at,
@@ -238,7 +243,7 @@ def _fd_tables(proc: Path) -> tuple[dict[int, _Seen], int]:
         for link in links:
             if link.startswith("socket:["):
                 process.sockets.add(link[8:-1])
-            elif link.endswith(".db") and os.path.basename(link).startswith("opencode"):
+            elif link.endswith(".db"):
                 process.databases.add(link)
             elif link == f"/memfd:{MARKER} (deleted)":
                 process.marked = True

@@ -189,7 +189,7 @@ def test_processes_of_other_users_are_counted_kernel_threads_are_not(proc: FakeP
 def test_with_a_known_database_an_unidentified_upstream_counts_as_another_holder(
     proc: FakeProc, tmp_path: Path
 ) -> None:
-    database = tmp_path / "opencode.db"
+    database = tmp_path / "renamed.db"
     database.touch()
     proc.process(100, str(database), started_at=BOOT_S * 1000 + 7_000)
     proc.process(200, "socket:[111]", str(database), started_at=BOOT_S * 1000 + 3_000)
