@@ -22,6 +22,7 @@ from proxy.headers import drop_invented_headers
 from proxy.live import LiveSettle
 from proxy.liveness import LivenessProbe
 from proxy.metrics import METRICS, CountingWriter, Metrics
+from proxy.processes import OTHER_PROCESSES, OtherProcesses, mark_this_process
 from proxy.session_stream import SessionStreamSettle
 from proxy.settle import Settle
 from proxy.supervisor import SUPERVISOR
@@ -46,7 +47,9 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
     """`cleanup_ctx` entry: the addons a stand-alone proxy runs, and what they own."""
     settings, metrics = app[SETTINGS], app[METRICS]
     upstream = UpstreamApi(app[UPSTREAM], settings)
-    probe = LivenessProbe(upstream, settings)
+    mark_this_process()
+    elsewhere = app[OTHER_PROCESSES] = OtherProcesses(settings.upstream)
+    probe = LivenessProbe(upstream, settings, elsewhere)
     async with AsyncExitStack() as stack:
         writer = await _writer(settings, upstream, stack)
         write_back = None

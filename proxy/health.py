@@ -7,6 +7,7 @@ from aiohttp import hdrs, web
 
 from proxy import __version__
 from proxy.metrics import CONTENT_TYPE_LATEST, METRICS
+from proxy.processes import OTHER_PROCESSES
 from proxy.supervisor import SUPERVISOR
 from proxy.tracker import TRACKER, StreamState
 from proxy.upstream import SETTINGS, UPSTREAM
@@ -15,7 +16,8 @@ PREFIX = "/_settle"
 
 
 async def health(request: web.Request) -> web.Response:
-    """Whether the upstream answers, where liveness comes from, and which version runs.
+    """Whether the upstream answers, where liveness comes from, which version runs, and whether
+    other processes share the upstream's database (`other_processes`: who, or why unknown).
 
     503 while the upstream is unreachable, so a supervisor can tell; the proxy itself keeps
     serving (and answering 502 on forwarded routes) until it is back.
@@ -37,6 +39,7 @@ async def health(request: web.Request) -> web.Response:
         "version": __version__,
         "upstream": upstream,
         "liveness": _liveness_source(request.app[TRACKER].state),
+        "other_processes": (await request.app[OTHER_PROCESSES].current()).describe(),
         "write_back": str(settings.write_back),
         "dry_run": settings.dry_run,
     }

@@ -10,6 +10,7 @@ no rewrite: the proxy never guesses that a session is dead.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -19,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from proxy.config import Settings
+from proxy.processes import OtherProcesses
 from proxy.upstream_api import Credentials, UpstreamApi, UpstreamRefused
 from rules import Api, Liveness
 
@@ -52,10 +54,13 @@ class DirectoryCache:
 class LivenessProbe:
     """Reads liveness from the upstream on demand."""
 
-    def __init__(self, upstream: UpstreamApi, settings: Settings) -> None:
+    def __init__(
+        self, upstream: UpstreamApi, settings: Settings, elsewhere: OtherProcesses | None = None
+    ) -> None:
         self._upstream = upstream
         self._settings = settings
         self._directories = DirectoryCache()
+        self._elsewhere = elsewhere
 
     def credentials(self, request: web.Request) -> Credentials:
         """What look-ups made on behalf of `request` authenticate with."""
@@ -72,7 +77,14 @@ class LivenessProbe:
                     active = await self._busy_v1(directory, credentials)
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, UpstreamRefused) as error:
             raise LivenessUnknown(f"{type(error).__name__}: {error}") from error
-        return Liveness(session_id, session_id in active)
+        return await self.bounded(Liveness(session_id, session_id in active))
+
+    async def bounded(self, liveness: Liveness) -> Liveness:
+        """`liveness` bounded by the other processes on the upstream's database, as known now:
+        their tools are absent from the upstream's answer, so it cannot vouch for them."""
+        if liveness.active or self._elsewhere is None:
+            return liveness
+        return dataclasses.replace(liveness, elsewhere_since=await self._elsewhere.bound())
 
     async def _active_v2(self, credentials: Credentials) -> set[str]:
         answer = await self._upstream.get("/api/session/active", credentials)

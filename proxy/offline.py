@@ -4,7 +4,9 @@ For users whose server is down or private (`opencode --standalone`, the stdio se
 for anyone who wants the fix made permanent before clients connect again. It refuses rather
 than guesses: with `--upstream` it asks that server which sessions are live and leaves
 those alone; without it, a process that has the database open means a server may be
-running on it, and nothing is written.
+running on it, and nothing is written. With `--upstream`, another process holding the
+database (a second server, a TUI) may run tools that server cannot see: whatever was alive
+after the earliest such process started is left alone.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import IntEnum
 from pathlib import Path
@@ -30,6 +32,7 @@ from proxy.config import DEFAULT_USERNAME, Settings, basic_authorization
 from proxy.database import OpencodeDatabase, OpenTool, default_path
 from proxy.holders import can_see_holders, holders
 from proxy.liveness import LivenessProbe, LivenessUnknown
+from proxy.processes import mark_this_process, survey
 from proxy.upstream_api import Credentials, UpstreamApi
 from rules import Api, Liveness
 
@@ -61,6 +64,12 @@ class Plan:
 
     settle: list[OpenTool]
     live: list[OpenTool]
+    elsewhere: list[OpenTool] = field(default_factory=list)
+    """Open tools that started after another process on the database did: they may run there."""
+    elsewhere_since: int | None = None
+    """`Liveness.elsewhere_since` of every settlement; the rules hold back what was alive later."""
+    unknown: str | None = None
+    """Why other processes on the database could not be surveyed, when they could not."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,10 +105,14 @@ async def plan(database: OpencodeDatabase, db_path: Path, upstream: URL | None) 
         _refuse_if_in_use(db_path)
         return Plan(tools, [])
     active = await _active_sessions(upstream, {(tool.api, tool.session_id) for tool in tools})
-    return Plan(
-        [tool for tool in tools if (tool.api, tool.session_id) not in active],
-        [tool for tool in tools if (tool.api, tool.session_id) in active],
-    )
+    # The upstream's process, when it can be identified, is the one whose liveness was asked;
+    # every other holder of the file (unidentified: every holder) bounds what may be settled.
+    around = await asyncio.to_thread(survey, upstream, database=db_path)
+    bound = around.bound
+    live = [tool for tool in tools if (tool.api, tool.session_id) in active]
+    elsewhere = [tool for tool in tools if tool not in live and bound is not None and tool.since >= bound]
+    settle = [tool for tool in tools if tool not in live and tool not in elsewhere]
+    return Plan(settle, live, elsewhere, bound, around.unknown)
 
 
 def _refuse_if_in_use(db_path: Path) -> None:
@@ -141,27 +154,46 @@ def show(plan_: Plan, console: Console) -> None:
     table = Table(title="open tool calls in opencode.db")
     for column in ("session", "api", "directory", "message", "tool", "open since", "action"):
         table.add_column(column, overflow="fold")
-    for tool, action in [*((t, "settle") for t in plan_.settle), *((t, "live: leave") for t in plan_.live)]:
+    rows = [
+        *((t, "settle") for t in plan_.settle),
+        *((t, "live: leave") for t in plan_.live),
+        *((t, "another process may run it: leave") for t in plan_.elsewhere),
+    ]
+    for tool, action in rows:
         since = datetime.fromtimestamp(tool.since / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         table.add_row(tool.session_id, tool.api, tool.directory, tool.message_id, tool.tool, since, action)
     console.print(table)
 
 
-async def settle_all(database: OpencodeDatabase, tools: Sequence[OpenTool], console: Console) -> int:
+async def settle_all(
+    database: OpencodeDatabase,
+    tools: Sequence[OpenTool],
+    console: Console,
+    elsewhere_since: int | None = None,
+) -> int:
     """Settle every session of `tools`, one transaction each; returns the number of rows written."""
     sessions = sorted({(tool.api, tool.session_id) for tool in tools})
     written = 0
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("settling", total=len(sessions))
         for api, session_id in sessions:
-            written += len(await database.settle_session(api, session_id, Liveness(session_id, active=False)))
+            liveness = Liveness(session_id, active=False, elsewhere_since=elsewhere_since)
+            written += len(await database.settle_session(api, session_id, liveness))
             progress.advance(task)
     return written
 
 
 async def run(args: argparse.Namespace, console: Console) -> Exit:
+    mark_this_process()
     async with OpencodeDatabase.open(args.db) as database:
         found = await plan(database, args.db, args.upstream)
+        if found.unknown is not None:
+            print(
+                f"settle-proxy settle: warning: other processes on the database unknown: {found.unknown}",
+                file=sys.stderr,
+            )
+        if found.elsewhere:
+            console.print(f"{len(found.elsewhere)} tool call(s) left alone: another process may run them")
         if not found.settle:
             console.print(f"nothing to do: no orphaned tool calls ({len(found.live)} live left alone)")
             return Exit.NOTHING_TO_DO
@@ -169,7 +201,7 @@ async def run(args: argparse.Namespace, console: Console) -> Exit:
             show(found, console)
             console.print(f"would settle {len(found.settle)} tool call(s); nothing written (--dry-run)")
             return Exit.SETTLED
-        rows = await settle_all(database, found.settle, console)
+        rows = await settle_all(database, found.settle, console, found.elsewhere_since)
         console.print(
             f"settled {len(found.settle)} tool call(s) in {len({t.session_id for t in found.settle})} "
             f"session(s), {rows} row(s) written"

@@ -98,7 +98,9 @@ class Settle(Addon):
         credentials = self._probe.credentials(flow.request)
         try:
             kept = self._tracker.cached(route.api, route.session_id)
-            liveness = kept.liveness if kept else await self._ask(route, credentials)
+            liveness = (
+                await self._probe.bounded(kept.liveness) if kept else await self._ask(route, credentials)
+            )
             rewritten = (
                 None
                 if liveness.active

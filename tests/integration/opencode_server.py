@@ -132,10 +132,11 @@ class OpencodeServer:
         """Create a project directory whose opencode.json points at the mock model; warm it if running.
 
         Each directory is its own opencode instance: without the warm-up its first v2 prompt fails
-        with `Model unavailable: mock/m`.
+        with `Model unavailable: mock/m`. Servers built on one root share its projects and its
+        database: two processes on one `opencode.db`, each on a port of its own.
         """
         directory = self._root / "projects" / name
-        directory.mkdir(parents=True)
+        directory.mkdir(parents=True, exist_ok=True)
         (directory / "opencode.json").write_bytes(orjson.dumps(self._project_config()))
         self._projects.append(directory)
         if self._process is not None:
