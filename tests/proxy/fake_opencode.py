@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import gzip
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import WSMsgType, web
+
+from tests.fixtures import js_json
 
 
 @dataclass
@@ -166,7 +169,7 @@ class FakeOpencode:
         """Send one event to every `/global/event` stream, framed as opencode frames it."""
         payload = {"type": kind, "properties": {"sessionID": session_id, **properties}}
         for queue in self.streams:
-            queue.put_nowait(orjson.dumps({"directory": "/cwd", "payload": payload}))
+            queue.put_nowait(js_json({"directory": "/cwd", "payload": payload}))
 
     def drop_streams(self) -> None:
         """End every open `/global/event` stream, as a crashing server does."""
@@ -187,10 +190,10 @@ class FakeOpencode:
         part = await request.json()
         self.patches.append((request.path, part))
         path = f"/session/{request.match_info['session']}/message"
-        messages = orjson.loads(self.bodies[path])
+        messages = json.loads(self.bodies[path])
         for message in messages:
             message["parts"] = [part if old["id"] == part["id"] else old for old in message["parts"]]
-        self.bodies[path] = orjson.dumps(messages)
+        self.bodies[path] = js_json(messages)
         return web.json_response(part)
 
     async def _history(self, request: web.Request) -> web.Response:
