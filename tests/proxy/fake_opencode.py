@@ -21,6 +21,8 @@ class FakeOpencode:
     """State the tests set: message bodies per path, and what liveness says."""
 
     bodies: dict[str, bytes] = field(default_factory=dict)
+    headers: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Headers sent with a body of `bodies`, whatever the request asked (e.g. a `Content-Encoding`)."""
     v2_active: set[str] = field(default_factory=set)
     v1_busy: dict[str, set[str]] = field(default_factory=dict)
     """Busy v1 sessions per directory: v1 status is per directory instance."""
@@ -223,4 +225,6 @@ class FakeOpencode:
         body = self.bodies.get(request.path)
         if body is None:
             raise web.HTTPNotFound()
-        return web.Response(body=body, content_type="application/json")
+        return web.Response(
+            body=body, content_type="application/json", headers=self.headers.get(request.path)
+        )
