@@ -18,7 +18,7 @@ from proxy.context import SettleContext
 from proxy.database import OpencodeDatabase, default_path
 from proxy.db_writer import DbWriter
 from proxy.forward import ADDONS, forward
-from proxy.headers import drop_invented_headers
+from proxy.headers import MountedLinks, drop_invented_headers
 from proxy.live import LiveSettle
 from proxy.liveness import LivenessProbe
 from proxy.metrics import METRICS, CountingWriter, Metrics
@@ -63,6 +63,8 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         stack.push_async_callback(_cancelled, following)
         settle = Settle(probe, tracker, metrics, write_back=write_back, dry_run=settings.dry_run)
         addons: list[Addon] = [settle, live, session_streams]
+        if prefix := app.get(MOUNT_PREFIX):
+            addons.insert(0, MountedLinks(prefix))
         app[ADDONS] = addons
         yield
 
