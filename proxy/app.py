@@ -10,7 +10,7 @@ from contextlib import AsyncExitStack
 from aiohttp import web
 
 from proxy import health
-from proxy.addons import Addons
+from proxy.addons import Addon, Addons
 from proxy.api_writer import ApiWriter
 from proxy.auth import require_basic_auth
 from proxy.config import Settings, WriteBackMode
@@ -18,7 +18,7 @@ from proxy.context import SettleContext
 from proxy.database import OpencodeDatabase, default_path
 from proxy.db_writer import DbWriter
 from proxy.forward import ADDONS, forward
-from proxy.headers import drop_invented_headers
+from proxy.headers import MountedLinks, drop_invented_headers
 from proxy.live import LiveSettle
 from proxy.liveness import LivenessProbe
 from proxy.metrics import METRICS, CountingWriter, Metrics
@@ -69,7 +69,10 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)
         settle = Settle(probe, tracker, metrics, write_back=write_back, dry_run=settings.dry_run)
-        app[ADDONS] = Addons([settle, live, session_streams], metrics.addon_errors)
+        addons: list[Addon] = [settle, live, session_streams]
+        if prefix := app.get(MOUNT_PREFIX):
+            addons.insert(0, MountedLinks(prefix))
+        app[ADDONS] = Addons(addons, metrics.addon_errors)
         yield
 
 

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
-import orjson
 
+from proxy import jsonio
 from proxy.event_log import PROMPT_ADMITTED, call_left_open, tool_failed_data
 from proxy.ids import ascending_id
 from proxy.writeback import Written
@@ -129,7 +129,7 @@ class OpencodeDatabase:
         written: list[Written] = []
         rows = await self._rows(_V2_CANDIDATES_SQL, session_id)
         for message_id, kind, data in rows:
-            view = {"id": message_id, "type": kind, **orjson.loads(data)}
+            view = {"id": message_id, "type": kind, **jsonio.loads(data)}
             # Only what the tool.failed event projects: the message row must stay in step with the log.
             settlement = settle(view, Api.V2, liveness, rules=(OrphanedTool(),))
             if settlement is None:
@@ -164,11 +164,11 @@ class OpencodeDatabase:
         if not message:
             return None
         parts = await self._rows(_V1_PARTS_SQL, message_id)
-        info = {"id": message_id, "sessionID": session_id, **orjson.loads(message[0][0])}
+        info = {"id": message_id, "sessionID": session_id, **jsonio.loads(message[0][0])}
         return {
             "info": info,
             "parts": [
-                {"id": part, "sessionID": session_id, "messageID": message_id, **orjson.loads(data)}
+                {"id": part, "sessionID": session_id, "messageID": message_id, **jsonio.loads(data)}
                 for part, data in parts
             ],
         }
@@ -176,7 +176,7 @@ class OpencodeDatabase:
     async def _update(self, table: str, row_id: str, data: JSONObject, now: int) -> None:
         await self._db.execute(
             f"UPDATE {table} SET data = ?, time_updated = ? WHERE id = ?",  # table names are constants
-            (orjson.dumps(data).decode(), now, row_id),
+            (jsonio.dumps(data).decode(), now, row_id),
         )
 
     async def _append(self, session_id: str, kind: str, data: JSONObject) -> None:
@@ -187,7 +187,7 @@ class OpencodeDatabase:
         seq = int(current[0][0]) + 1
         await self._db.execute(
             "INSERT INTO event (id, aggregate_id, seq, type, data) VALUES (?, ?, ?, ?, ?)",
-            (ascending_id("evt"), session_id, seq, kind, orjson.dumps(data).decode()),
+            (ascending_id("evt"), session_id, seq, kind, jsonio.dumps(data).decode()),
         )
         await self._db.execute("UPDATE event_sequence SET seq = ? WHERE aggregate_id = ?", (seq, session_id))
 

@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 import orjson
 
+from proxy import jsonio
 from proxy.routes import MessageRoute
 from rules import (
     DEFAULT_RULES,
@@ -83,20 +84,30 @@ def rewrite(
     if liveness.active:
         return None
     if not route.single:
-        raw = _raw_messages(body, route.api)
-        spans = _compact_spans(body, raw)
+        scanned, raw = _raw_messages(body, route.api)
+        spans = _compact_spans(scanned, raw)
         if spans is not None:
             return _rewrite_spans(body, raw, spans, route.api, liveness=liveness, rules=rules)
     return _rewrite_document(body, route, liveness, rules)
 
 
-def _raw_messages(body: bytes, api: Api) -> list[msgspec.Raw]:
+def _raw_messages(body: bytes, api: Api) -> tuple[bytes, list[msgspec.Raw]]:
+    """The list's messages as raw bytes, and the bytes they lie in: `body`, or a copy of it of
+    the same length and layout with its lone surrogate escapes (which msgspec refuses)
+    neutralized, so that every offset found in it holds for `body` too."""
     try:
         body.decode("utf-8")  # msgspec leaves the strings of skipped values unchecked
         found = _LISTS[api].decode(body)
-    except (msgspec.DecodeError, UnicodeDecodeError) as error:
+    except UnicodeDecodeError as error:
         raise UnexpectedShape(f"{api} message list: {error}") from error
-    return list(found.data if api is Api.V2 else found)
+    except msgspec.DecodeError as error:
+        scanned = jsonio.without_lone_surrogates(body)
+        try:
+            found = _LISTS[api].decode(scanned)
+        except msgspec.DecodeError:
+            raise UnexpectedShape(f"{api} message list: {error}") from error
+        return scanned, list(found.data if api is Api.V2 else found)
+    return body, list(found.data if api is Api.V2 else found)
 
 
 def _compact_spans(body: bytes, raw: list[msgspec.Raw]) -> list[int] | None:
@@ -129,14 +140,15 @@ def _rewrite_spans(
 ) -> Rewritten | None:
     settled: list[tuple[int, Settlement]] = []
     for index in _candidates(body, starts, api):
-        found = settle(orjson.loads(bytes(raw[index])), api, liveness, rules)
+        start = starts[index]
+        found = settle(jsonio.loads(body[start : start + len(raw[index])]), api, liveness, rules)
         if found is not None:
             settled.append((index, found))
     if not settled:
         return None
     pieces, cursor = [], 0
     for index, found in settled:
-        pieces += [body[cursor : starts[index]], orjson.dumps(found.message)]
+        pieces += [body[cursor : starts[index]], jsonio.dumps(found.message)]
         cursor = starts[index] + len(raw[index])
     pieces.append(body[cursor:])
     return Rewritten(b"".join(pieces), SettledMessages(tuple(settled)), spliced=True)
@@ -157,7 +169,7 @@ def _rewrite_document(
     body: bytes, route: MessageRoute, liveness: Liveness, rules: Sequence[Rule]
 ) -> Rewritten | None:
     try:
-        document = orjson.loads(body)
+        document = jsonio.loads(body)
     except orjson.JSONDecodeError as error:
         raise UnexpectedShape(f"body is not JSON: {error}") from error
     originals = messages_of(document, route.api, single=route.single)
@@ -168,7 +180,7 @@ def _rewrite_document(
     spliced = _splice(body, changed, route.api)
     if spliced is not None:
         return Rewritten(spliced, view.messages, spliced=True)
-    return Rewritten(orjson.dumps(view.document), view.messages, spliced=False)
+    return Rewritten(jsonio.dumps(view.document), view.messages, spliced=False)
 
 
 def _splice(body: bytes, changed: list[tuple[Any, Settlement]], api: Api) -> bytes | None:
@@ -177,7 +189,7 @@ def _splice(body: bytes, changed: list[tuple[Any, Settlement]], api: Api) -> byt
         span = _locate(body, original, api)
         if span is None:
             return None
-        spans.append((span, orjson.dumps(found.message)))
+        spans.append((span, jsonio.dumps(found.message)))
     pieces, cursor = [], 0
     for (start, end), replacement in sorted(spans):
         pieces += [body[cursor:start], replacement]
@@ -190,7 +202,7 @@ def _locate(body: bytes, message: Any, api: Api) -> tuple[int, int] | None:
     """Find the byte span of `message` in `body`, proven by comparing what is there and by
     being the only one: an identical value elsewhere (a field echoing the message) makes it
     unprovable which one is the message."""
-    compact = orjson.dumps(message)
+    compact = jsonio.dumps(message)
     spans = set()
     for start in _candidate_starts(body, message, api):
         end = start + len(compact) if body.startswith(compact, start) else _decoded_end(body, start, message)
@@ -207,7 +219,7 @@ def _candidate_starts(body: bytes, message: Any, api: Api) -> Iterator[int]:
     id, wherever `id` sits among the info keys (paged v1 lists order them differently).
     """
     identifier = message["info"]["id"] if api is Api.V1 else message["id"]
-    for found in re.finditer(rb'"id"\s*:\s*' + re.escape(orjson.dumps(identifier)), body):
+    for found in re.finditer(rb'"id"\s*:\s*' + re.escape(jsonio.dumps(identifier)), body):
         key = found.start() if api is Api.V2 else body.rfind(b'"info"', 0, found.start())
         brace = _previous_non_space(body, key)
         if brace >= 0 and body[brace] == ord("{"):

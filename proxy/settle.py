@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from aiohttp import hdrs
 
+from proxy import codings
 from proxy.addons import Addon, Flow
 from proxy.liveness import LivenessProbe, LivenessUnknown
 from proxy.metrics import Metrics
@@ -71,12 +72,18 @@ class Settle(Addon):
         route = _route(flow)
         if route is None or flow.status != 200:
             return
-        content_type = flow.response_headers.get(hdrs.CONTENT_TYPE, "")
-        encoded = flow.response_headers.get(hdrs.CONTENT_ENCODING, "identity").lower() != "identity"
+        is_json = flow.response_headers.get(hdrs.CONTENT_TYPE, "").startswith("application/json")
         # Unless there is something to check, a large body is relayed piece by piece, a smaller one
         # read whole: one write of it costs less than relaying its pieces (measured, 362 KB vs 3.6 MB).
         relayed = self._known_unchanged(route, flow) and (flow.content_length or 0) > WHOLE_BODY_LIMIT
-        flow.read_body = content_type.startswith("application/json") and not encoded and not relayed
+        absent = codings.missing(_codings(flow))
+        if is_json and absent and not relayed:
+            log.warning(
+                "%s answered in %s, which cannot be decoded here (not installed): passed on unchecked",
+                route.session_id,
+                ", ".join(absent),
+            )
+        flow.read_body = is_json and not absent and not relayed
 
     def _known_unchanged(self, route: MessageRoute, flow: Flow) -> bool:
         """Whether the stream vouches there is nothing to settle, so the body goes out unscanned:
@@ -88,11 +95,12 @@ class Settle(Addon):
 
     async def response(self, flow: Flow) -> None:
         route = _route(flow)
-        if route is None or self._known_unchanged(route, flow):
+        body = None if route is None or self._known_unchanged(route, flow) else self._decoded(route, flow)
+        if route is None or body is None:
             return
         view = flow.request.raw_path
-        known = self._recent.known(route.session_id, view, flow.body)
-        if known is None and not mentions_open_status(flow.body, route.api):
+        known = self._recent.known(route.session_id, view, body)
+        if known is None and not mentions_open_status(body, route.api):
             self._tracker.mark_clean(route.session_id, view)
             return
         credentials = self._probe.credentials(flow.request)
@@ -104,7 +112,7 @@ class Settle(Addon):
             rewritten = (
                 None
                 if liveness.active
-                else known or self._recent.rewrite(view, flow.body, route, liveness, self._rules)
+                else known or self._recent.rewrite(view, body, route, liveness, self._rules)
             )
             if rewritten is not None and kept is not None and not _vouches_for(kept, rewritten):
                 rewritten = None if (await self._ask(route, credentials)).active else rewritten
@@ -119,7 +127,7 @@ class Settle(Addon):
         self._record(route, rewritten, log_it=known is None)
         if self._dry_run:
             return
-        flow.body = rewritten.body
+        _send(flow, rewritten.body)
         for name in _VALIDATORS:
             flow.response_headers.popall(name, None)
         flow.response_headers[SETTLED_HEADER] = str(rewritten.messages.settled_parts)
@@ -128,6 +136,14 @@ class Settle(Addon):
         )
         if self._write_back is not None:
             self._write_back.schedule(route.api, route.session_id, credentials)
+
+    def _decoded(self, route: MessageRoute, flow: Flow) -> bytes | None:
+        """The body with its content codings undone, or None (logged) when they do not decode."""
+        try:
+            return codings.decode(flow.body, _codings(flow))
+        except codings.CodingError as error:
+            log.warning("%s: body passed on unchecked: %s", route.session_id, error)
+            return None
 
     async def _ask(self, route: MessageRoute, credentials: Credentials) -> Liveness:
         """A fresh reading from the upstream, kept for later fetches while the stream vouches for it."""
@@ -171,6 +187,28 @@ def _vouches_for(kept: KeptReading, rewritten: Rewritten) -> bool:
     the tool's last sign of life cannot have missed it.
     """
     return kept.taken_at >= rewritten.messages.last_alive + FRESH_MARGIN_MS
+
+
+def _codings(flow: Flow) -> list[str]:
+    return codings.content_codings(flow.response_headers.getall(hdrs.CONTENT_ENCODING, ()))
+
+
+def _send(flow: Flow, body: bytes) -> None:
+    """Send the settled `body` in the codings the upstream's was in if the client takes them,
+    else as identity, with the headers saying which. Which one depends on the request's
+    `Accept-Encoding`, so caches are told so."""
+    applied = _codings(flow)
+    if not applied:
+        flow.body = body
+        return
+    if codings.accepts(flow.request.headers.get(hdrs.ACCEPT_ENCODING), applied):
+        flow.body = codings.encode(body, applied)
+    else:
+        flow.body = body
+        flow.response_headers.popall(hdrs.CONTENT_ENCODING)
+    vary = flow.response_headers.getall(hdrs.VARY, ())
+    if not {token.strip().lower() for value in vary for token in value.split(",")} & {"*", "accept-encoding"}:
+        flow.response_headers.add(hdrs.VARY, hdrs.ACCEPT_ENCODING)
 
 
 def _route(flow: Flow) -> MessageRoute | None:

@@ -15,9 +15,9 @@ from collections import deque
 from collections.abc import Mapping
 
 import aiohttp
-import orjson
 from aiohttp import web
 
+from proxy import jsonio
 from proxy.ids import ascending_id
 
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
@@ -25,7 +25,7 @@ _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 def event_frame(envelope: object) -> bytes:
     """One SSE event carrying `envelope` as JSON, framed as opencode frames its own."""
-    return b"data: " + orjson.dumps(envelope) + b"\n\n"
+    return b"data: " + jsonio.dumps(envelope) + b"\n\n"
 
 
 def opencode_event(kind: str, properties: Mapping[str, object]) -> dict[str, object]:

@@ -25,6 +25,7 @@ import aiohttp
 import orjson
 from aiohttp import hdrs, web
 
+from proxy import jsonio
 from proxy.config import Settings
 from rules import Api, Liveness
 
@@ -197,7 +198,7 @@ async def _next_line(stream: aiohttp.ClientResponse) -> bytes:
 def parse_event(data: bytes) -> GlobalEvent | None:
     """One `/global/event` payload, or None for what is not a plain event (sync forms, junk)."""
     try:
-        envelope = orjson.loads(data)
+        envelope = jsonio.loads(data)
     except orjson.JSONDecodeError:
         return None
     payload = envelope.get("payload") if isinstance(envelope, dict) else None

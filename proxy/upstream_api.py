@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import hdrs, web
 
+from proxy import jsonio
 from proxy.config import Settings
 
 AUTH_TOKEN_PARAM = "auth_token"
@@ -69,14 +69,14 @@ class UpstreamApi:
         body = None
         if json is not None:
             headers[hdrs.CONTENT_TYPE] = "application/json"
-            body = orjson.dumps(json)
+            body = jsonio.dumps(json)
         async with self._session.request(
             method, url.with_query(query) if query else url, headers=headers, data=body, allow_redirects=False
         ) as response:
             answer = await response.read()
             if response.status != 200:
                 raise UpstreamRefused(method, path, response.status, answer)
-            return orjson.loads(answer) if answer else None
+            return jsonio.loads(answer) if answer else None
 
     async def get(self, path: str, credentials: Credentials, **params: str) -> Any:
         """`GET path?params`, parsed."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import socket
 import threading
 import time
@@ -44,6 +45,8 @@ class Plan:
     command: str = DEFAULT_COMMAND
     cut_stream: bool = False
     each_prompt: bool = False
+    description: str = "demo"
+    """The call's `description`; may hold a lone surrogate, sent as its escape as a provider would."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,7 @@ class MockModel:
         if call_id is None:
             await _send_text(response, "done")
             return response
-        await _send(response, _tool_call_delta(call_id, plan.command))
+        await _send(response, _tool_call_delta(call_id, plan))
         if plan.cut_stream:
             _drop_connection(request)
             return response
@@ -197,8 +200,9 @@ def _chunk(delta: Mapping[str, Any], finish_reason: str | None = None) -> dict[s
     }
 
 
-def _tool_call_delta(call_id: str, command: str) -> dict[str, Any]:
-    arguments = orjson.dumps({"command": command, "description": "demo"}).decode()
+def _tool_call_delta(call_id: str, plan: Plan) -> dict[str, Any]:
+    # The standard library writes a lone surrogate as its escape, where orjson refuses it.
+    arguments = json.dumps({"command": plan.command, "description": plan.description}, separators=(",", ":"))
     call = {
         "index": 0,
         "id": call_id,

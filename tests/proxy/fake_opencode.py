@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import gzip
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,12 +13,16 @@ from typing import Any
 import orjson
 from aiohttp import WSMsgType, web
 
+from tests.fixtures import js_json
+
 
 @dataclass
 class FakeOpencode:
     """State the tests set: message bodies per path, and what liveness says."""
 
     bodies: dict[str, bytes] = field(default_factory=dict)
+    headers: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Headers sent with a body of `bodies`, whatever the request asked (e.g. a `Content-Encoding`)."""
     v2_active: set[str] = field(default_factory=set)
     v1_busy: dict[str, set[str]] = field(default_factory=dict)
     """Busy v1 sessions per directory: v1 status is per directory instance."""
@@ -166,7 +171,7 @@ class FakeOpencode:
         """Send one event to every `/global/event` stream, framed as opencode frames it."""
         payload = {"type": kind, "properties": {"sessionID": session_id, **properties}}
         for queue in self.streams:
-            queue.put_nowait(orjson.dumps({"directory": "/cwd", "payload": payload}))
+            queue.put_nowait(js_json({"directory": "/cwd", "payload": payload}))
 
     def drop_streams(self) -> None:
         """End every open `/global/event` stream, as a crashing server does."""
@@ -187,10 +192,10 @@ class FakeOpencode:
         part = await request.json()
         self.patches.append((request.path, part))
         path = f"/session/{request.match_info['session']}/message"
-        messages = orjson.loads(self.bodies[path])
+        messages = json.loads(self.bodies[path])
         for message in messages:
             message["parts"] = [part if old["id"] == part["id"] else old for old in message["parts"]]
-        self.bodies[path] = orjson.dumps(messages)
+        self.bodies[path] = js_json(messages)
         return web.json_response(part)
 
     async def _history(self, request: web.Request) -> web.Response:
@@ -220,4 +225,6 @@ class FakeOpencode:
         body = self.bodies.get(request.path)
         if body is None:
             raise web.HTTPNotFound()
-        return web.Response(body=body, content_type="application/json")
+        return web.Response(
+            body=body, content_type="application/json", headers=self.headers.get(request.path)
+        )

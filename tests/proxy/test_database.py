@@ -1,6 +1,8 @@
 """Settling opencode's SQLite store in place, on a database shaped like the one a crash leaves."""
 
+import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -9,12 +11,14 @@ import pytest
 
 from proxy.database import OpencodeDatabase
 from rules import Api, Liveness
-from tests.fixtures import OPENCODE
+from tests.fixtures import OPENCODE, js_json
 from tests.fixtures.stale_db import DIRECTORY, V1_SESSION, V2_SESSION, build_stale_db
 
 V1_PART = "prt_229433856001UdZM6dtgAYZqVe"
 V1_MESSAGE = "msg_229432faa0010ifWjJPo42f8Zo"
 V2_MESSAGE = "msg_22942f8cd001S0O0R7RZWGCalD"
+V1_PROMPT_PART = "prt_2294328bf001tfvm6AAj3yh110"
+V2_PROMPT = "msg_22942f4d7001qzI46NEJt1Jq67"
 
 
 @pytest.fixture
@@ -130,6 +134,52 @@ async def test_v2_call_with_a_later_prompt_is_left_to_the_server(db_path: Path) 
     connection.close()
     assert await settle(db_path, Api.V2, V2_SESSION) == []
     assert data(db_path, "session_message", V2_MESSAGE)["content"][0]["state"]["status"] == "running"
+
+
+def rewrite_row(path: Path, table: str, row_id: str, edit: Callable[[Any], None]) -> str:
+    """Edit one row's data and store it as the server would (`JSON.stringify`); returns the text."""
+    value = json.loads(query(path, f"SELECT data FROM {table} WHERE id = ?", row_id)[0][0])
+    edit(value)
+    text = js_json(value).decode()
+    connection = sqlite3.connect(path)
+    connection.execute(f"UPDATE {table} SET data = ? WHERE id = ?", (text, row_id))
+    connection.commit()
+    connection.close()
+    return text
+
+
+def raw_data(path: Path, table: str, row_id: str) -> str:
+    return str(query(path, f"SELECT data FROM {table} WHERE id = ?", row_id)[0][0])
+
+
+async def test_v1_rows_with_lone_surrogates_are_settled_and_keep_them(db_path: Path) -> None:
+    prompt = rewrite_row(db_path, "part", V1_PROMPT_PART, lambda part: part.update(text="run \ud83d"))
+    rewrite_row(db_path, "part", V1_PART, lambda part: part["state"]["metadata"].update(output="hi \udc00"))
+    written = await settle(db_path, Api.V1, V1_SESSION)
+    assert [(w.part, w.rule) for w in written] == [(V1_PART, "orphaned-tool"), (None, "unfinished-message")]
+    stored = raw_data(db_path, "part", V1_PART)
+    assert '"output":"hi \\udc00"' in stored
+    assert json.loads(stored)["state"]["status"] == "error"
+    assert raw_data(db_path, "part", V1_PROMPT_PART) == prompt
+    (event,) = query(db_path, "SELECT data FROM event WHERE type = 'message.part.updated.1' AND seq > 13")
+    assert '"output":"hi \\udc00"' in event[0]
+
+
+async def test_v2_rows_with_lone_surrogates_are_settled_and_keep_them(db_path: Path) -> None:
+    prompt = rewrite_row(db_path, "session_message", V2_PROMPT, lambda message: message.update(text="\ud83d"))
+
+    def cut(message: Any) -> None:
+        message["content"][0]["state"]["input"]["description"] = "demo \ud83d"
+
+    rewrite_row(db_path, "session_message", V2_MESSAGE, cut)
+    async with OpencodeDatabase.open(db_path) as database:
+        assert [tool.message_id for tool in await database.open_tools()] == [V2_MESSAGE, V1_MESSAGE]
+    written = await settle(db_path, Api.V2, V2_SESSION)
+    assert [(w.part, w.rule) for w in written] == [("call_mock_1", "orphaned-tool")]
+    stored = raw_data(db_path, "session_message", V2_MESSAGE)
+    assert '"description":"demo \\ud83d"' in stored
+    assert json.loads(stored)["content"][0]["state"]["status"] == "error"
+    assert raw_data(db_path, "session_message", V2_PROMPT) == prompt
 
 
 async def test_missing_database_is_a_clear_error(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
 from proxy import Settings, mount
+from proxy.app import create_app
 from tests.fixtures import compact
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -38,3 +39,81 @@ async def test_mounted_under_a_prefix(
     echoed = await (await client.get("/opencode/echo?x=1")).json()
     assert echoed["path_qs"] == "/echo?x=1"
     assert (await client.get("/opencode/_settle/health")).status == 200
+
+
+def paging_upstream() -> web.Application:
+    """Pages of a v1 message list with the `Link` opencode 1.18.33 builds (from `Host` and
+    `x-forwarded-proto`, as its `HttpServerRequest.toURL` does), and a redirect or two."""
+
+    async def page(request: web.Request) -> web.Response:
+        proto = "https" if request.headers.get("x-forwarded-proto") == "https" else "http"
+        here = URL(f"{proto}://{request.headers['Host']}{request.path_qs}")
+        before = request.query.get("before")
+        if before == "msg_1":
+            return web.json_response([{"info": {"id": "msg_1"}, "parts": []}])
+        following = here.update_query(limit=request.query["limit"], before="msg_1")
+        return web.json_response(
+            [{"info": {"id": "msg_2"}, "parts": []}],
+            headers={
+                "Access-Control-Expose-Headers": "Link, X-Next-Cursor",
+                "Link": f'<{following}>; rel="next"',
+                "X-Next-Cursor": "msg_1",
+            },
+        )
+
+    async def moved(request: web.Request) -> web.Response:
+        return web.Response(status=302, headers={"Location": request.query["to"]})
+
+    app = web.Application()
+    app.router.add_get("/session/{session}/message", page)
+    app.router.add_get("/moved", moved)
+    return app
+
+
+async def test_links_the_upstream_builds_keep_the_mount_prefix(
+    aiohttp_server: Callable[[web.Application], Awaitable[TestServer]],
+    aiohttp_client: Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]],
+) -> None:
+    upstream = await aiohttp_server(paging_upstream())
+    app = web.Application()
+    mount(app, "/opencode", Settings(upstream=URL(str(upstream.make_url("/")))))
+    client = await aiohttp_client(app)
+    origin = str(client.make_url("/")).rstrip("/")
+
+    first = await client.get("/opencode/session/ses_x/message?limit=1")
+    assert (
+        first.headers["Link"] == f'<{origin}/opencode/session/ses_x/message?limit=1&before=msg_1>; rel="next"'
+    )
+    assert first.headers["X-Next-Cursor"] == "msg_1"
+    (following,) = [link for link in first.links.values()]
+    second = await client.get(URL(str(following["url"])).path_qs)
+    assert await second.json() == [{"info": {"id": "msg_1"}, "parts": []}]
+
+    public = await client.get(
+        "/opencode/session/ses_x/message?limit=1",
+        headers={"Host": "opencode.example", "X-Forwarded-Proto": "https"},
+    )
+    assert public.headers["Link"].startswith("<https://opencode.example/opencode/session/ses_x/message?")
+
+    for target, expected in [
+        ("/session/ses_x", "/opencode/session/ses_x"),
+        (f"{origin}/doc?x=1", f"{origin}/opencode/doc?x=1"),
+        ("https://github.com/login", "https://github.com/login"),
+        ("//elsewhere.example/x", "//elsewhere.example/x"),
+        ("relative/path", "relative/path"),
+    ]:
+        redirect = await client.get("/opencode/moved", params={"to": target}, allow_redirects=False)
+        assert redirect.headers["Location"] == expected
+
+
+async def test_a_proxy_on_its_own_leaves_links_as_they_came(
+    aiohttp_server: Callable[[web.Application], Awaitable[TestServer]],
+    aiohttp_client: Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]],
+) -> None:
+    upstream = await aiohttp_server(paging_upstream())
+    client = await aiohttp_client(create_app(Settings(upstream=URL(str(upstream.make_url("/"))))))
+    origin = str(client.make_url("/")).rstrip("/")
+    first = await client.get("/session/ses_x/message?limit=1")
+    assert first.headers["Link"] == f'<{origin}/session/ses_x/message?limit=1&before=msg_1>; rel="next"'
+    redirect = await client.get("/moved", params={"to": "/session/ses_x"}, allow_redirects=False)
+    assert redirect.headers["Location"] == "/session/ses_x"

@@ -1,6 +1,8 @@
 """Live settlement: a client stream that outlived the crash is told the part is settled."""
 
 import asyncio
+import copy
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -13,7 +15,7 @@ from yarl import URL
 
 from proxy.app import create_app
 from proxy.config import Settings
-from tests.fixtures import load
+from tests.fixtures import js_json, load
 from tests.proxy.conftest import ProxyClient, following
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -156,3 +158,21 @@ async def test_a_part_the_server_settled_unseen_is_relayed_as_it_is(
     }
     assert info["error"] == {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
     assert status["payload"]["properties"]["status"] == {"type": "idle"}
+
+
+async def test_a_part_cut_inside_an_emoji_is_settled_live(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    message = copy.deepcopy(MESSAGE)
+    message["parts"][1]["state"]["metadata"]["output"] = "hello \ud83d"
+    fake.bodies[f"/session/{V1}/message/{MESSAGE['info']['id']}"] = js_json(message)
+    fake.publish("message.part.updated", V1, part=message["parts"][1], time=1)
+    await asyncio.sleep(0.05)
+    fake.drop_streams()
+    await following(proxy)
+    await asyncio.sleep(0.3)
+    response = await proxy.get("/global/event")
+    lines = [await asyncio.wait_for(response.content.readline(), 5) for _ in range(4)]
+    part = next(line for line in lines if b"message.part.updated" in line)
+    assert b'"output":"hello \\ud83d"' in part
+    settled = json.loads(part.removeprefix(b"data: "))["payload"]["properties"]["part"]
+    assert settled["state"]["status"] == "error"
+    assert settled["state"]["metadata"] == {"output": "hello \ud83d", "interrupted": True}

@@ -1,5 +1,7 @@
 """`settle-proxy settle` on a database shaped like the one a crash leaves."""
 
+import json
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,6 +13,7 @@ from rich.console import Console
 from yarl import URL
 
 from proxy.offline import Exit, build_parser, run
+from tests.fixtures import js_json
 from tests.fixtures.stale_db import V1_SESSION, V2_SESSION, build_stale_db
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -47,6 +50,24 @@ def test_settles_then_has_nothing_to_do(db_path: Path) -> None:
     second = settle("--db", str(db_path))
     assert second.returncode == Exit.NOTHING_TO_DO
     assert "nothing to do" in second.stdout
+
+
+def test_rows_cut_inside_an_emoji_are_settled(db_path: Path) -> None:
+    connection = sqlite3.connect(db_path)
+    for table in ("part", "session_message"):
+        for row_id, data in connection.execute(f"SELECT id, data FROM {table}").fetchall():
+            value = json.loads(data)
+            value["cut"] = "\ud83d"
+            connection.execute(f"UPDATE {table} SET data = ? WHERE id = ?", (js_json(value).decode(), row_id))
+    connection.commit()
+    connection.close()
+    result = settle("--db", str(db_path))
+    assert result.returncode == Exit.SETTLED, result.stderr
+    assert "settled 2 tool call(s) in 2 session(s)" in result.stdout
+    connection = sqlite3.connect(db_path)
+    rows = connection.execute("SELECT data FROM part UNION ALL SELECT data FROM session_message").fetchall()
+    connection.close()
+    assert all('"cut":"\\ud83d"' in data for (data,) in rows)
 
 
 @pytest.fixture

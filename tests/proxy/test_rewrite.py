@@ -9,7 +9,7 @@ import pytest
 from proxy.rewrite import RecentRewrites, mentions_open_status, rewrite
 from proxy.routes import MessageRoute, match_message_route
 from rules import DEFAULT_RULES, Api, Liveness, UnexpectedShape, settle
-from tests.fixtures import load
+from tests.fixtures import js_json, load
 
 INACTIVE = Liveness("ses_x", active=False)
 V2_LIST = MessageRoute(Api.V2, "ses_x", single=False)
@@ -101,6 +101,40 @@ def test_v1_list_splices_the_last_message() -> None:
     assert result.spliced
     assert result.body.startswith(b"[" + orjson.dumps(messages[0]) + b",")
     assert orjson.loads(result.body)[1]["parts"][1]["state"]["status"] == "error"
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+@pytest.mark.parametrize("where", [{1}, {2}, {1, 2}])
+def test_a_lone_surrogate_anywhere_in_a_v2_list_is_kept_and_the_list_settled(
+    where: set[int], indent: int | None
+) -> None:
+    document = v2_history({1, 4})
+    for index in where:
+        document["data"][index]["content"][0]["state"]["input"]["description"] = "cut \ud83d 😀 \\ud83d"
+    body = js_json(document, indent)
+    result = rewrite(body, V2_LIST, INACTIVE)
+    assert result is not None
+    assert result.spliced
+    assert json.loads(result.body) == expected(json.loads(body), {1, 4})
+    assert result.body.count(b"cut \\ud83d \xf0\x9f\x98\x80 \\\\ud83d") == len(where)
+    if indent is None:
+        assert js_json(document["data"][2]) in result.body
+
+
+def test_a_lone_surrogate_in_a_v1_list_and_single_message() -> None:
+    messages = load("v1-message-stale-running.json")
+    messages[0]["parts"][0]["text"] = "\udc00 left"
+    messages[1]["parts"][1]["state"]["metadata"]["output"] = "hello \ud83d"
+    body = js_json(messages)
+    result = rewrite(body, V1_LIST, INACTIVE)
+    assert result is not None
+    assert result.spliced
+    assert result.body.startswith(b"[" + js_json(messages[0]) + b",")
+    assert b'"output":"hello \\ud83d"' in result.body
+    assert json.loads(result.body)[1]["parts"][1]["state"]["status"] == "error"
+    single = rewrite(js_json(messages[1]), MessageRoute(Api.V1, "ses_x", single=True), INACTIVE)
+    assert single is not None
+    assert b'"output":"hello \\ud83d"' in single.body
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,14 @@
 """The settle addon end to end: fake upstream → proxy → client."""
 
 import asyncio
+import json
 from typing import Any
 
 import orjson
 import pytest
 
 from proxy.settle import SETTLED_HEADER
-from tests.fixtures import compact, load, raw
+from tests.fixtures import compact, js_json, load, raw
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -43,6 +44,21 @@ async def test_splice_leaves_untouched_bytes_alone(proxy: ProxyClient, fake: Fak
     user_message = original[original.index(b'    {\n      "id": "msg_22942f4d7') :]
     assert body.endswith(user_message)
     assert body.startswith(b'{\n  "data": [\n    {"id":"msg_22942f8cd001S0O0R7RZWGCalD"')
+
+
+async def test_a_string_cut_inside_an_emoji_blinds_nothing(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    document = load("v2-message-stale-running.json")
+    document["data"][0]["content"][0]["state"]["input"]["description"] = "demo \ud83d"
+    document["data"][1]["text"] = "\ude00 run the demo"
+    fake.bodies[f"/api/session/{V2}/message"] = js_json(document)
+    response = await proxy.get(f"/api/session/{V2}/message")
+    body = await response.read()
+    assert response.headers[SETTLED_HEADER] == "1"
+    assert body.endswith(
+        b"," + js_json(document["data"][1]) + b'],"cursor":' + js_json(document["cursor"]) + b"}"
+    )
+    assert b'"description":"demo \\ud83d"' in body
+    assert json.loads(body)["data"][0]["content"][0]["state"]["status"] == "error"
 
 
 async def test_v1_stale_list_and_single_are_settled(proxy: ProxyClient, fake: FakeOpencode) -> None:

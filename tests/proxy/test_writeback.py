@@ -1,5 +1,6 @@
 """Write-back through the API against the fake upstream: what is sent, and when nothing is."""
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -11,7 +12,7 @@ from yarl import URL
 
 from proxy.app import WRITE_BACK, create_app
 from proxy.config import Settings, WriteBackMode
-from tests.fixtures import compact, load
+from tests.fixtures import compact, js_json, load
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -67,6 +68,18 @@ async def test_v1_settled_part_is_patched(proxy: ProxyClient, fake: FakeOpencode
     assert path == f"/session/{V1}/message/msg_229432faa0010ifWjJPo42f8Zo/part/prt_229433856001UdZM6dtgAYZqVe"
     assert part == shown[1]["parts"][1]
     assert orjson.loads(fake.bodies[f"/session/{V1}/message"])[1]["parts"][1]["state"]["status"] == "error"
+
+
+async def test_v1_part_cut_inside_an_emoji_is_patched_keeping_it(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    messages = load("v1-message-stale-running.json")
+    messages[1]["parts"][1]["state"]["metadata"]["output"] = "hello \ud83d"
+    fake.bodies[f"/session/{V1}/message"] = js_json(messages)
+    await fetch_and_write_back(proxy, f"/session/{V1}/message")
+    ((_, part),) = fake.patches
+    assert part["state"]["metadata"] == {"output": "hello \ud83d", "interrupted": True}
+    assert json.loads(fake.bodies[f"/session/{V1}/message"])[1]["parts"][1]["state"]["status"] == "error"
 
 
 async def test_v2_failure_is_replayed_at_the_next_seq(proxy: ProxyClient, fake: FakeOpencode) -> None:

@@ -128,7 +128,8 @@ class Case:
         return PLAIN_ROUTE if self.route is None else MESSAGE_ROUTES[self.route]
 
     def rule_may_apply(self) -> bool:
-        """The README's contract: GET of a message view, 200, JSON, not compressed."""
+        """GET of a message view, 200, JSON, and no content coding: these bodies are never really
+        compressed, so one labelled gzip, br, … does not decode and must pass as it came."""
         return (
             self.method == "GET"
             and self.route is not None
