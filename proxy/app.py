@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
@@ -22,16 +24,19 @@ from proxy.headers import MountedLinks, drop_invented_headers
 from proxy.live import LiveSettle
 from proxy.liveness import LivenessProbe
 from proxy.metrics import METRICS, CountingWriter, Metrics
+from proxy.process_records import ProcessRecords
 from proxy.processes import OTHER_PROCESSES, OtherProcesses, mark_this_process
 from proxy.session_stream import SessionStreamSettle
 from proxy.settle import Settle
 from proxy.supervisor import SUPERVISOR
+from proxy.tool_processes import TOOL_PROCESSES, ToolProcesses
 from proxy.tracker import TRACKER, LivenessTracker
 from proxy.upstream import MOUNT_PREFIX, SETTINGS, UPSTREAM, upstream_session
 from proxy.upstream_api import Credentials, UpstreamApi
 from proxy.writeback import WriteBack, Writer
 
 WRITE_BACK = web.AppKey("write_back", WriteBack)
+log = logging.getLogger(__name__)
 
 
 async def _writer(settings: Settings, upstream: UpstreamApi, stack: AsyncExitStack) -> Writer | None:
@@ -63,9 +68,8 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         stack.push_async_callback(session_streams.close)
         tracker = app[TRACKER] = LivenessTracker(app[UPSTREAM], settings)
         tracker.listeners.append(live)
-        if (supervisor := app.get(SUPERVISOR)) is not None:
-            tracker.listeners.append(supervisor.tool_processes)
-            metrics.orphans.set_function(lambda: len(supervisor.orphans()))
+        if (watcher := await _tool_processes(app, stack)) is not None:
+            tracker.listeners.append(watcher)
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)
         settle = Settle(probe, tracker, metrics, write_back=write_back, dry_run=settings.dry_run)
@@ -74,6 +78,33 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
             addons.insert(0, MountedLinks(prefix))
         app[ADDONS] = Addons(addons, metrics.addon_errors)
         yield
+
+
+async def _tool_processes(app: web.Application, stack: AsyncExitStack) -> ToolProcesses | None:
+    """Who ties tool processes to their calls: the supervisor of a server `run` started, or, for a
+    server the proxy did not start, a watcher that finds it by the port it listens on and keeps its
+    records in the state database."""
+    if (supervisor := app.get(SUPERVISOR)) is not None:
+        app[METRICS].orphans.set_function(lambda: len(supervisor.orphans()))
+        return supervisor.tool_processes
+    path = app[SETTINGS].state_db
+    if path is None:
+        return None
+    try:
+        records = await stack.enter_async_context(ProcessRecords.open(path))
+    except (OSError, sqlite3.Error) as error:
+        log.warning("tool processes are not recorded: %s: %s", path, error)
+        return None
+    others = app[OTHER_PROCESSES]
+
+    async def listening() -> int | None:
+        pids = (await others.current()).upstream_pids
+        return pids[0] if len(pids) == 1 else None
+
+    watcher = app[TOOL_PROCESSES] = ToolProcesses(listening, reports=True)
+    watcher.recorder = records
+    stack.push_async_callback(watcher.flush)
+    return watcher
 
 
 async def _cancelled(task: asyncio.Task[None]) -> None:

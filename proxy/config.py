@@ -49,6 +49,9 @@ class Settings:
     """opencode's database for `write_back="db"`; None means the default location."""
     dry_run: bool = False
     """Decide, log and count settlements, but change no response and write nothing."""
+    state_db: Path | None = None
+    """Where tool processes are recorded with the calls that started them (`settle-proxy orphans`
+    reads it); None records nothing. The command line sets `$XDG_STATE_HOME/settle-proxy/processes.db`."""
     auth: tuple[str, str] | None = field(default=None, repr=False)
     """(user, password) of the proxy's own Basic auth in front of every route; None for none."""
 

@@ -9,6 +9,7 @@ from proxy import __version__
 from proxy.metrics import CONTENT_TYPE_LATEST, METRICS
 from proxy.processes import OTHER_PROCESSES
 from proxy.supervisor import SUPERVISOR
+from proxy.tool_processes import TOOL_PROCESSES
 from proxy.tracker import TRACKER, StreamState
 from proxy.upstream import SETTINGS, UPSTREAM
 
@@ -62,12 +63,14 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def orphans(request: web.Request) -> web.Response:
     """The processes a dead server left running, each with the session and part that started it."""
-    supervisor = request.app.get(SUPERVISOR)
-    if supervisor is None:
-        reason = "only `settle-proxy run` starts the server and can adopt what it leaves behind"
-        return web.json_response({"tracked": False, "reason": reason, "orphans": []})
-    found = [orphan.as_json() for orphan in supervisor.orphans()]
-    return web.json_response({"tracked": supervisor.subreaper, "orphans": found})
+    if (supervisor := request.app.get(SUPERVISOR)) is not None:
+        found = [orphan.as_json() for orphan in supervisor.orphans()]
+        return web.json_response({"tracked": supervisor.subreaper, "orphans": found})
+    if (watcher := request.app.get(TOOL_PROCESSES)) is not None:
+        found = [orphan.as_json() for orphan in await watcher.left_running()]
+        return web.json_response({"tracked": True, "orphans": found})
+    reason = "no state database: tool processes are not recorded (the embedded proxy records none)"
+    return web.json_response({"tracked": False, "reason": reason, "orphans": []})
 
 
 async def not_found(_: web.Request) -> web.Response:

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from proxy import __version__
+from proxy import __version__, process_records
 from proxy.arguments import UPSTREAM, OneLineParser, typed
 from proxy.auth import parse_credentials
 from proxy.config import (
@@ -166,6 +166,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         grace=args.grace,
         db_path=Path(args.db),
         dry_run=args.dry_run,
+        state_db=process_records.default_path(),
         auth=args.auth or _auth_from_environment(),
     )
 

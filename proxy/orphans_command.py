@@ -24,7 +24,6 @@ from proxy import process_records
 from proxy.arguments import OneLineParser
 from proxy.process_records import ProcessRecords, Recorded
 from proxy.reaper import end_groups
-from proxy.tool_processes import Identity
 
 GRACE_S = 10.0
 
@@ -55,15 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def orphans(path: Path) -> list[Recorded]:
-    """The recorded processes that still run while their server does not; forgets the gone ones."""
     async with ProcessRecords.open(path) as records:
-        found = []
-        for recorded in await records.of_this_boot():
-            if Identity.of(recorded.process.pid) != recorded.process:
-                await records.forget(recorded.process)
-            elif Identity.of(recorded.server.pid) != recorded.server:
-                found.append(recorded)
-        return found
+        return await records.left_running()
 
 
 def show(found: list[Recorded], console: Console) -> None:

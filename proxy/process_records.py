@@ -103,6 +103,17 @@ class ProcessRecords:
         async with self._db.execute(query, (self._boot,)) as rows:
             return [_recorded(tuple(row)) for row in await rows.fetchall()]
 
+    async def left_running(self) -> list[Recorded]:
+        """The recorded processes that still run while the server that started them does not (the
+        same pid *and* start time for both); records of processes that are gone are dropped."""
+        found = []
+        for recorded in await self.of_this_boot():
+            if Identity.of(recorded.process.pid) != recorded.process:
+                await self.forget(recorded.process)
+            elif Identity.of(recorded.server.pid) != recorded.server:
+                found.append(recorded)
+        return found
+
     async def forget(self, process: Identity) -> None:
         await self._db.execute(
             "DELETE FROM tool_process WHERE boot = ? AND pid = ? AND started = ?",

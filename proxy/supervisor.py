@@ -25,7 +25,7 @@ from aiohttp import web
 from proxy.process_records import ProcessRecords
 from proxy.reaper import adopted, become_subreaper, end_groups, reap
 from proxy.server_command import ServerCommand
-from proxy.tool_processes import Orphan, ToolProcesses
+from proxy.tool_processes import Orphan, ToolProcesses, described
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class Supervisor:
         self._restart = restart
         self._orphans = orphans
         self._records = records
-        self.tool_processes = ToolProcesses()
+        self.tool_processes = ToolProcesses(self._server_pid)
         """Follows the event stream (the app adds it) to tie tool processes to their calls."""
         self._process: asyncio.subprocess.Process | None = None
         self._stopping = False
@@ -105,6 +105,9 @@ class Supervisor:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None and self._process.returncode is None else None
+
+    async def _server_pid(self) -> int | None:
+        return self.pid
 
     @property
     def exit_code(self) -> int:
@@ -151,7 +154,6 @@ class Supervisor:
             if self._stopping:
                 break
             self.last_exit = code
-            self.tool_processes.server_pid = None
             self._account_for_orphans()
             if not self._restarts_after(code):
                 self._set(
@@ -203,7 +205,6 @@ class Supervisor:
             *self._command,
             stdin=subprocess.DEVNULL,
         )
-        self.tool_processes.server_pid = self._process.pid
         self._set(ChildState.RUNNING, f"server running, pid {self._process.pid}")
         return await self._process.wait()
 
@@ -234,7 +235,7 @@ class Supervisor:
         tied to a call, is only reported."""
         found = self.orphans()
         for orphan in found:
-            log.warning("orphaned process %s", _described(orphan), extra={"fields": orphan.as_json()})
+            log.warning("orphaned process %s", described(orphan), extra={"fields": orphan.as_json()})
         doomed = [orphan.pid for orphan in found if orphan.call_was_running]
         if self._orphans is Orphans.TERMINATE and doomed:
             log.warning("ending the process groups of %d orphaned call(s): pids %s", len(doomed), doomed)
@@ -246,15 +247,6 @@ class Supervisor:
             logging.WARNING if state in (ChildState.BACKING_OFF, ChildState.GAVE_UP) else logging.INFO,
             message,
         )
-
-
-def _described(orphan: Orphan) -> str:
-    where = f"pid {orphan.pid} ({orphan.command[:120]})"
-    call = orphan.call
-    if call is None:
-        return f"{where}: no known tool call started it"
-    state = "running at the crash" if call.running else "had completed"
-    return f"{where}: {call.tool} call {call.call} of session {call.session_id}, {state}"
 
 
 SUPERVISOR = web.AppKey("supervisor", Supervisor)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from aiohttp import web
 
 from proxy.procfs import command_line, pids, stat
 from proxy.tracker import GlobalEvent
@@ -87,20 +89,49 @@ class Recorder(Protocol):
 
     async def ended(self, call: str) -> None: ...
 
+    async def left_running(self) -> list[Any]: ...
+
+
+ServerLocator = Callable[[], Awaitable[int | None]]
+"""Finds the server's pid now: the child `settle-proxy run` started, or the process listening on
+the upstream's port."""
+
 
 class ToolProcesses:
     """A `StreamListener` that ties the server's tool processes to the calls that started them."""
 
-    def __init__(self) -> None:
-        self.server_pid: int | None = None
+    def __init__(self, locate_server: ServerLocator, *, reports: bool = False) -> None:
+        self._locate_server = locate_server
+        self._reports = reports
+        """Whether to report recorded processes that outlived their server when the stream comes
+        back (a proxy in front of a server it did not start; `run` reports what it adopts itself)."""
         self.recorder: Recorder | None = None
+        self._reported: set[Identity] = set()
         self._writes: set[asyncio.Task[None]] = set()
         self._calls: dict[str, ToolCall] = {}
         self._awaiting: set[str] = set()
         self._processes: dict[Identity, str] = {}
 
     def following(self) -> None:
-        """Nothing to do: calls and processes are kept across stream losses."""
+        """The stream is back, perhaps after a crash: say which recorded processes outlived their server."""
+        if self._reports:
+            self._write(self._report_left_running())
+
+    async def left_running(self) -> list[Orphan]:
+        """The recorded processes that outlived the server that started them."""
+        if self.recorder is None:
+            return []
+        return [
+            Orphan(found.process.pid, found.command, found.call)
+            for found in await self.recorder.left_running()
+        ]
+
+    async def _report_left_running(self) -> None:
+        for orphan in await self.left_running():
+            identity = Identity.of(orphan.pid)
+            if identity is not None and identity not in self._reported:
+                self._reported.add(identity)
+                log.warning("orphaned process %s", described(orphan), extra={"fields": orphan.as_json()})
 
     def event(self, event: GlobalEvent) -> None:
         if event.kind == "message.part.updated":
@@ -146,9 +177,19 @@ class ToolProcesses:
         self._awaiting.add(call)
         while len(self._calls) > _REMEMBERED:
             self._calls.pop(next(iter(self._calls)))
-        loop = asyncio.get_running_loop()
-        for delay in _SCAN_AFTER_S:
-            loop.call_later(delay, self._scan)
+        self._write(self._tie())
+
+    async def _tie(self) -> None:
+        """Look for the processes of the calls that wait for one, a few times as they may start late."""
+        waited = 0.0
+        for moment in _SCAN_AFTER_S:
+            await asyncio.sleep(moment - waited)
+            waited = moment
+            if not self._awaiting:
+                return
+            server = await self._locate_server()
+            if server is not None:
+                self._scan(server)
 
     def _ended(self, call: str) -> None:
         if (known := self._calls.get(call)) is not None and known.running:
@@ -170,15 +211,13 @@ class ToolProcesses:
     def _written(self, task: asyncio.Task[None]) -> None:
         self._writes.discard(task)
         if not task.cancelled() and (error := task.exception()) is not None:
-            log.warning("could not record a tool process: %s", error)
+            log.warning("tool process bookkeeping failed: %s", error)
 
-    def _scan(self) -> None:
+    def _scan(self, server_pid: int) -> None:
         """Tie the server's group leaders not yet known to the calls that wait for a process."""
-        if self.server_pid is None or not self._awaiting:
-            return
         known = set(self._processes)
-        server = Identity.of(self.server_pid)
-        for identity in _group_leaders_below(self.server_pid):
+        server = Identity.of(server_pid)
+        for identity in _group_leaders_below(server_pid):
             if identity in known:
                 continue
             command = command_line(identity.pid)
@@ -207,3 +246,17 @@ def _group_leaders_below(parent: int) -> list[Identity]:
         if process is not None and process.parent == parent and process.group == pid:
             found.append(Identity(pid, process.started))
     return found
+
+
+TOOL_PROCESSES = web.AppKey("tool_processes", ToolProcesses)
+"""The watcher of a proxy in front of a server it did not start (absent under `run`)."""
+
+
+def described(orphan: Orphan) -> str:
+    """An orphan as one log line says it."""
+    where = f"pid {orphan.pid} ({orphan.command[:120]})"
+    call = orphan.call
+    if call is None:
+        return f"{where}: no known tool call started it"
+    state = "running at the crash" if call.running else "had completed"
+    return f"{where}: {call.tool} call {call.call} of session {call.session_id}, {state}"

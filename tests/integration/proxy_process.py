@@ -27,6 +27,7 @@ class ProxyProcess:
 
     `args` are further command-line flags, such as `("--write-back", "api", "--grace", "0.5")`;
     `environment` is laid over the harness's own (opencode's password is never inherited from it).
+    Its state database (`$XDG_STATE_HOME/settle-proxy/processes.db`) lies beside its log.
     """
 
     def __init__(
@@ -39,9 +40,11 @@ class ProxyProcess:
         self._upstream = upstream
         self._log_path = log_path
         self._args = tuple(args)
-        self._environment = {
+        inherited = {
             name: value for name, value in os.environ.items() if not name.startswith("OPENCODE_SERVER_")
-        } | dict(environment or {})
+        }
+        own_state = {"XDG_STATE_HOME": str(log_path.parent / "proxy-state")}
+        self._environment = inherited | own_state | dict(environment or {})
         self._port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
 

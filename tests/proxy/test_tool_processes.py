@@ -32,6 +32,11 @@ def tools() -> Iterator[Tools]:
         process.wait()
 
 
+async def this_process() -> int:
+    """The test plays the server: the processes it starts are the server's children."""
+    return os.getpid()
+
+
 def v1_part(part_id: str, status: str, command: str) -> GlobalEvent:
     part: dict[str, Any] = {
         "id": part_id,
@@ -52,8 +57,7 @@ async def test_each_process_is_tied_to_the_call_whose_command_it_runs(
     tools: Tools, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.1,))
-    watcher = ToolProcesses()
-    watcher.server_pid = os.getpid()
+    watcher = ToolProcesses(this_process)
     watcher.event(v1_part("prt_1", "running", "echo hello && sleep 601"))
     watcher.event(v2_called("call_2", "sleep 602"))
     tools.start("sleep", "601")
@@ -72,8 +76,7 @@ async def test_a_process_two_calls_could_run_is_tied_to_neither(
     tools: Tools, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.1,))
-    watcher = ToolProcesses()
-    watcher.server_pid = os.getpid()
+    watcher = ToolProcesses(this_process)
     watcher.event(v1_part("prt_1", "running", "sleep 604"))
     watcher.event(v1_part("prt_2", "running", "true && sleep 604"))
     tools.start("sleep", "604")
@@ -86,8 +89,7 @@ async def test_a_recycled_pid_is_not_the_process_that_was_recorded(
     tools: Tools, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.1,))
-    watcher = ToolProcesses()
-    watcher.server_pid = os.getpid()
+    watcher = ToolProcesses(this_process)
     watcher.event(v1_part("prt_1", "running", "sleep 605"))
     tools.start("sleep", "605")
     await asyncio.sleep(0.5)
