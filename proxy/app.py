@@ -57,7 +57,7 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         stack.push_async_callback(live.close)
         session_streams = SessionStreamSettle(ctx)
         stack.push_async_callback(session_streams.close)
-        tracker = app[TRACKER] = LivenessTracker(app[UPSTREAM], settings)
+        tracker = app[TRACKER] = LivenessTracker(app[UPSTREAM], settings, probe.clock)
         tracker.listeners.append(live)
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)

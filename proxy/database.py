@@ -1,8 +1,10 @@
 """opencode's SQLite store, settled in place: for `--write-back db` and the offline `settle`.
 
 Every change happens in one short `BEGIN IMMEDIATE` transaction per session, under a busy
-timeout, with the rows re-read inside it and changed only if they are still unsettled, so
-the server's own writes are never raced and running the same pass twice changes nothing.
+timeout, with the rows re-read inside it, then the liveness reading taken, then only the
+parts named by the caller changed, and only if they are still unsettled: the server's own
+writes are never raced, a turn that started before the reading is seen in it, and running
+the same pass twice changes nothing.
 
 The rows are turned into the API's message shape, the same rules as in the proxy decide,
 and the result is turned back, so storage ends up exactly as the views showed it. The
@@ -17,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,7 @@ import orjson
 
 from proxy.event_log import PROMPT_ADMITTED, call_left_open, tool_failed_data
 from proxy.ids import ascending_id
-from proxy.writeback import Written
+from proxy.writeback import Confirm, Written, targeted
 from rules import OPEN_STATUSES, Api, Change, Liveness, settle
 from rules.models import JSONObject
 from rules.orphaned_tool import OrphanedTool
@@ -81,31 +83,58 @@ class OpencodeDatabase:
         found += [OpenTool(Api.V2, *row) for row in rows]
         return sorted(found, key=lambda tool: tool.since)
 
-    async def settle_session(self, api: Api, session_id: str, liveness: Liveness) -> list[Written]:
-        """Settle what the rules settle for one inactive session, in one transaction."""
-        if liveness.active:
-            return []
+    async def settle_session(
+        self, api: Api, session_id: str, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        """Settle, in one transaction, the named parts or calls (or messages) that are still open
+        when re-read in it, by a reading `confirm()` takes after that re-read.
+
+        The server writes nothing for a liveness look-up, so asking inside the transaction
+        cannot deadlock; it is bounded by the look-up's timeout, and meanwhile the server's own
+        writes wait, so no turn can record a new part between the re-read and the write.
+        """
         await self._db.execute("BEGIN IMMEDIATE")
         try:
-            written = await (self._settle_v1 if api is Api.V1 else self._settle_v2)(session_id, liveness)
+            views = await (self._v1_views if api is Api.V1 else self._v2_views)(session_id)
+            liveness = await confirm() if views else None
+            written = (
+                []
+                if liveness is None or liveness.active
+                else await (self._settle_v1 if api is Api.V1 else self._settle_v2)(
+                    session_id, views, liveness, targets
+                )
+            )
         except BaseException:
             await self._db.rollback()
             raise
         await self._db.commit()
         return written
 
-    async def _settle_v1(self, session_id: str, liveness: Liveness) -> list[Written]:
-        written: list[Written] = []
+    async def _v1_views(self, session_id: str) -> list[JSONObject]:
+        """The messages of the session with an open tool part, as the API shows them."""
         message_ids = [
             row[0] for row in await self._rows(_V1_OPEN_MESSAGES_SQL, session_id, *OPEN_STATUSES[Api.V1])
         ]
-        for message_id in message_ids:
-            view = await self._v1_view(session_id, message_id)
-            settlement = settle(view, Api.V1, liveness) if view is not None else None
+        views = [await self._v1_view(session_id, message_id) for message_id in message_ids]
+        return [view for view in views if view is not None]
+
+    async def _v2_views(self, session_id: str) -> list[JSONObject]:
+        rows = await self._rows(_V2_CANDIDATES_SQL, session_id)
+        return [{"id": message_id, "type": kind, **orjson.loads(data)} for message_id, kind, data in rows]
+
+    async def _settle_v1(
+        self, session_id: str, views: list[JSONObject], liveness: Liveness, targets: Collection[str]
+    ) -> list[Written]:
+        written: list[Written] = []
+        for view in views:
+            settlement = settle(view, Api.V1, liveness)
             if settlement is None:
                 continue
+            message_id = view["info"]["id"]
             now = _now_ms()
             for change in settlement.changes:
+                if not targeted(settlement.message, change, Api.V1, targets):
+                    continue
                 if change.path[:1] == ("parts",):
                     part = settlement.message["parts"][int(change.path[1])]
                     await self._update("part", part["id"], _without(part, _V1_IDS), now)
@@ -125,20 +154,24 @@ class OpencodeDatabase:
                 )
         return written
 
-    async def _settle_v2(self, session_id: str, liveness: Liveness) -> list[Written]:
+    async def _settle_v2(
+        self, session_id: str, views: list[JSONObject], liveness: Liveness, targets: Collection[str]
+    ) -> list[Written]:
         written: list[Written] = []
-        rows = await self._rows(_V2_CANDIDATES_SQL, session_id)
-        for message_id, kind, data in rows:
-            view = {"id": message_id, "type": kind, **orjson.loads(data)}
+        for view in views:
             # Only what the tool.failed event projects: the message row must stay in step with the log.
             settlement = settle(view, Api.V2, liveness, rules=(OrphanedTool(),))
             if settlement is None:
                 continue
             changes = [
-                change for change in settlement.changes if await self._still_open(session_id, view, change)
+                change
+                for change in settlement.changes
+                if targeted(settlement.message, change, Api.V2, targets)
+                and await self._still_open(session_id, view, change)
             ]
             if not changes:
                 continue
+            message_id = view["id"]
             for change in changes:
                 item = settlement.message["content"][int(change.path[1])]
                 await self._append(

@@ -3,7 +3,9 @@
 A body is only parsed when a byte scan finds an open tool status in it, and only when the
 session is inactive by a reading that is current once the whole body has arrived: one kept
 from the event stream (no event about the session since it was taken), or else a fresh one
-asked of the upstream. Any doubt leaves the body exactly as the upstream sent it.
+asked of the upstream. A reading vouches only for what was last alive well before it (the
+rules' freshness margin, in the server's clock); when a kept one leaves a tool open, a fresh
+one is asked. Any doubt leaves the body exactly as the upstream sent it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from proxy.liveness import LivenessProbe, LivenessUnknown
 from proxy.metrics import Metrics
 from proxy.rewrite import RecentRewrites, Rewritten, mentions_open_status
 from proxy.routes import MessageRoute, match_message_route
-from proxy.tracker import KeptReading, LivenessTracker
+from proxy.tracker import LivenessTracker
 from proxy.upstream import opencode_path
 from proxy.upstream_api import Credentials
 from proxy.writeback import WriteBack
@@ -30,7 +32,6 @@ log = logging.getLogger(__name__)
 SETTLED_HEADER = "X-Settle-Settled"
 RULES_HEADER = "X-Settle-Rules"
 _VALIDATORS = (hdrs.ETAG, hdrs.LAST_MODIFIED, "Content-MD5")
-FRESH_MARGIN_MS = 2_000
 WHOLE_BODY_LIMIT = 2**20
 
 
@@ -104,8 +105,14 @@ class Settle(Addon):
                 if liveness.active
                 else known or self._recent.rewrite(view, flow.body, route, liveness, self._rules)
             )
-            if rewritten is not None and kept is not None and not _vouches_for(kept, rewritten):
-                rewritten = None if (await self._ask(route, credentials)).active else rewritten
+            if kept is not None and known is None and _left_open(rewritten, flow.body, route, liveness):
+                # The kept reading may be too close to a tool's last sign of life to vouch for it.
+                liveness = await self._ask(route, credentials)
+                rewritten = (
+                    None
+                    if liveness.active
+                    else self._recent.rewrite(view, flow.body, route, liveness, self._rules)
+                )
         except LivenessUnknown as error:
             log.warning("liveness of %s unknown, body passed on unchanged: %s", route.session_id, error)
             return
@@ -125,7 +132,7 @@ class Settle(Addon):
             dict.fromkeys(c.rule for c in rewritten.messages.changes)
         )
         if self._write_back is not None:
-            self._write_back.schedule(route.api, route.session_id, credentials)
+            self._write_back.schedule(route.api, route.session_id, credentials, _targets(rewritten, route))
 
     async def _ask(self, route: MessageRoute, credentials: Credentials) -> Liveness:
         """A fresh reading from the upstream, kept for later fetches while the stream vouches for it."""
@@ -161,14 +168,26 @@ class Settle(Addon):
             log.warning("session %s: %s; body passed on unchanged", route.session_id, problem)
 
 
-def _vouches_for(kept: KeptReading, rewritten: Rewritten) -> bool:
-    """Whether a kept reading was taken well after the settled tools were last alive.
+def _left_open(rewritten: Rewritten | None, body: bytes, route: MessageRoute, liveness: Liveness) -> bool:
+    """Whether an inactive reading left a tool open, which a fresh reading might settle.
 
-    A turn announces itself on the stream before any of its tools can run, but an event can
-    still be in flight while a fresh tool is fetched; a reading taken `FRESH_MARGIN_MS` after
-    the tool's last sign of life cannot have missed it.
+    The rules let a reading vouch only for what was last alive well before it was taken, and a
+    kept reading can be older than a tool whose announcement is still in flight.
     """
-    return kept.taken_at >= rewritten.messages.last_alive + FRESH_MARGIN_MS
+    return not liveness.active and mentions_open_status(
+        body if rewritten is None else rewritten.body, route.api
+    )
+
+
+def _targets(rewritten: Rewritten, route: MessageRoute) -> set[str]:
+    """What the write-back may touch: each part or call settled here (or message, for a change
+    to the message itself)."""
+    found = set()
+    for _, settlement in rewritten.messages.settled:
+        for change in settlement.changes:
+            target = target_of(settlement.message, change, route.api)
+            found.add(target.part or target.message)
+    return found
 
 
 def _route(flow: Flow) -> MessageRoute | None:

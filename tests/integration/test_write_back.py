@@ -63,7 +63,7 @@ from yarl import URL
 from proxy.api_writer import ApiWriter
 from proxy.config import Settings
 from proxy.upstream_api import Credentials, UpstreamApi, UpstreamRefused
-from proxy.writeback import Written
+from proxy.writeback import Confirm, Written
 from rules import Api, Liveness
 
 from . import opencode_db
@@ -414,7 +414,9 @@ async def _race(server: OpencodeServer, observed: Observed) -> Race:
         liveness = Liveness(observed.session_id, active=False)
         outcome: list[Written] | str
         try:
-            outcome = await ApiWriter(upstream).write(Api.V2, observed.session_id, Credentials(), liveness)
+            outcome = await ApiWriter(upstream).write(
+                Api.V2, observed.session_id, Credentials(), {observed.tool_id}, _reading(liveness)
+            )
         except UpstreamRefused as refusal:
             outcome = str(refusal)
     if upstream.admitted_seq is not None:
@@ -977,3 +979,10 @@ def test_replay_racing_a_prompt_leaves_one_failure(crashed: Crashed, written: Wr
     assert [status for _, status in race.replays] == [500], "the writer appended after the server's settle"
     assert _failures(race.events, observed.tool_id) == [race.admitted_seq + 1]
     _assert_contiguous(race.events)
+
+
+def _reading(liveness: Liveness) -> Confirm:
+    async def confirm() -> Liveness:
+        return liveness
+
+    return confirm

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import gzip
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from email.utils import formatdate
 from typing import Any
 
 import orjson
@@ -40,10 +42,15 @@ class FakeOpencode:
     """What `/api/session/{id}/event` replays (one JSON event a line) before it goes quiet."""
     password: str | None = None
     """When set, every route wants Basic `opencode:<password>` or `?auth_token=`, as opencode does."""
+    clock_skew_ms: int = 0
+    """How far the "server's" clock (its `Date` header) is ahead of the test's."""
+    on_serve: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
+    """Per body path, hooks for its next fetches: the first runs just before the next one is served."""
 
     def app(self) -> web.Application:
         app = web.Application()
         app.middlewares.append(self._record)
+        app.on_response_prepare.append(self._date)
         app.router.add_get("/api/session/active", self._v2_active)
         app.router.add_get("/session/status", self._v1_status)
         app.router.add_get("/session/{session}", self._v1_session)
@@ -73,6 +80,9 @@ class FakeOpencode:
                 headers={"www-authenticate": 'Basic realm="Secure Area"'},
             )
         return await handler(request)
+
+    async def _date(self, _: web.Request, response: web.StreamResponse) -> None:
+        response.headers["Date"] = formatdate(time.time() + self.clock_skew_ms / 1000, usegmt=True)
 
     def _authorized(self, request: web.Request) -> bool:
         token = base64.b64encode(f"opencode:{self.password}".encode()).decode()
@@ -217,6 +227,9 @@ class FakeOpencode:
         )
 
     async def _body(self, request: web.Request) -> web.Response:
+        hooks = self.on_serve.get(request.path)
+        if hooks:
+            hooks.pop(0)()
         body = self.bodies.get(request.path)
         if body is None:
             raise web.HTTPNotFound()

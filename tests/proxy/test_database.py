@@ -34,9 +34,17 @@ def data(path: Path, table: str, row_id: str) -> Any:
     return orjson.loads(query(path, f"SELECT data FROM {table} WHERE id = ?", row_id)[0][0])
 
 
-async def settle(path: Path, api: Api, session: str, active: bool = False) -> list[Any]:
+EVERYTHING = {V1_PART, V1_MESSAGE, "call_mock_1"}
+
+
+async def settle(
+    path: Path, api: Api, session: str, active: bool = False, targets: set[str] = EVERYTHING
+) -> list[Any]:
+    async def confirm() -> Liveness:
+        return Liveness(session, active)
+
     async with OpencodeDatabase.open(path) as database:
-        return await database.settle_session(api, session, Liveness(session, active))
+        return await database.settle_session(api, session, targets, confirm)
 
 
 async def test_open_tools_lists_both_runtimes(db_path: Path) -> None:
