@@ -43,9 +43,11 @@ class FakeOpencode:
     password: str | None = None
     """When set, every route wants Basic `opencode:<password>` or `?auth_token=`, as opencode does."""
     clock_skew_ms: int = 0
+    events_refused: bool = False
+    """When set, `/global/event` answers 401, so a proxy has to ask on every fetch."""
     """How far the "server's" clock (its `Date` header) is ahead of the test's."""
     on_serve: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
-    """Per body path, hooks for its next fetches: the first runs just before the next one is served."""
+    """Per path, hooks for its next requests: the first runs just before the next one is answered."""
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -73,6 +75,9 @@ class FakeOpencode:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         self.seen.append(request)
+        hooks = self.on_serve.get(request.path)
+        if hooks:
+            hooks.pop(0)()
         if self.password is not None and not self._authorized(request):
             return web.json_response(
                 {"_tag": "UnauthorizedError"},
@@ -142,6 +147,8 @@ class FakeOpencode:
         return response
 
     async def _global_events(self, request: web.Request) -> web.StreamResponse:
+        if self.events_refused:
+            return web.json_response({"_tag": "UnauthorizedError"}, status=401)
         self.subscribers += 1
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.streams.append(queue)
@@ -227,9 +234,6 @@ class FakeOpencode:
         )
 
     async def _body(self, request: web.Request) -> web.Response:
-        hooks = self.on_serve.get(request.path)
-        if hooks:
-            hooks.pop(0)()
         body = self.bodies.get(request.path)
         if body is None:
             raise web.HTTPNotFound()

@@ -10,6 +10,7 @@ import pytest
 from proxy.database import OpencodeDatabase
 from rules import Api, Liveness
 from tests.fixtures import OPENCODE
+from tests.fixtures.new_turn import call_status, start_v2_turn
 from tests.fixtures.stale_db import DIRECTORY, V1_SESSION, V2_SESSION, build_stale_db
 
 V1_PART = "prt_229433856001UdZM6dtgAYZqVe"
@@ -150,3 +151,31 @@ def _after_replay_row() -> Any:
     dump = (OPENCODE / "db-rows-after-writeback.txt").read_text()
     row = next(line for line in dump.splitlines() if line.startswith("assistant|3|"))
     return orjson.loads(row.split("|", 3)[3])
+
+
+async def test_only_named_parts_are_written(db_path: Path) -> None:
+    """A turn that started after the fetch has a part nobody named: it is never written."""
+    start_v2_turn(db_path)
+    assert await settle(db_path, Api.V2, V2_SESSION, targets={"call_mock_1"}) == []
+    assert call_status(db_path) == "running"
+
+
+async def test_the_reading_is_taken_after_the_re_read_while_the_server_cannot_write(db_path: Path) -> None:
+    """Between the re-read and the write the server can record nothing: a turn that starts
+    then waits for the write, and its reading is already taken."""
+    attempts: list[str] = []
+
+    async def confirm() -> Liveness:
+        writer = sqlite3.connect(db_path, timeout=0)
+        try:
+            writer.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as error:
+            attempts.append(str(error))
+        finally:
+            writer.close()
+        return Liveness(V1_SESSION, active=False)
+
+    async with OpencodeDatabase.open(db_path) as database:
+        written = await database.settle_session(Api.V1, V1_SESSION, {V1_PART}, confirm)
+    assert attempts == ["database is locked"]
+    assert [(w.part, w.rule) for w in written] == [(V1_PART, "orphaned-tool")]
