@@ -91,7 +91,10 @@ class WriteBack:
         targets = self._targets.pop((api, session_id), set())
 
         async def confirm() -> Liveness:
-            return await self._probe.read(api, session_id, credentials)
+            liveness = await self._probe.read(api, session_id, credentials)
+            if liveness.active:
+                log.info("write-back of %s skipped: the session became active", session_id)
+            return liveness
 
         try:
             written = await self._writer.write(api, session_id, credentials, targets, confirm)
