@@ -1,10 +1,11 @@
 """opencode's SQLite store, settled in place: for `--write-back db` and the offline `settle`.
 
-Every change happens in one short `BEGIN IMMEDIATE` transaction per session, under a busy
-timeout, with the rows re-read inside it, then the liveness reading taken, then only the
-parts named by the caller changed, and only if they are still unsettled: the server's own
-writes are never raced, a turn that started before the reading is seen in it, and running
-the same pass twice changes nothing.
+The session's rows are re-read, then the liveness reading is taken, then one short
+`BEGIN IMMEDIATE` transaction per session, under a busy timeout, checks that nothing in the
+session changed since the re-read and changes only the parts named by the caller that are
+still unsettled: the server's own writes are never raced, a turn that started before the
+reading is seen in it, one that started after it is seen in the check, and running the same
+pass twice changes nothing.
 
 The rows are turned into the API's message shape, the same rules as in the proxy decide,
 and the result is turned back, so storage ends up exactly as the views showed it. The
@@ -17,6 +18,7 @@ event its own interrupt appends, and the v2 message row only what that event pro
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Collection, Sequence
@@ -34,6 +36,8 @@ from proxy.writeback import Confirm, Written, targeted
 from rules import OPEN_STATUSES, Api, Change, Liveness, settle
 from rules.models import JSONObject
 from rules.orphaned_tool import OrphanedTool
+
+log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 5000
 _V1_IDS = ("id", "sessionID", "messageID")
@@ -86,29 +90,46 @@ class OpencodeDatabase:
     async def settle_session(
         self, api: Api, session_id: str, targets: Collection[str], confirm: Confirm
     ) -> list[Written]:
-        """Settle, in one transaction, the named parts or calls (or messages) that are still open
-        when re-read in it, by a reading `confirm()` takes after that re-read.
+        """Settle the named parts or calls (or messages) that are still open when re-read, by a
+        reading `confirm()` takes after that re-read, in one transaction that first checks that
+        nothing in the session changed since the re-read.
 
-        The server writes nothing for a liveness look-up, so asking inside the transaction
-        cannot deadlock; it is bounded by the look-up's timeout, and meanwhile the server's own
-        writes wait, so no turn can record a new part between the re-read and the write.
+        The reading is not taken inside the write transaction: the server's SQLite calls are
+        synchronous, so a server write waiting for our lock stops the whole server, liveness
+        answers included (measured on 1.18.33: a 5 s freeze, then `LockTimeoutError`). Checking
+        the session's event sequence and rows instead proves no turn recorded anything between
+        the re-read and the write; one that did is left for a later pass.
         """
+        await self._db.execute("BEGIN")
+        try:
+            before = await self._snapshot(api, session_id)
+        finally:
+            await self._db.commit()
+        if not before[0]:
+            return []
+        liveness = await confirm()
+        if liveness.active:
+            return []
         await self._db.execute("BEGIN IMMEDIATE")
         try:
-            views = await (self._v1_views if api is Api.V1 else self._v2_views)(session_id)
-            liveness = await confirm() if views else None
-            written = (
-                []
-                if liveness is None or liveness.active
-                else await (self._settle_v1 if api is Api.V1 else self._settle_v2)(
-                    session_id, views, liveness, targets
-                )
-            )
+            if await self._snapshot(api, session_id) != before:
+                log.info("write-back of %s skipped: the session changed after its re-read", session_id)
+                written: list[Written] = []
+            else:
+                settle_api = self._settle_v1 if api is Api.V1 else self._settle_v2
+                written = await settle_api(session_id, before[0], liveness, targets)
         except BaseException:
             await self._db.rollback()
             raise
         await self._db.commit()
         return written
+
+    async def _snapshot(self, api: Api, session_id: str) -> tuple[list[JSONObject], int | None]:
+        """The session's candidate messages and its event sequence number: any write the server
+        makes to the session moves one of them."""
+        views = await (self._v1_views if api is Api.V1 else self._v2_views)(session_id)
+        current = await self._rows("SELECT seq FROM event_sequence WHERE aggregate_id = ?", session_id)
+        return views, int(current[0][0]) if current else None
 
     async def _v1_views(self, session_id: str) -> list[JSONObject]:
         """The messages of the session with an open tool part, as the API shows them."""

@@ -4,8 +4,9 @@ For users whose server is down or private (`opencode --standalone`, the stdio se
 for anyone who wants the fix made permanent before clients connect again. It refuses rather
 than guesses: with `--upstream` it asks that server which sessions are live and leaves
 those alone; without it, a process that has the database open means a server may be
-running on it, and nothing is written. Each session is settled in its own transaction, with
-its reading taken after its rows are re-read, so a turn that starts during the run is seen.
+running on it, and nothing is written. Each session is settled on its own: its rows re-read,
+then its reading taken, then a transaction that writes only if nothing changed meanwhile, so a
+turn that starts during the run is seen.
 """
 
 from __future__ import annotations
@@ -168,9 +169,9 @@ class Outcome:
 async def settle_all(
     database: OpencodeDatabase, tools: Sequence[OpenTool], read: Read, console: Console
 ) -> Outcome:
-    """Settle session by session, each in its own transaction: its rows re-read, then its
-    reading taken, then only the tools found open before (still open) written. A turn that
-    starts while an earlier session is settled is seen in this session's own reading."""
+    """Settle session by session: its rows re-read, then its reading taken, then only the tools
+    found open before (still open) written. A turn that starts while an earlier session is
+    settled is seen in this session's own reading."""
     sessions = sorted({(tool.api, tool.session_id) for tool in tools})
     written: list[Written] = []
     live = 0

@@ -235,8 +235,8 @@ def _decoded_end(body: bytes, start: int, message: Any) -> int | None:
 class RecentRewrites:
     """The last rewrite of each view, reused while the upstream sends the very same bytes.
 
-    For an inactive session a complete rewrite depends on nothing but the body, so equal bytes
-    give an equal result: a client polling a stale view pays one comparison instead of a rewrite.
+    For an inactive session a rewrite depends on nothing but the body, so equal bytes give an
+    equal result: a client polling a stale view pays one comparison instead of a rewrite.
     Entries are dropped oldest first once they hold more than `budget` bytes.
     """
 
@@ -258,13 +258,11 @@ class RecentRewrites:
     def rewrite(
         self, view: str, body: bytes, route: MessageRoute, liveness: Liveness, rules: Sequence[Rule]
     ) -> Rewritten | None:
-        """Rewrite `body` and keep the result for `known`, unless it left a tool open: a later
-        reading may vouch for that one, so the next fetch decides afresh."""
+        """Rewrite `body` and keep the result for `known`."""
         key = (route.session_id, view)
         result = rewrite(body, route, liveness, rules)
         self._forget(key)
-        complete = result is not None and not mentions_open_status(result.body, route.api)
-        if result is not None and complete and len(body) + len(result.body) <= self._budget:
+        if result is not None and len(body) + len(result.body) <= self._budget:
             self._entries[key] = (body, result)
             self._size += len(body) + len(result.body)
             while self._size > self._budget:

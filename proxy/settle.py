@@ -4,14 +4,17 @@ A body is only parsed when a byte scan finds an open tool status in it, and only
 session is inactive by a reading that is current once the whole body has arrived: one kept
 from the event stream (no event about the session since it was taken), or else a fresh one
 asked of the upstream. A reading vouches only for what was last alive well before it (the
-rules' freshness margin, in the server's clock); when a kept one leaves a tool open, a fresh
-one is asked. Any doubt leaves the body exactly as the upstream sent it.
+rules' `Liveness.vouches_for`, in the server's clock): when a kept one cannot vouch for all
+that a later reading would settle, a fresh one is asked, and what even that one cannot vouch
+for is left open (and decided afresh on the next fetch). Any doubt leaves the body exactly as
+the upstream sent it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from aiohttp import hdrs
@@ -19,7 +22,7 @@ from aiohttp import hdrs
 from proxy.addons import Addon, Flow
 from proxy.liveness import LivenessProbe, LivenessUnknown
 from proxy.metrics import Metrics
-from proxy.rewrite import RecentRewrites, Rewritten, mentions_open_status
+from proxy.rewrite import RecentRewrites, Rewritten, mentions_open_status, rewrite
 from proxy.routes import MessageRoute, match_message_route
 from proxy.tracker import LivenessTracker
 from proxy.upstream import opencode_path
@@ -100,19 +103,20 @@ class Settle(Addon):
         try:
             kept = self._tracker.cached(route.api, route.session_id)
             liveness = kept.liveness if kept else await self._ask(route, credentials)
+            # What a reading later than everything in the body would settle; kept for equal bytes.
             rewritten = (
                 None
                 if liveness.active
-                else known or self._recent.rewrite(view, flow.body, route, liveness, self._rules)
+                else known
+                or self._recent.rewrite(view, flow.body, route, replace(liveness, taken_at=None), self._rules)
             )
-            if kept is not None and known is None and _left_open(rewritten, flow.body, route, liveness):
-                # The kept reading may be too close to a tool's last sign of life to vouch for it.
-                liveness = await self._ask(route, credentials)
-                rewritten = (
-                    None
-                    if liveness.active
-                    else self._recent.rewrite(view, flow.body, route, liveness, self._rules)
-                )
+            if rewritten is not None and not liveness.vouches_for(rewritten.messages.last_alive):
+                if kept is not None:
+                    liveness = await self._ask(route, credentials)
+                if liveness.active:
+                    rewritten = None
+                elif not liveness.vouches_for(rewritten.messages.last_alive):
+                    rewritten = rewrite(flow.body, route, liveness, self._rules)
         except LivenessUnknown as error:
             log.warning("liveness of %s unknown, body passed on unchanged: %s", route.session_id, error)
             return
@@ -166,17 +170,6 @@ class Settle(Addon):
         if key not in self._reported:
             self._reported.add(key)
             log.warning("session %s: %s; body passed on unchanged", route.session_id, problem)
-
-
-def _left_open(rewritten: Rewritten | None, body: bytes, route: MessageRoute, liveness: Liveness) -> bool:
-    """Whether an inactive reading left a tool open, which a fresh reading might settle.
-
-    The rules let a reading vouch only for what was last alive well before it was taken, and a
-    kept reading can be older than a tool whose announcement is still in flight.
-    """
-    return not liveness.active and mentions_open_status(
-        body if rewritten is None else rewritten.body, route.api
-    )
 
 
 def _targets(rewritten: Rewritten, route: MessageRoute) -> set[str]:

@@ -4,13 +4,17 @@ opencode 1.18.33 can move a session (`POST /experimental/control-plane/move-sess
 a worktree of the same git project; the TUI's `/move`). Its turns then run, and report busy,
 only in the new directory's instance. A proxy that has to ask on every fetch (here: the server
 has a password and the proxy has none, so `/global/event` is refused it) once remembered the
-old directory; it must not take the old instance's "idle" for the session's.
+old directory; it must not take the old instance's "idle" for the session's. A race moves a
+session before each of its turns while clients fetch it through such a proxy and through one
+that follows the event stream.
 
 The module's server is its own (a git project with a worktree, and a password).
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,6 +28,7 @@ from .http_client import get_json, request, with_credentials
 from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer, directory_header, opencode_binary
 from .proxy_process import ProxyProcess
+from .test_races import TURN_TIMEOUT_S, Race, Urls, _fetcher, _threads
 from .turns import (
     Turn,
     find_running_tool,
@@ -151,3 +156,85 @@ def test_a_moved_session_is_asked_in_its_new_directory(
         proxy.stop()
         for session_id in sessions:
             request("POST", f"{base}/session/{session_id}/abort", headers=directory_header(moving.worktree))
+
+
+MOVING_RACE_S = 25.0
+MOVING_COMMANDS = ("echo hi", "echo hi && sleep 0.5")
+MOVING_FETCHERS = 2
+
+
+def _moving_lane(race: Race, base: str, mock_model: MockModel, moving: Moving) -> None:
+    """One v1 session, moved to the other directory before each of its turns."""
+    directories = (moving.project, moving.worktree)
+    turn: Turn | None = None
+    try:
+        for number in itertools.count():
+            if race.stop.is_set():
+                return
+            prompt = f"moving race #{number}"
+            mock_model.plan(prompt, Plan(command=MOVING_COMMANDS[number % 2], each_prompt=True))
+            directory = directories[number % 2]
+            if turn is None:
+                turn = start_v1_turn(base, directory, prompt)
+            else:
+                move(base, turn.session_id, directory)
+                turn = Turn("v1", turn.session_id, directory, prompt)
+                send_prompt(base, turn, prompt)
+            with race.lock:
+                race.current["moving"] = turn
+                race.turns.append(turn)
+            statuses = [
+                p["state"]["status"]
+                for m in wait_turn_done(base, turn)
+                for p in m["parts"]
+                if p["type"] == "tool"
+            ]
+            if set(statuses) != {"completed"}:
+                race.failed(race.errors, f"turn {prompt} left tool statuses {statuses}")
+                return
+            race.count("moves" if number else "turns")
+    except Exception as error:
+        race.failed(race.errors, f"moving lane: {type(error).__name__}: {error}")
+
+
+def test_a_session_that_keeps_moving_is_never_shown_settled(
+    moving: Moving, mock_model: MockModel, tmp_path: Path
+) -> None:
+    """Turns run back to back in one v1 session that moves between the project and its worktree
+    before each turn, while clients fetch it through a proxy that asks on every fetch (and writes
+    back) and through one that follows the event stream: no false settle, no write."""
+    base = moving.server.url
+    asking = ProxyProcess(
+        moving.server.origin, tmp_path / "asking.log", ("--write-back", "api", "--grace", str(GRACE_S))
+    )
+    following = ProxyProcess(
+        moving.server.origin, tmp_path / "following.log", environment={"OPENCODE_SERVER_PASSWORD": PASSWORD}
+    )
+    race = Race()
+    try:
+        asking.start()
+        following.start()
+        urls = [
+            Urls(base, with_credentials(proxy.url, "opencode", PASSWORD)) for proxy in (asking, following)
+        ]
+        lane = functools.partial(_moving_lane, race, base, mock_model, moving)
+        fetchers = [functools.partial(_fetcher, race, url) for url in urls for _ in range(MOVING_FETCHERS)]
+        threads = _threads([lane, *fetchers])
+        try:
+            race.stop.wait(MOVING_RACE_S)
+        finally:
+            race.stop.set()
+            for thread in threads:
+                thread.join(TURN_TIMEOUT_S)
+        time.sleep(GRACE_S + 1.0)
+        logs = asking.log() + following.log()
+    finally:
+        asking.stop()
+        following.stop()
+    print(f"\nmoving race: {dict(race.counts)}")
+    assert not any(thread.is_alive() for thread in threads), "a lane or fetcher did not stop"
+    assert race.errors == [], race.errors[:5]
+    assert race.false_settles == [], race.false_settles[:5]
+    assert race.counts["moves"] > 0
+    assert race.counts["proxy fetches showing a live tool"] > 0, "no fetch caught a tool running"
+    assert "wrote back" not in logs

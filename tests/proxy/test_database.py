@@ -160,22 +160,16 @@ async def test_only_named_parts_are_written(db_path: Path) -> None:
     assert call_status(db_path) == "running"
 
 
-async def test_the_reading_is_taken_after_the_re_read_while_the_server_cannot_write(db_path: Path) -> None:
-    """Between the re-read and the write the server can record nothing: a turn that starts
-    then waits for the write, and its reading is already taken."""
-    attempts: list[str] = []
+async def test_a_turn_recorded_while_the_reading_is_taken_stops_the_write(db_path: Path) -> None:
+    """The reading is taken with no lock held (a server write waiting for one stops the whole
+    server), and whatever the server records meanwhile is found before anything is written."""
 
     async def confirm() -> Liveness:
-        writer = sqlite3.connect(db_path, timeout=0)
-        try:
-            writer.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as error:
-            attempts.append(str(error))
-        finally:
-            writer.close()
-        return Liveness(V1_SESSION, active=False)
+        start_v2_turn(db_path)
+        return Liveness(V2_SESSION, active=False)
 
     async with OpencodeDatabase.open(db_path) as database:
-        written = await database.settle_session(Api.V1, V1_SESSION, {V1_PART}, confirm)
-    assert attempts == ["database is locked"]
-    assert [(w.part, w.rule) for w in written] == [(V1_PART, "orphaned-tool")]
+        written = await database.settle_session(Api.V2, V2_SESSION, {"call_mock_1"}, confirm)
+    assert written == []
+    assert data(db_path, "session_message", V2_MESSAGE)["content"][0]["state"]["status"] == "running"
+    assert call_status(db_path) == "running"

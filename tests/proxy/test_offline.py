@@ -115,12 +115,12 @@ def test_missing_database(tmp_path: Path) -> None:
     )
 
 
-async def test_upstream_reading_of_each_session_is_taken_in_its_own_transaction(
+async def test_upstream_reading_is_taken_per_session_after_its_re_read(
     db_path: Path, fake: FakeOpencode, upstream: TestServer
 ) -> None:
-    """A turn starts in the v2 session as its liveness is asked: asked inside the session's
-    transaction, after its rows were re-read, the turn waits for the write and its new call
-    is never written (asked up front, as before, the new call was written as failed)."""
+    """A turn starts in the v2 session as its liveness is asked: asked after the session's rows
+    were re-read, with the write checking that nothing changed since, the new call is never
+    written (asked up front, as before, it was written as failed)."""
     turns: list[threading.Thread] = []
 
     def new_turn() -> None:
