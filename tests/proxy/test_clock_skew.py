@@ -60,3 +60,14 @@ async def test_kept_reading_is_timed_by_the_streams_date(
     assert not await settled(proxy)
     fake.bodies[PATH] = v1_last_alive_at(server_now(fake) - 10_000)
     assert await settled(proxy)
+
+
+async def test_a_tool_too_fresh_for_one_reading_is_settled_by_a_later_one(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    """The same bytes are decided afresh once a reading can vouch for them."""
+    fake.events_refused = True
+    fake.bodies[PATH] = v1_last_alive_at(server_now(fake) - 500)
+    assert not await settled(proxy)
+    await asyncio.sleep(3.2)  # the margin (2 s) after it, plus the `Date` truncation (< 1 s)
+    assert await settled(proxy)
