@@ -93,8 +93,10 @@ GRACE_S = 1.0
 """`--grace` of the proxies: long enough for a prompt to make a session active in between."""
 WRITE_TIMEOUT_S = 20.0
 SETTLE_TIMEOUT_S = 60.0
-SHORT_COMMAND = "for i in $(seq 1 40); do echo tick $i; sleep 0.1; done"
-"""A short tool that keeps the server writing (v1 stores its part at every output) for ~4 s."""
+SHORT_COMMAND = "for i in $(seq 1 80); do echo tick $i; sleep 0.1; done"
+"""A short tool that keeps the server writing (v1 stores its part at every output) for ~8 s:
+`settle --upstream` must write while it does, and it asks each session's liveness only after
+re-reading that session, so it takes longer than when it asked them all up front."""
 TOOL_FAILED = "session.next.tool.failed"
 NEXT_PROMPT = "next, briefly"
 NEXT_COMMAND = "echo briefly"
