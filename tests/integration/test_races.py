@@ -248,8 +248,9 @@ def test_no_live_part_is_ever_shown_settled(
 # --- Turns that start while a write-back is pending ----------------------------------------------
 
 WRITE_BACK_GRACE_S = 1.0
-PENDING_SESSIONS = 4
-"""Per write-back mode and runtime: each gets its new turn at another moment around the write."""
+PENDING_SESSIONS = 2
+"""Per write-back mode and runtime. One at a time (a 2-core host answers late under more), each
+gets its new turn at another moment around the write's reading."""
 NEW_TURN_COMMAND = "echo again && sleep 1"
 
 
@@ -309,26 +310,18 @@ def test_turns_started_while_a_write_back_is_pending_are_never_written(
         ),
     }
     pendings = [
-        Pending(mode, observed, WRITE_BACK_GRACE_S * (0.6 + 0.15 * number), f"again {observed.session_id}")
-        for (mode, _), group in stale.items()
-        for number, observed in enumerate(group)
+        Pending(mode, observed, WRITE_BACK_GRACE_S * (0.5 + 0.1 * number), f"again {observed.session_id}")
+        for number, (mode, observed) in enumerate(
+            (mode, observed) for (mode, _), group in stale.items() for observed in group
+        )
     ]
     for pending in pendings:
         mock_model.plan(pending.prompt, Plan(command=NEW_TURN_COMMAND, each_prompt=True))
     try:
         for proxy in proxies.values():
             proxy.start()
-        errors: list[str] = []
-        threads = _threads(
-            [
-                functools.partial(_fetch_then_prompt, proxies[p.mode].url, opencode.url, p, errors)
-                for p in pendings
-            ]
-        )
-        for thread in threads:
-            thread.join(TURN_TIMEOUT_S)
-        assert errors == [], errors[:5]
         for pending in pendings:
+            _fetch_then_prompt(proxies[pending.mode].url, opencode.url, pending)
             wait_turn_done(opencode.url, pending.stale.turn, timeout=TURN_TIMEOUT_S)
         time.sleep(WRITE_BACK_GRACE_S + 1.0)
         logs = {mode: proxy.log() for mode, proxy in proxies.items()}
@@ -354,13 +347,10 @@ def test_turns_started_while_a_write_back_is_pending_are_never_written(
     assert false_writes == [], false_writes[:5]
 
 
-def _fetch_then_prompt(proxy_url: str, opencode_url: str, pending: Pending, errors: list[str]) -> None:
+def _fetch_then_prompt(proxy_url: str, opencode_url: str, pending: Pending) -> None:
     """Fetch the stale view through the proxy (it settles and schedules the write), then prompt."""
-    try:
-        reply = request("GET", proxy_url + pending.stale.turn.messages_path)
-        if reply.status != 200 or SETTLED_HEADER not in reply.headers:
-            errors.append(f"{pending.stale.session_id}: stale view not settled ({reply.status})")
-        time.sleep(pending.delay_s)
-        send_prompt(opencode_url, pending.stale.turn, pending.prompt)
-    except Exception as error:  # recorded for the test thread to report
-        errors.append(f"{pending.stale.session_id}: {type(error).__name__}: {error}")
+    reply = request("GET", proxy_url + pending.stale.turn.messages_path)
+    assert reply.status == 200
+    assert SETTLED_HEADER in reply.headers, f"{pending.stale.session_id}: the stale view was not settled"
+    time.sleep(pending.delay_s)
+    send_prompt(opencode_url, pending.stale.turn, pending.prompt)
