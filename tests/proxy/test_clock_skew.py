@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.server_clock import parse_date
 from proxy.settle import SETTLED_HEADER
 from tests.fixtures import load
 from tests.proxy.conftest import ProxyClient, following
@@ -71,3 +72,9 @@ async def test_a_tool_too_fresh_for_one_reading_is_settled_by_a_later_one(
     assert not await settled(proxy)
     await asyncio.sleep(3.2)  # the margin (2 s) after it, plus the `Date` truncation (< 1 s)
     assert await settled(proxy)
+
+
+def test_date_headers_are_read_to_the_second_or_not_at_all() -> None:
+    assert parse_date("Mon, 30 Nov 2026 17:39:12 GMT") == 1_796_060_352_000
+    assert parse_date("yesterday") is None
+    assert parse_date(None) is None
