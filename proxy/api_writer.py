@@ -1,6 +1,10 @@
 """`--write-back api`: settlements written through the server's own API, so that every
 connected client hears of them.
 
+Each pass re-reads the session, then takes the reading it rests on (so that reading is later
+than everything it judges), and writes only the parts or calls the fetch named that are still
+open and that the reading vouches for.
+
 v1: `PATCH /session/{sid}/message/{mid}/part/{pid}` with the whole settled part. The route
 upserts, so only a part read an instant before is ever sent. The API cannot set a v1
 message's `time.completed`; that stays a view-only settlement.
@@ -37,7 +41,7 @@ twice, with the same content.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +50,7 @@ from proxy.event_log import PROMPT_ADMITTED, call_left_open, event_name, tool_fa
 from proxy.ids import ascending_id
 from proxy.locks import SessionLocks
 from proxy.upstream_api import Credentials, UpstreamApi, UpstreamRefused
-from proxy.writeback import Written
+from proxy.writeback import Confirm, Written, targeted
 from rules import Api, Liveness, settle
 from rules.models import JSONObject
 from rules.orphaned_tool import OrphanedTool
@@ -89,26 +93,32 @@ class ApiWriter:
         self._locks = locks or SessionLocks()
 
     async def write(
-        self, api: Api, session_id: str, credentials: Credentials, liveness: Liveness
+        self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
     ) -> list[Written]:
         if api is Api.V1:
-            return await self._write_v1(session_id, credentials, liveness)
-        return await self._write_v2(session_id, credentials, liveness)
+            return await self._write_v1(session_id, credentials, targets, confirm)
+        return await self._write_v2(session_id, credentials, targets, confirm)
 
-    async def _write_v1(self, session_id: str, credentials: Credentials, liveness: Liveness) -> list[Written]:
-        """Re-read and PATCH under the session's lock, so that no other proxy reads in between."""
+    async def _write_v1(
+        self, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        """Re-read, confirm and PATCH under the session's lock, so that no other proxy reads in between."""
         async with self._locks.hold(session_id):
-            return await self._patch_v1(session_id, credentials, liveness)
+            return await self._patch_v1(session_id, credentials, targets, confirm)
 
-    async def _patch_v1(self, session_id: str, credentials: Credentials, liveness: Liveness) -> list[Written]:
+    async def _patch_v1(
+        self, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        messages = await self._upstream.get(f"/session/{session_id}/message", credentials)
+        liveness = await confirm()
         written = []
-        for message in await self._upstream.get(f"/session/{session_id}/message", credentials):
+        for message in messages:
             settlement = settle(message, Api.V1, liveness)
             if settlement is None:
                 continue
             message_id = settlement.message["info"]["id"]
             for change in settlement.changes:
-                if change.path[:1] != ("parts",):
+                if change.path[:1] != ("parts",) or not targeted(settlement.message, change, Api.V1, targets):
                     continue
                 part = settlement.message["parts"][int(change.path[1])]
                 path = f"/session/{session_id}/message/{message_id}/part/{part['id']}"
@@ -116,8 +126,11 @@ class ApiWriter:
                 written.append(Written(Api.V1, session_id, message_id, part["id"], change.rule))
         return written
 
-    async def _write_v2(self, session_id: str, credentials: Credentials, liveness: Liveness) -> list[Written]:
-        calls = [call async for call in self._open_calls(session_id, credentials, liveness)]
+    async def _write_v2(
+        self, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        messages = [message async for message in self._v2_messages(session_id, credentials)]
+        calls = _open_calls(messages, await confirm(), targets)
         if not calls:
             return []
         info = await self._upstream.get(f"/api/session/{session_id}", credentials)
@@ -160,16 +173,6 @@ class ApiWriter:
         )
         return False
 
-    async def _open_calls(
-        self, session_id: str, credentials: Credentials, liveness: Liveness
-    ) -> AsyncIterator[_OpenCall]:
-        async for message in self._v2_messages(session_id, credentials):
-            settlement = settle(message, Api.V2, liveness, rules=(OrphanedTool(),))
-            if settlement is None:
-                continue
-            for change in settlement.changes:
-                yield _OpenCall(message["id"], settlement.message["content"][int(change.path[1])])
-
     async def _v2_messages(self, session_id: str, credentials: Credentials) -> AsyncIterator[Any]:
         """Every message, newest first, following the list's cursor."""
         params = {"limit": str(_PAGE)}
@@ -200,6 +203,19 @@ class ApiWriter:
             if row.get("aggregate_id") == session_id
         ]
         return _Log(max((seq for seq, _, _ in events), default=0), events)
+
+
+def _open_calls(messages: list[Any], liveness: Liveness, targets: Collection[str]) -> list[_OpenCall]:
+    """The named calls open in `messages` that the reading vouches are orphaned."""
+    calls = []
+    for message in messages:
+        settlement = settle(message, Api.V2, liveness, rules=(OrphanedTool(),))
+        if settlement is None:
+            continue
+        for change in settlement.changes:
+            if targeted(settlement.message, change, Api.V2, targets):
+                calls.append(_OpenCall(message["id"], settlement.message["content"][int(change.path[1])]))
+    return calls
 
 
 def _tool_failed(session_id: str, call: _OpenCall, seq: int) -> JSONObject:

@@ -66,7 +66,7 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         stack.push_async_callback(live.close)
         session_streams = SessionStreamSettle(ctx)
         stack.push_async_callback(session_streams.close)
-        tracker = app[TRACKER] = LivenessTracker(app[UPSTREAM], settings)
+        tracker = app[TRACKER] = LivenessTracker(app[UPSTREAM], settings, probe.clock)
         tracker.listeners.append(live)
         if (watcher := await _tool_processes(app, stack)) is not None:
             tracker.listeners.append(watcher)

@@ -1,8 +1,11 @@
 """opencode's SQLite store, settled in place: for `--write-back db` and the offline `settle`.
 
-Every change happens in one short `BEGIN IMMEDIATE` transaction per session, under a busy
-timeout, with the rows re-read inside it and changed only if they are still unsettled, so
-the server's own writes are never raced and running the same pass twice changes nothing.
+The session's rows are re-read, then the liveness reading is taken, then one short
+`BEGIN IMMEDIATE` transaction per session, under a busy timeout, checks that nothing in the
+session changed since the re-read and changes only the parts named by the caller that are
+still unsettled: the server's own writes are never raced, a turn that started before the
+reading is seen in it, one that started after it is seen in the check, and running the same
+pass twice changes nothing.
 
 The rows are turned into the API's message shape, the same rules as in the proxy decide,
 and the result is turned back, so storage ends up exactly as the views showed it. The
@@ -15,9 +18,10 @@ event its own interrupt appends, and the v2 message row only what that event pro
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +32,12 @@ import aiosqlite
 from proxy import jsonio
 from proxy.event_log import PROMPT_ADMITTED, call_left_open, tool_failed_data
 from proxy.ids import ascending_id
-from proxy.writeback import Written
+from proxy.writeback import Confirm, Written, targeted
 from rules import OPEN_STATUSES, Api, Change, Liveness, settle
 from rules.models import JSONObject
 from rules.orphaned_tool import OrphanedTool
+
+log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 5000
 _V1_IDS = ("id", "sessionID", "messageID")
@@ -81,31 +87,75 @@ class OpencodeDatabase:
         found += [OpenTool(Api.V2, *row) for row in rows]
         return sorted(found, key=lambda tool: tool.since)
 
-    async def settle_session(self, api: Api, session_id: str, liveness: Liveness) -> list[Written]:
-        """Settle what the rules settle for one inactive session, in one transaction."""
+    async def settle_session(
+        self, api: Api, session_id: str, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        """Settle the named parts or calls (or messages) that are still open when re-read, by a
+        reading `confirm()` takes after that re-read, in one transaction that first checks that
+        nothing in the session changed since the re-read.
+
+        The reading is not taken inside the write transaction: the server's SQLite calls are
+        synchronous, so a server write waiting for our lock stops the whole server, liveness
+        answers included (measured on 1.18.33: a 5 s freeze, then `LockTimeoutError`). Checking
+        the session's event sequence and rows instead proves no turn recorded anything between
+        the re-read and the write; one that did is left for a later pass.
+        """
+        await self._db.execute("BEGIN")
+        try:
+            before = await self._snapshot(api, session_id)
+        finally:
+            await self._db.commit()
+        if not before[0]:
+            return []
+        liveness = await confirm()
         if liveness.active:
             return []
         await self._db.execute("BEGIN IMMEDIATE")
         try:
-            written = await (self._settle_v1 if api is Api.V1 else self._settle_v2)(session_id, liveness)
+            if await self._snapshot(api, session_id) != before:
+                log.info("write-back of %s skipped: the session changed after its re-read", session_id)
+                written: list[Written] = []
+            else:
+                settle_api = self._settle_v1 if api is Api.V1 else self._settle_v2
+                written = await settle_api(session_id, before[0], liveness, targets)
         except BaseException:
             await self._db.rollback()
             raise
         await self._db.commit()
         return written
 
-    async def _settle_v1(self, session_id: str, liveness: Liveness) -> list[Written]:
-        written: list[Written] = []
+    async def _snapshot(self, api: Api, session_id: str) -> tuple[list[JSONObject], int | None]:
+        """The session's candidate messages and its event sequence number: any write the server
+        makes to the session moves one of them."""
+        views = await (self._v1_views if api is Api.V1 else self._v2_views)(session_id)
+        current = await self._rows("SELECT seq FROM event_sequence WHERE aggregate_id = ?", session_id)
+        return views, int(current[0][0]) if current else None
+
+    async def _v1_views(self, session_id: str) -> list[JSONObject]:
+        """The messages of the session with an open tool part, as the API shows them."""
         message_ids = [
             row[0] for row in await self._rows(_V1_OPEN_MESSAGES_SQL, session_id, *OPEN_STATUSES[Api.V1])
         ]
-        for message_id in message_ids:
-            view = await self._v1_view(session_id, message_id)
-            settlement = settle(view, Api.V1, liveness) if view is not None else None
+        views = [await self._v1_view(session_id, message_id) for message_id in message_ids]
+        return [view for view in views if view is not None]
+
+    async def _v2_views(self, session_id: str) -> list[JSONObject]:
+        rows = await self._rows(_V2_CANDIDATES_SQL, session_id)
+        return [{"id": message_id, "type": kind, **jsonio.loads(data)} for message_id, kind, data in rows]
+
+    async def _settle_v1(
+        self, session_id: str, views: list[JSONObject], liveness: Liveness, targets: Collection[str]
+    ) -> list[Written]:
+        written: list[Written] = []
+        for view in views:
+            settlement = settle(view, Api.V1, liveness)
             if settlement is None:
                 continue
+            message_id = view["info"]["id"]
             now = _now_ms()
             for change in settlement.changes:
+                if not targeted(settlement.message, change, Api.V1, targets):
+                    continue
                 if change.path[:1] == ("parts",):
                     part = settlement.message["parts"][int(change.path[1])]
                     await self._update("part", part["id"], _without(part, _V1_IDS), now)
@@ -125,20 +175,24 @@ class OpencodeDatabase:
                 )
         return written
 
-    async def _settle_v2(self, session_id: str, liveness: Liveness) -> list[Written]:
+    async def _settle_v2(
+        self, session_id: str, views: list[JSONObject], liveness: Liveness, targets: Collection[str]
+    ) -> list[Written]:
         written: list[Written] = []
-        rows = await self._rows(_V2_CANDIDATES_SQL, session_id)
-        for message_id, kind, data in rows:
-            view = {"id": message_id, "type": kind, **jsonio.loads(data)}
+        for view in views:
             # Only what the tool.failed event projects: the message row must stay in step with the log.
             settlement = settle(view, Api.V2, liveness, rules=(OrphanedTool(),))
             if settlement is None:
                 continue
             changes = [
-                change for change in settlement.changes if await self._still_open(session_id, view, change)
+                change
+                for change in settlement.changes
+                if targeted(settlement.message, change, Api.V2, targets)
+                and await self._still_open(session_id, view, change)
             ]
             if not changes:
                 continue
+            message_id = view["id"]
             for change in changes:
                 item = settlement.message["content"][int(change.path[1])]
                 await self._append(

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 
 from proxy.config import WriteBackMode
 from proxy.database import OpencodeDatabase
 from proxy.upstream_api import Credentials
-from proxy.writeback import Written
-from rules import Api, Liveness
+from proxy.writeback import Confirm, Written
+from rules import Api
 
 
 class DbWriter:
@@ -21,8 +22,8 @@ class DbWriter:
         self._lock = asyncio.Lock()
 
     async def write(
-        self, api: Api, session_id: str, credentials: Credentials, liveness: Liveness
+        self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
     ) -> list[Written]:
-        del credentials  # the database needs none
+        del credentials  # the database needs none; `confirm` asks the server with them
         async with self._lock:
-            return await self._database.settle_session(api, session_id, liveness)
+            return await self._database.settle_session(api, session_id, targets, confirm)

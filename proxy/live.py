@@ -234,7 +234,7 @@ class LiveSettle(Addon, StreamListener):
         for subscriber in self._subscribers.values():
             self._send(subscriber, orphan, live=True)
         if settled_here and self._ctx.write_back is not None:
-            self._ctx.write_back.schedule(Api.V1, part.session_id, self._credentials)
+            self._ctx.write_back.schedule(Api.V1, part.session_id, self._credentials, {part_id})
 
     def _send(self, subscriber: Subscriber, orphan: Orphan, *, live: bool) -> None:
         part = orphan.part

@@ -2,7 +2,9 @@
 
 The two runtimes keep separate liveness: v2 in `GET /api/session/active`, v1 in
 `GET /session/status`, which is kept per directory instance, so it is asked with the
-session's own directory: asked without it, a session busy elsewhere would look idle.
+session's own directory: asked without it, or in the directory a session has since been
+moved away from, a session busy elsewhere would look idle. A reading's time is the
+server's `Date` of the answer, so freshness never depends on the proxy's own clock.
 Any doubt (an error, a timeout, an odd answer) yields no reading, and no reading means
 no rewrite: the proxy never guesses that a session is dead.
 """
@@ -21,10 +23,14 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.processes import OtherProcesses
+from proxy.server_clock import ServerClock
 from proxy.upstream_api import Credentials, UpstreamApi, UpstreamRefused
 from rules import Api, Liveness
 
 log = logging.getLogger(__name__)
+
+_MOVES = 3
+"""How often a v1 reading is retaken for a session that moved while it was asked about."""
 
 
 class LivenessUnknown(RuntimeError):
@@ -32,7 +38,8 @@ class LivenessUnknown(RuntimeError):
 
 
 class DirectoryCache:
-    """Session id → directory. A session never changes directory, so entries never go stale."""
+    """Session id → the directory it was last seen in: a first guess only, since a session can be
+    moved to another worktree of its project (`/experimental/control-plane/move-session`)."""
 
     def __init__(self, capacity: int = 4096) -> None:
         self._entries: OrderedDict[str, str] = OrderedDict()
@@ -52,32 +59,39 @@ class DirectoryCache:
 
 
 class LivenessProbe:
-    """Reads liveness from the upstream on demand."""
+    """Reads liveness from the upstream on demand, timed by the server's clock."""
 
     def __init__(
-        self, upstream: UpstreamApi, settings: Settings, elsewhere: OtherProcesses | None = None
+        self,
+        upstream: UpstreamApi,
+        settings: Settings,
+        elsewhere: OtherProcesses | None = None,
+        clock: ServerClock | None = None,
     ) -> None:
         self._upstream = upstream
         self._settings = settings
         self._directories = DirectoryCache()
         self._elsewhere = elsewhere
+        self.clock = clock or ServerClock()
 
     def credentials(self, request: web.Request) -> Credentials:
         """What look-ups made on behalf of `request` authenticate with."""
         return Credentials.for_request(request, self._settings.authorization)
 
     async def read(self, api: Api, session_id: str, credentials: Credentials) -> Liveness:
-        """A fresh reading for one session; raises `LivenessUnknown` when in doubt."""
+        """A fresh reading for one session, with the server's time of it; raises
+        `LivenessUnknown` when in doubt."""
         try:
             async with asyncio.timeout(self._settings.liveness_timeout):
                 if api is Api.V2:
-                    active = await self._active_v2(credentials)
+                    active, date = await self._active_v2(session_id, credentials)
                 else:
-                    directory = await self._directory(session_id, credentials)
-                    active = await self._busy_v1(directory, credentials)
+                    active, date = await self._busy_v1(session_id, credentials)
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, UpstreamRefused) as error:
             raise LivenessUnknown(f"{type(error).__name__}: {error}") from error
-        return await self.bounded(Liveness(session_id, session_id in active))
+        taken_at = self.clock.observe(date)
+        liveness = Liveness(session_id, active, taken_at=self.clock.now() if taken_at is None else taken_at)
+        return await self.bounded(liveness)
 
     async def bounded(self, liveness: Liveness) -> Liveness:
         """`liveness` bounded by the other processes on the upstream's database, as known now:
@@ -86,23 +100,29 @@ class LivenessProbe:
             return liveness
         return dataclasses.replace(liveness, elsewhere_since=await self._elsewhere.bound())
 
-    async def _active_v2(self, credentials: Credentials) -> set[str]:
-        answer = await self._upstream.get("/api/session/active", credentials)
+    async def _active_v2(self, session_id: str, credentials: Credentials) -> tuple[bool, str | None]:
+        answer, date = await self._upstream.dated_get("/api/session/active", credentials)
         data = answer.get("data") if isinstance(answer, dict) else None
         if not isinstance(data, dict):
             raise LivenessUnknown("/api/session/active: no `data` object")
-        return set(data)
+        return session_id in data, date
 
-    async def _busy_v1(self, directory: str, credentials: Credentials) -> set[str]:
-        answer = await self._upstream.get("/session/status", credentials, directory=directory)
-        if not isinstance(answer, dict):
-            raise LivenessUnknown("/session/status: not an object")
-        return {session for session, status in answer.items() if _is_busy(status)}
+    async def _busy_v1(self, session_id: str, credentials: Credentials) -> tuple[bool, str | None]:
+        """Asked in the session's directory, which is read again after the answer: a session moved
+        meanwhile was asked about in the wrong instance, and is asked again where it is now."""
+        directory = self._directories.get(session_id) or await self._directory(session_id, credentials)
+        for _ in range(_MOVES):
+            answer, date = await self._upstream.dated_get("/session/status", credentials, directory=directory)
+            if not isinstance(answer, dict):
+                raise LivenessUnknown("/session/status: not an object")
+            current = await self._directory(session_id, credentials)
+            if current == directory:
+                return session_id in answer and _is_busy(answer[session_id]), date
+            log.info("session %s moved from %s to %s: asking again", session_id, directory, current)
+            directory = current
+        raise LivenessUnknown(f"session {session_id} kept moving between directories")
 
     async def _directory(self, session_id: str, credentials: Credentials) -> str:
-        cached = self._directories.get(session_id)
-        if cached is not None:
-            return cached
         info = await self._upstream.get(f"/session/{session_id}", credentials)
         directory = info.get("directory") if isinstance(info, dict) else None
         if not isinstance(directory, str):

@@ -6,14 +6,16 @@ its escaping and histogram buckets are its job, not ours).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from proxy.config import WriteBackMode
 from proxy.upstream_api import Credentials
-from proxy.writeback import Writer, Written
-from rules import Api, Liveness
+from proxy.writeback import Confirm, Writer, Written
+from rules import Api
 
 __all__ = ["CONTENT_TYPE_LATEST", "METRICS", "CountingWriter", "Metrics"]
 
@@ -94,11 +96,11 @@ class CountingWriter:
         return self._writer.mode
 
     async def write(
-        self, api: Api, session_id: str, credentials: Credentials, liveness: Liveness
+        self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
     ) -> list[Written]:
         outcome = "failed"
         try:
-            written = await self._writer.write(api, session_id, credentials, liveness)
+            written = await self._writer.write(api, session_id, credentials, targets, confirm)
             outcome = "written" if written else "nothing"
             return written
         finally:

@@ -6,16 +6,20 @@ than guesses: with `--upstream` it asks that server which sessions are live and 
 those alone; without it, a process that has the database open means a server may be
 running on it, and nothing is written. With `--upstream`, another process holding the
 database (a second server, a TUI) may run tools that server cannot see: whatever was alive
-after the earliest such process started is left alone.
+after the earliest such process started is left alone. Each session is settled on its own:
+its rows re-read, then its reading taken, then a transaction that writes only if nothing
+changed meanwhile, so a turn that starts during the run is seen.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import IntEnum
@@ -32,8 +36,9 @@ from proxy.config import DEFAULT_USERNAME, Settings, basic_authorization
 from proxy.database import OpencodeDatabase, OpenTool, default_path
 from proxy.holders import can_see_holders, holders
 from proxy.liveness import LivenessProbe, LivenessUnknown
-from proxy.processes import mark_this_process, survey
+from proxy.processes import OtherProcesses, mark_this_process
 from proxy.upstream_api import Credentials, UpstreamApi
+from proxy.writeback import Confirm, Written
 from rules import Api, Liveness
 
 
@@ -66,10 +71,6 @@ class Plan:
     live: list[OpenTool]
     elsewhere: list[OpenTool] = field(default_factory=list)
     """Open tools that started after another process on the database did: they may run there."""
-    elsewhere_since: int | None = None
-    """`Liveness.elsewhere_since` of every settlement; the rules hold back what was alive later."""
-    unknown: str | None = None
-    """Why other processes on the database could not be surveyed, when they could not."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,23 +97,72 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def plan(database: OpencodeDatabase, db_path: Path, upstream: URL | None) -> Plan:
-    """Find the open tools and decide, without guessing, which of them may be settled."""
-    tools = await database.open_tools()
-    if not tools:
-        return Plan([], [])
+Read = Callable[[Api, str], Awaitable[Liveness]]
+"""A liveness reading for one session, or `Refused` when the server cannot say."""
+
+
+@asynccontextmanager
+async def readings(db_path: Path, upstream: URL | None, others: OtherProcesses | None) -> AsyncIterator[Read]:
+    """Where readings come from: the server at `--upstream` (bounded by the `others` on the
+    database), or, when no process has the database open, the certainty that nothing runs on it."""
     if upstream is None:
         _refuse_if_in_use(db_path)
-        return Plan(tools, [])
-    active = await _active_sessions(upstream, {(tool.api, tool.session_id) for tool in tools})
-    # The upstream's process, when it can be identified, is the one whose liveness was asked;
-    # every other holder of the file (unidentified: every holder) bounds what may be settled.
-    around = await asyncio.to_thread(survey, upstream, database=db_path)
+
+        async def nothing_runs(_: Api, session_id: str) -> Liveness:
+            return Liveness(session_id, active=False)
+
+        yield nothing_runs
+        return
+    password = os.environ.get("OPENCODE_SERVER_PASSWORD")
+    username = os.environ.get("OPENCODE_SERVER_USERNAME") or DEFAULT_USERNAME
+    settings = Settings(
+        upstream=upstream, authorization=basic_authorization(username, password) if password else None
+    )
+    credentials = Credentials.configured(settings.authorization)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        probe = LivenessProbe(UpstreamApi(session, settings), settings, others)
+
+        async def ask(api: Api, session_id: str) -> Liveness:
+            try:
+                return await probe.read(api, session_id, credentials)
+            except LivenessUnknown as error:
+                raise Refused(f"{upstream} could not say which sessions are live: {error}") from error
+
+        yield ask
+
+
+async def plan(tools: Sequence[OpenTool], read: Read) -> Plan:
+    """Which open tools would be settled now, and which are in sessions that are live (--dry-run)."""
+    sessions = sorted({(tool.api, tool.session_id) for tool in tools})
+    active = {(api, session_id) for api, session_id in sessions if (await read(api, session_id)).active}
+    return Plan(
+        [tool for tool in tools if (tool.api, tool.session_id) not in active],
+        [tool for tool in tools if (tool.api, tool.session_id) in active],
+    )
+
+
+async def _apart_from_other_processes(
+    tools: list[OpenTool], others: OtherProcesses | None, console: Console
+) -> tuple[list[OpenTool], list[OpenTool]]:
+    """The open tools no other process on the database can be running, and those it may be.
+
+    The upstream's process, when it can be identified, is the one whose liveness is asked; every
+    other holder of the file (unidentified: every holder) bounds what may be settled. The rules
+    hold back the same tools in each session's own reading; this says so up front.
+    """
+    if others is None:
+        return tools, []
+    around = await others.current()
+    if around.unknown is not None:
+        print(
+            f"settle-proxy settle: warning: other processes on the database unknown: {around.unknown}",
+            file=sys.stderr,
+        )
     bound = around.bound
-    live = [tool for tool in tools if (tool.api, tool.session_id) in active]
-    elsewhere = [tool for tool in tools if tool not in live and bound is not None and tool.since >= bound]
-    settle = [tool for tool in tools if tool not in live and tool not in elsewhere]
-    return Plan(settle, live, elsewhere, bound, around.unknown)
+    elsewhere = [tool for tool in tools if bound is not None and tool.since >= bound]
+    if elsewhere:
+        console.print(f"{len(elsewhere)} tool call(s) left alone: another process may run them")
+    return [tool for tool in tools if tool not in elsewhere], elsewhere
 
 
 def _refuse_if_in_use(db_path: Path) -> None:
@@ -125,28 +175,6 @@ def _refuse_if_in_use(db_path: Path) -> None:
             f"{db_path} is open in another process ({found}), so a server may be running on it. "
             "Stop it, or pass --upstream URL to let it say which sessions are live."
         )
-
-
-async def _active_sessions(upstream: URL, sessions: set[tuple[Api, str]]) -> set[tuple[Api, str]]:
-    password = os.environ.get("OPENCODE_SERVER_PASSWORD")
-    username = os.environ.get("OPENCODE_SERVER_USERNAME") or DEFAULT_USERNAME
-    settings = Settings(
-        upstream=upstream, authorization=basic_authorization(username, password) if password else None
-    )
-    credentials = Credentials.configured(settings.authorization)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        probe = LivenessProbe(UpstreamApi(session, settings), settings)
-        try:
-            readings = [
-                await probe.read(api, session_id, credentials) for api, session_id in sorted(sessions)
-            ]
-        except LivenessUnknown as error:
-            raise Refused(f"{upstream} could not say which sessions are live: {error}") from error
-    return {
-        (api, reading.session_id)
-        for (api, _), reading in zip(sorted(sessions), readings, strict=True)
-        if reading.active
-    }
 
 
 def show(plan_: Plan, console: Console) -> None:
@@ -165,46 +193,74 @@ def show(plan_: Plan, console: Console) -> None:
     console.print(table)
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a run wrote, and how many sessions it left alone because they were live."""
+
+    written: list[Written]
+    live: int
+
+
 async def settle_all(
-    database: OpencodeDatabase,
-    tools: Sequence[OpenTool],
-    console: Console,
-    elsewhere_since: int | None = None,
-) -> int:
-    """Settle every session of `tools`, one transaction each; returns the number of rows written."""
+    database: OpencodeDatabase, tools: Sequence[OpenTool], read: Read, console: Console
+) -> Outcome:
+    """Settle session by session: its rows re-read, then its reading taken, then only the tools
+    found open before (still open) written. A turn that starts while an earlier session is
+    settled is seen in this session's own reading."""
     sessions = sorted({(tool.api, tool.session_id) for tool in tools})
-    written = 0
+    written: list[Written] = []
+    live = 0
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("settling", total=len(sessions))
         for api, session_id in sessions:
-            liveness = Liveness(session_id, active=False, elsewhere_since=elsewhere_since)
-            written += len(await database.settle_session(api, session_id, liveness))
+            mine = [tool for tool in tools if (tool.api, tool.session_id) == (api, session_id)]
+            targets = {tool.part for tool in mine} | {tool.message_id for tool in mine}
+            taken: list[Liveness] = []
+            confirm = _recording(read, api, session_id, taken)
+            written += await database.settle_session(api, session_id, targets, confirm)
+            live += any(liveness.active for liveness in taken)
             progress.advance(task)
-    return written
+    return Outcome(written, live)
+
+
+def _recording(read: Read, api: Api, session_id: str, taken: list[Liveness]) -> Confirm:
+    """The session's reading, kept in `taken` too so that the run can say it was live."""
+
+    async def confirm() -> Liveness:
+        taken.append(await read(api, session_id))
+        return taken[-1]
+
+    return confirm
 
 
 async def run(args: argparse.Namespace, console: Console) -> Exit:
     mark_this_process()
     async with OpencodeDatabase.open(args.db) as database:
-        found = await plan(database, args.db, args.upstream)
-        if found.unknown is not None:
-            print(
-                f"settle-proxy settle: warning: other processes on the database unknown: {found.unknown}",
-                file=sys.stderr,
-            )
-        if found.elsewhere:
-            console.print(f"{len(found.elsewhere)} tool call(s) left alone: another process may run them")
-        if not found.settle:
-            console.print(f"nothing to do: no orphaned tool calls ({len(found.live)} live left alone)")
+        tools = await database.open_tools()
+        if not tools:
+            console.print("nothing to do: no orphaned tool calls (0 live left alone)")
             return Exit.NOTHING_TO_DO
-        if args.dry_run:
-            show(found, console)
-            console.print(f"would settle {len(found.settle)} tool call(s); nothing written (--dry-run)")
-            return Exit.SETTLED
-        rows = await settle_all(database, found.settle, console, found.elsewhere_since)
+        others = OtherProcesses(args.upstream, database=args.db) if args.upstream is not None else None
+        tools, elsewhere = await _apart_from_other_processes(tools, others, console)
+        async with readings(args.db, args.upstream, others) as read:
+            if args.dry_run:
+                found = dataclasses.replace(await plan(tools, read), elsewhere=elsewhere)
+                if not found.settle:
+                    console.print(
+                        f"nothing to do: no orphaned tool calls ({len(found.live)} live left alone)"
+                    )
+                    return Exit.NOTHING_TO_DO
+                show(found, console)
+                console.print(f"would settle {len(found.settle)} tool call(s); nothing written (--dry-run)")
+                return Exit.SETTLED
+            outcome = await settle_all(database, tools, read, console)
+        calls = [item for item in outcome.written if item.part is not None]
+        if not calls:
+            console.print(f"nothing to do: no orphaned tool calls ({outcome.live} live left alone)")
+            return Exit.NOTHING_TO_DO
         console.print(
-            f"settled {len(found.settle)} tool call(s) in {len({t.session_id for t in found.settle})} "
-            f"session(s), {rows} row(s) written"
+            f"settled {len(calls)} tool call(s) in {len({item.session_id for item in calls})} "
+            f"session(s), {len(outcome.written)} row(s) written"
         )
         return Exit.SETTLED
 

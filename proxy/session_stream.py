@@ -103,7 +103,7 @@ class SessionStreamSettle(Addon):
             if stream.session_id == session_id:
                 self._tell(stream, calls)
         if self._ctx.write_back is not None:
-            self._ctx.write_back.schedule(Api.V2, session_id, credentials)
+            self._ctx.write_back.schedule(Api.V2, session_id, credentials, calls)
 
     def _tell(self, stream: SessionStream, calls: dict[str, FailedCall]) -> None:
         for call_id, call in calls.items():

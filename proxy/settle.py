@@ -3,13 +3,18 @@
 A body is only parsed when a byte scan finds an open tool status in it, and only when the
 session is inactive by a reading that is current once the whole body has arrived: one kept
 from the event stream (no event about the session since it was taken), or else a fresh one
-asked of the upstream. Any doubt leaves the body exactly as the upstream sent it.
+asked of the upstream. A reading vouches only for what was last alive well before it (the
+rules' `Liveness.vouches_for`, in the server's clock): when a kept one cannot vouch for all
+that a later reading would settle, a fresh one is asked, and what even that one cannot vouch
+for is left open (and decided afresh on the next fetch). Any doubt leaves the body exactly as
+the upstream sent it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from aiohttp import hdrs
@@ -18,9 +23,9 @@ from proxy import codings
 from proxy.addons import Addon, Flow
 from proxy.liveness import LivenessProbe, LivenessUnknown
 from proxy.metrics import Metrics
-from proxy.rewrite import RecentRewrites, Rewritten, mentions_open_status
+from proxy.rewrite import RecentRewrites, Rewritten, mentions_open_status, rewrite
 from proxy.routes import MessageRoute, match_message_route
-from proxy.tracker import KeptReading, LivenessTracker
+from proxy.tracker import LivenessTracker
 from proxy.upstream import opencode_path
 from proxy.upstream_api import Credentials
 from proxy.writeback import WriteBack
@@ -31,7 +36,6 @@ log = logging.getLogger(__name__)
 SETTLED_HEADER = "X-Settle-Settled"
 RULES_HEADER = "X-Settle-Rules"
 _VALIDATORS = (hdrs.ETAG, hdrs.LAST_MODIFIED, "Content-MD5")
-FRESH_MARGIN_MS = 2_000
 WHOLE_BODY_LIMIT = 2**20
 
 
@@ -109,13 +113,20 @@ class Settle(Addon):
             liveness = (
                 await self._probe.bounded(kept.liveness) if kept else await self._ask(route, credentials)
             )
+            # What a reading later than everything in the body would settle; kept for equal bytes.
             rewritten = (
                 None
                 if liveness.active
-                else known or self._recent.rewrite(view, body, route, liveness, self._rules)
+                else known
+                or self._recent.rewrite(view, body, route, replace(liveness, taken_at=None), self._rules)
             )
-            if rewritten is not None and kept is not None and not _vouches_for(kept, rewritten):
-                rewritten = None if (await self._ask(route, credentials)).active else rewritten
+            if rewritten is not None and not liveness.vouches_for(rewritten.messages.last_alive):
+                if kept is not None:
+                    liveness = await self._ask(route, credentials)
+                if liveness.active:
+                    rewritten = None
+                elif not liveness.vouches_for(rewritten.messages.last_alive):
+                    rewritten = rewrite(body, route, liveness, self._rules)
         except LivenessUnknown as error:
             log.warning("liveness of %s unknown, body passed on unchanged: %s", route.session_id, error)
             return
@@ -135,7 +146,7 @@ class Settle(Addon):
             dict.fromkeys(c.rule for c in rewritten.messages.changes)
         )
         if self._write_back is not None:
-            self._write_back.schedule(route.api, route.session_id, credentials)
+            self._write_back.schedule(route.api, route.session_id, credentials, _targets(rewritten, route))
 
     def _decoded(self, route: MessageRoute, flow: Flow) -> bytes | None:
         """The body with its content codings undone, or None (logged) when they do not decode."""
@@ -179,14 +190,15 @@ class Settle(Addon):
             log.warning("session %s: %s; body passed on unchanged", route.session_id, problem)
 
 
-def _vouches_for(kept: KeptReading, rewritten: Rewritten) -> bool:
-    """Whether a kept reading was taken well after the settled tools were last alive.
-
-    A turn announces itself on the stream before any of its tools can run, but an event can
-    still be in flight while a fresh tool is fetched; a reading taken `FRESH_MARGIN_MS` after
-    the tool's last sign of life cannot have missed it.
-    """
-    return kept.taken_at >= rewritten.messages.last_alive + FRESH_MARGIN_MS
+def _targets(rewritten: Rewritten, route: MessageRoute) -> set[str]:
+    """What the write-back may touch: each part or call settled here (or message, for a change
+    to the message itself)."""
+    found = set()
+    for _, settlement in rewritten.messages.settled:
+        for change in settlement.changes:
+            target = target_of(settlement.message, change, route.api)
+            found.add(target.part or target.message)
+    return found
 
 
 def _codings(flow: Flow) -> list[str]:

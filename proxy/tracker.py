@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import StrEnum
@@ -27,6 +26,7 @@ from aiohttp import hdrs, web
 
 from proxy import jsonio
 from proxy.config import Settings
+from proxy.server_clock import ServerClock
 from rules import Api, Liveness
 
 log = logging.getLogger(__name__)
@@ -82,18 +82,22 @@ class StreamListener(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class KeptReading:
-    """A reading the stream still vouches for, and when it was taken (epoch ms)."""
+    """A reading the stream still vouches for. Its `taken_at` is in the server's clock: the
+    `Date` of an asked reading, or for a status event the time it arrived, by the offset the
+    stream's (or the latest liveness answer's) `Date` measured."""
 
     liveness: Liveness
-    taken_at: float
 
 
 class LivenessTracker:
     """Keeps readings fresh from the event stream; `run()` follows it until cancelled."""
 
-    def __init__(self, session: aiohttp.ClientSession, settings: Settings) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, settings: Settings, clock: ServerClock | None = None
+    ) -> None:
         self._session = session
         self._settings = settings
+        self._clock = clock or ServerClock()
         self._readings: dict[tuple[Api, str], KeptReading] = {}
         self._clean: dict[str, set[str]] = {}
         """Per session, the views (path and query) last seen without an open tool."""
@@ -109,7 +113,7 @@ class LivenessTracker:
     def store(self, api: Api, liveness: Liveness) -> None:
         """Keep an on-demand reading, valid until the next event about its session."""
         if self.state is StreamState.FOLLOWING:
-            self._readings[(api, liveness.session_id)] = KeptReading(liveness, _now_ms())
+            self._readings[(api, liveness.session_id)] = KeptReading(liveness)
 
     def mark_clean(self, session_id: str, view: str) -> None:
         """Remember that `view` showed no open tool, until the next event about its session.
@@ -129,7 +133,7 @@ class LivenessTracker:
         if event.busy is None:
             self._readings.pop(key, None)
         else:
-            self._readings[key] = KeptReading(Liveness(event.session_id, event.busy), _now_ms())
+            self._readings[key] = KeptReading(Liveness(event.session_id, event.busy, self._clock.now()))
 
     async def run(self) -> None:
         """Follow the stream forever, reconnecting at once and then with growing pauses."""
@@ -176,6 +180,7 @@ class LivenessTracker:
                     )
                 self.state = StreamState.REFUSED
                 return
+            self._clock.observe(stream.headers.get(hdrs.DATE))
             self._readings.clear()
             self.state = StreamState.FOLLOWING
             log.info("following %s: liveness now comes from events", EVENTS_PATH)
@@ -229,10 +234,6 @@ def liveness_meaning(event: GlobalEvent) -> SessionEvent | None:
     if event.kind.startswith("session.next."):
         return SessionEvent(session_id, Api.V2, None)
     return None
-
-
-def _now_ms() -> float:
-    return time.time() * 1000
 
 
 TRACKER = web.AppKey("tracker", LivenessTracker)

@@ -63,6 +63,26 @@ class UpstreamApi:
         json: Any = None,
     ) -> Any:
         """Send one request and return the parsed 200 answer; anything else raises."""
+        answer, _ = await self._send(method, path, credentials, params=params, json=json)
+        return answer
+
+    async def get(self, path: str, credentials: Credentials, **params: str) -> Any:
+        """`GET path?params`, parsed."""
+        return await self.call("GET", path, credentials, params=params)
+
+    async def dated_get(self, path: str, credentials: Credentials, **params: str) -> tuple[Any, str | None]:
+        """`GET path?params`, parsed, with the answer's `Date` header (the server's clock)."""
+        return await self._send("GET", path, credentials, params=params)
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        credentials: Credentials,
+        *,
+        params: dict[str, str] | None = None,
+        json: Any = None,
+    ) -> tuple[Any, str | None]:
         url = self._settings.upstream_origin.with_path(path)
         query = {**credentials.params, **(params or {})}
         headers = {**credentials.headers, hdrs.ACCEPT_ENCODING: "identity"}
@@ -76,8 +96,4 @@ class UpstreamApi:
             answer = await response.read()
             if response.status != 200:
                 raise UpstreamRefused(method, path, response.status, answer)
-            return jsonio.loads(answer) if answer else None
-
-    async def get(self, path: str, credentials: Credentials, **params: str) -> Any:
-        """`GET path?params`, parsed."""
-        return await self.call("GET", path, credentials, params=params)
+            return jsonio.loads(answer) if answer else None, response.headers.get(hdrs.DATE)

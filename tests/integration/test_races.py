@@ -7,6 +7,10 @@ and now and then directly. Every tool here completes normally, so a single proxy
 showing one as settled (the `X-Settle-Settled` header, or a tool in the interrupted shape) is
 a false settle; so is the interrupted shape in the server's own view. The test also demands
 that fetches really caught tools open, or the race would prove nothing.
+
+Write-back: stale sessions (left by a crash) are settled in a view by `--write-back api` and
+`db` proxies, and a new turn starts in each at another moment around the write's reading; no
+tool of a new turn may be written (or shown) failed.
 """
 
 from __future__ import annotations
@@ -27,7 +31,18 @@ from .http_client import request
 from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer, directory_header
 from .polling import poll
-from .turns import RUNTIMES, Runtime, Turn, read_messages, start_turn
+from .proxy_process import ProxyProcess
+from .turns import (
+    RUNTIMES,
+    Observed,
+    Runtime,
+    Turn,
+    read_messages,
+    send_prompt,
+    start_turn,
+    wait_tool_running,
+    wait_turn_done,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -228,3 +243,114 @@ def test_no_live_part_is_ever_shown_settled(
     )
     assert race.counts["turns v1"] > 0
     assert race.counts["turns v2"] > 0
+
+
+# --- Turns that start while a write-back is pending ----------------------------------------------
+
+WRITE_BACK_GRACE_S = 1.0
+PENDING_SESSIONS = 2
+"""Per write-back mode and runtime. One at a time (a 2-core host answers late under more), each
+gets its new turn at another moment around the write's reading."""
+NEW_TURN_COMMAND = "echo again && sleep 1"
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A stale session whose settlement a proxy will write back, and the turn started meanwhile."""
+
+    mode: str
+    stale: Observed
+    delay_s: float
+    prompt: str
+
+
+def _stale_sessions(
+    opencode: OpencodeServer, mock_model: MockModel
+) -> dict[tuple[str, Runtime], list[Observed]]:
+    """Sessions whose tool a crash left open, per write-back mode and runtime."""
+    turns: dict[tuple[str, Runtime], list[Turn]] = {}
+    for mode in ("api", "db"):
+        for runtime in RUNTIMES:
+            for number in range(PENDING_SESSIONS):
+                prompt = f"pending {mode} {runtime} #{number}"
+                mock_model.plan(prompt, Plan(command="echo hello && sleep 600"))
+                turns.setdefault((mode, runtime), []).append(
+                    start_turn(runtime, opencode.url, opencode.project, prompt)
+                )
+    stale = {
+        key: [Observed(turn, wait_tool_running(opencode.url, turn)) for turn in group]
+        for key, group in turns.items()
+    }
+    opencode.crash()
+    opencode.restart()
+    return stale
+
+
+def _tools_after(opencode_url: str, pending: Pending) -> list[dict[str, Any]]:
+    """The tools of the session other than the one the crash left open."""
+    return [
+        tool
+        for _, tool in _tools(_messages_body(opencode_url, pending.stale.turn), pending.stale.runtime)
+        if tool["id"] != pending.stale.tool_id
+    ]
+
+
+def test_turns_started_while_a_write_back_is_pending_are_never_written(
+    opencode: OpencodeServer, mock_model: MockModel, tmp_path: Path
+) -> None:
+    """A proxy settles a stale session in a view and schedules its write; a new turn starts in the
+    session just before, around or after the write's reading. The new turn's tool must never be
+    written (nor shown) as failed, whichever mode writes, and it must finish normally."""
+    stale = _stale_sessions(opencode, mock_model)
+    grace = ("--grace", str(WRITE_BACK_GRACE_S))
+    proxies = {
+        "api": ProxyProcess(opencode.url, tmp_path / "api.log", ("--write-back", "api", *grace)),
+        "db": ProxyProcess(
+            opencode.url, tmp_path / "db.log", ("--write-back", "db", "--db", str(opencode.database), *grace)
+        ),
+    }
+    pendings = [
+        Pending(mode, observed, WRITE_BACK_GRACE_S * (0.5 + 0.1 * number), f"again {observed.session_id}")
+        for number, (mode, observed) in enumerate(
+            (mode, observed) for (mode, _), group in stale.items() for observed in group
+        )
+    ]
+    for pending in pendings:
+        mock_model.plan(pending.prompt, Plan(command=NEW_TURN_COMMAND, each_prompt=True))
+    try:
+        for proxy in proxies.values():
+            proxy.start()
+        for pending in pendings:
+            _fetch_then_prompt(proxies[pending.mode].url, opencode.url, pending)
+            wait_turn_done(opencode.url, pending.stale.turn, timeout=TURN_TIMEOUT_S)
+        time.sleep(WRITE_BACK_GRACE_S + 1.0)
+        logs = {mode: proxy.log() for mode, proxy in proxies.items()}
+    finally:
+        for proxy in proxies.values():
+            proxy.stop()
+    new_tools = {pending.stale.session_id: _tools_after(opencode.url, pending) for pending in pendings}
+    print(f"\npending write-backs: {len(pendings)} sessions, new tools {sum(map(len, new_tools.values()))}")
+    assert all(new_tools.values()), "a new turn ran no tool: no race happened"
+    false_writes = [
+        f"{session}: {tool['id']} {tool['state']}"
+        for session, tools in new_tools.items()
+        for tool in tools
+        if tool["state"]["status"] != "completed" or _interrupted(tool)
+    ]
+    written_ids = {tool["id"] for tools in new_tools.values() for tool in tools}
+    false_writes += [
+        line
+        for log in logs.values()
+        for line in log.splitlines()
+        if "wrote back" in line and any(f"part={i}" in line for i in written_ids)
+    ]
+    assert false_writes == [], false_writes[:5]
+
+
+def _fetch_then_prompt(proxy_url: str, opencode_url: str, pending: Pending) -> None:
+    """Fetch the stale view through the proxy (it settles and schedules the write), then prompt."""
+    reply = request("GET", proxy_url + pending.stale.turn.messages_path)
+    assert reply.status == 200
+    assert SETTLED_HEADER in reply.headers, f"{pending.stale.session_id}: the stale view was not settled"
+    time.sleep(pending.delay_s)
+    send_prompt(opencode_url, pending.stale.turn, pending.prompt)

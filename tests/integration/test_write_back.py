@@ -63,7 +63,7 @@ from yarl import URL
 from proxy.api_writer import ApiWriter
 from proxy.config import Settings
 from proxy.upstream_api import Credentials, UpstreamApi, UpstreamRefused
-from proxy.writeback import Written
+from proxy.writeback import Confirm, Written
 from rules import Api, Liveness
 
 from . import opencode_db
@@ -93,8 +93,10 @@ GRACE_S = 1.0
 """`--grace` of the proxies: long enough for a prompt to make a session active in between."""
 WRITE_TIMEOUT_S = 20.0
 SETTLE_TIMEOUT_S = 60.0
-SHORT_COMMAND = "for i in $(seq 1 40); do echo tick $i; sleep 0.1; done"
-"""A short tool that keeps the server writing (v1 stores its part at every output) for ~4 s."""
+SHORT_COMMAND = "for i in $(seq 1 80); do echo tick $i; sleep 0.1; done"
+"""A short tool that keeps the server writing (v1 stores its part at every output) for ~8 s:
+`settle --upstream` must write while it does, and it asks each session's liveness only after
+re-reading that session, so it takes longer than when it asked them all up front."""
 TOOL_FAILED = "session.next.tool.failed"
 NEXT_PROMPT = "next, briefly"
 NEXT_COMMAND = "echo briefly"
@@ -414,7 +416,9 @@ async def _race(server: OpencodeServer, observed: Observed) -> Race:
         liveness = Liveness(observed.session_id, active=False)
         outcome: list[Written] | str
         try:
-            outcome = await ApiWriter(upstream).write(Api.V2, observed.session_id, Credentials(), liveness)
+            outcome = await ApiWriter(upstream).write(
+                Api.V2, observed.session_id, Credentials(), {observed.tool_id}, _reading(liveness)
+            )
         except UpstreamRefused as refusal:
             outcome = str(refusal)
     if upstream.admitted_seq is not None:
@@ -977,3 +981,10 @@ def test_replay_racing_a_prompt_leaves_one_failure(crashed: Crashed, written: Wr
     assert [status for _, status in race.replays] == [500], "the writer appended after the server's settle"
     assert _failures(race.events, observed.tool_id) == [race.admitted_seq + 1]
     _assert_contiguous(race.events)
+
+
+def _reading(liveness: Liveness) -> Confirm:
+    async def confirm() -> Liveness:
+        return liveness
+
+    return confirm

@@ -775,6 +775,10 @@ async def _forced_race(
     settings = Settings(upstream=URL(server.url))
     meeting = _Meeting()
     liveness = Liveness(stale.session_id, active=False)
+
+    async def confirm() -> Liveness:
+        return liveness
+
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as session:
         writers = [
             ApiWriter(
@@ -784,7 +788,10 @@ async def _forced_race(
             for n in range(2)
         ]
         results = await asyncio.gather(
-            *(writer.write(Api.V1, stale.session_id, Credentials(), liveness) for writer in writers)
+            *(
+                writer.write(Api.V1, stale.session_id, Credentials(), {stale.tool_id}, confirm)
+                for writer in writers
+            )
         )
     after = _stored(server.database, [stale])[stale.session_id]
     return ForcedRace(

@@ -6,8 +6,10 @@ import asyncio
 import base64
 import gzip
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from email.utils import formatdate
 from typing import Any
 
 import orjson
@@ -45,10 +47,17 @@ class FakeOpencode:
     """What `/api/session/{id}/event` replays (one JSON event a line) before it goes quiet."""
     password: str | None = None
     """When set, every route wants Basic `opencode:<password>` or `?auth_token=`, as opencode does."""
+    clock_skew_ms: int = 0
+    events_refused: bool = False
+    """When set, `/global/event` answers 401, so a proxy has to ask on every fetch."""
+    """How far the "server's" clock (its `Date` header) is ahead of the test's."""
+    on_serve: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
+    """Per path, hooks for its next requests: the first runs just before the next one is answered."""
 
     def app(self) -> web.Application:
         app = web.Application()
         app.middlewares.append(self._record)
+        app.on_response_prepare.append(self._date)
         app.router.add_get("/api/session/active", self._v2_active)
         app.router.add_get("/session/status", self._v1_status)
         app.router.add_get("/session/{session}", self._v1_session)
@@ -71,6 +80,9 @@ class FakeOpencode:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         self.seen.append(request)
+        hooks = self.on_serve.get(request.path)
+        if hooks:
+            hooks.pop(0)()
         if self.password is not None and not self._authorized(request):
             return web.json_response(
                 {"_tag": "UnauthorizedError"},
@@ -78,6 +90,9 @@ class FakeOpencode:
                 headers={"www-authenticate": 'Basic realm="Secure Area"'},
             )
         return await handler(request)
+
+    async def _date(self, _: web.Request, response: web.StreamResponse) -> None:
+        response.headers["Date"] = formatdate(time.time() + self.clock_skew_ms / 1000, usegmt=True)
 
     def _authorized(self, request: web.Request) -> bool:
         token = base64.b64encode(f"opencode:{self.password}".encode()).decode()
@@ -137,6 +152,8 @@ class FakeOpencode:
         return response
 
     async def _global_events(self, request: web.Request) -> web.StreamResponse:
+        if self.events_refused:
+            return web.json_response({"_tag": "UnauthorizedError"}, status=401)
         self.subscribers += 1
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.streams.append(queue)

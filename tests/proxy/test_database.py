@@ -12,6 +12,7 @@ import pytest
 from proxy.database import OpencodeDatabase
 from rules import Api, Liveness
 from tests.fixtures import OPENCODE, js_json
+from tests.fixtures.new_turn import call_status, start_v2_turn
 from tests.fixtures.stale_db import DIRECTORY, V1_SESSION, V2_SESSION, build_stale_db
 
 V1_PART = "prt_229433856001UdZM6dtgAYZqVe"
@@ -38,9 +39,17 @@ def data(path: Path, table: str, row_id: str) -> Any:
     return orjson.loads(query(path, f"SELECT data FROM {table} WHERE id = ?", row_id)[0][0])
 
 
-async def settle(path: Path, api: Api, session: str, active: bool = False) -> list[Any]:
+EVERYTHING = {V1_PART, V1_MESSAGE, "call_mock_1"}
+
+
+async def settle(
+    path: Path, api: Api, session: str, active: bool = False, targets: set[str] = EVERYTHING
+) -> list[Any]:
+    async def confirm() -> Liveness:
+        return Liveness(session, active)
+
     async with OpencodeDatabase.open(path) as database:
-        return await database.settle_session(api, session, Liveness(session, active))
+        return await database.settle_session(api, session, targets, confirm)
 
 
 async def test_open_tools_lists_both_runtimes(db_path: Path) -> None:
@@ -192,3 +201,25 @@ def _after_replay_row() -> Any:
     dump = (OPENCODE / "db-rows-after-writeback.txt").read_text()
     row = next(line for line in dump.splitlines() if line.startswith("assistant|3|"))
     return orjson.loads(row.split("|", 3)[3])
+
+
+async def test_only_named_parts_are_written(db_path: Path) -> None:
+    """A turn that started after the fetch has a part nobody named: it is never written."""
+    start_v2_turn(db_path)
+    assert await settle(db_path, Api.V2, V2_SESSION, targets={"call_mock_1"}) == []
+    assert call_status(db_path) == "running"
+
+
+async def test_a_turn_recorded_while_the_reading_is_taken_stops_the_write(db_path: Path) -> None:
+    """The reading is taken with no lock held (a server write waiting for one stops the whole
+    server), and whatever the server records meanwhile is found before anything is written."""
+
+    async def confirm() -> Liveness:
+        start_v2_turn(db_path)
+        return Liveness(V2_SESSION, active=False)
+
+    async with OpencodeDatabase.open(db_path) as database:
+        written = await database.settle_session(Api.V2, V2_SESSION, {"call_mock_1"}, confirm)
+    assert written == []
+    assert data(db_path, "session_message", V2_MESSAGE)["content"][0]["state"]["status"] == "running"
+    assert call_status(db_path) == "running"

@@ -1,9 +1,11 @@
 """`settle-proxy settle` on a database shaped like the one a crash leaves."""
 
+import asyncio
 import json
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from yarl import URL
 
 from proxy.offline import Exit, build_parser, run
 from tests.fixtures import js_json
+from tests.fixtures.new_turn import call_status, start_v2_turn
 from tests.fixtures.stale_db import V1_SESSION, V2_SESSION, build_stale_db
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -131,3 +134,24 @@ def test_missing_database(tmp_path: Path) -> None:
     assert (
         result.stderr.strip() == f"settle-proxy settle: error: no opencode database at {tmp_path / 'none.db'}"
     )
+
+
+async def test_upstream_reading_is_taken_per_session_after_its_re_read(
+    db_path: Path, fake: FakeOpencode, upstream: TestServer
+) -> None:
+    """A turn starts in the v2 session as its liveness is asked: asked after the session's rows
+    were re-read, with the write checking that nothing changed since, the new call is never
+    written (asked up front, as before, it was written as failed)."""
+    turns: list[threading.Thread] = []
+
+    def new_turn() -> None:
+        turns.append(threading.Thread(target=start_v2_turn, args=(db_path,)))
+        turns[-1].start()
+
+    fake.on_serve["/api/session/active"] = [new_turn]
+    args = build_parser().parse_args(["--db", str(db_path), "--upstream", str(upstream.make_url("/"))])
+    await run(args, Console(width=200))
+    for turn in turns:
+        await asyncio.to_thread(turn.join, 15)
+    assert len(turns) == 1
+    assert call_status(db_path) == "running"

@@ -145,3 +145,23 @@ async def test_stable_across_fetches(proxy: ProxyClient, fake: FakeOpencode) -> 
     _, first, _ = await fetch(proxy, f"/session/{V1}/message")
     _, second, _ = await fetch(proxy, f"/session/{V1}/message")
     assert first == second
+
+
+async def test_v1_session_moved_to_another_directory_is_asked_where_it_is(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    """The directory the proxy last saw is only a guess: after a move, the old directory's
+    instance says idle while the session is busy in its new one."""
+    fake.events_refused = True
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    document, _, _ = await fetch(proxy, f"/session/{V1}/message")
+    assert document[1]["parts"][1]["state"]["status"] == "error"
+    fake.directories[V1] = "/cwd/.worktrees/feature"
+    fake.v1_busy["/cwd/.worktrees/feature"] = {V1}
+    _, body, headers = await fetch(proxy, f"/session/{V1}/message")
+    assert body == compact("v1-message-stale-running.json")
+    assert SETTLED_HEADER not in headers
+    assert [r.query.get("directory") for r in fake.seen if r.path == "/session/status"][-2:] == [
+        "/cwd",
+        "/cwd/.worktrees/feature",
+    ]

@@ -1,6 +1,8 @@
 """Write-back through the API against the fake upstream: what is sent, and when nothing is."""
 
+import copy
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -130,4 +132,84 @@ async def test_active_session_schedules_nothing(proxy: ProxyClient, fake: FakeOp
     fake.v2_active.add(busy)
     fake.bodies[f"/api/session/{busy}/message"] = compact("v2-message-busy-running.json")
     await fetch_and_write_back(proxy, f"/api/session/{busy}/message")
+    assert fake.replays == []
+
+
+NEW_MESSAGE = "msg_ffffffffffffnewturnmessage"
+NEW_PART = "prt_ffffffffffffnewturnpart01"
+NEW_CALL = "call_new_turn"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def v1_with_new_turn() -> bytes:
+    """The stale history, and a turn that has just started: a new message with a running tool."""
+    messages = load("v1-message-stale-running.json")
+    turn = copy.deepcopy(messages[1])
+    turn["info"] |= {"id": NEW_MESSAGE, "time": {"created": now_ms()}}
+    for part in turn["parts"]:
+        part["messageID"] = NEW_MESSAGE
+    turn["parts"][0]["id"] = "prt_ffffffffffffnewturnstep01"
+    turn["parts"][1] |= {"id": NEW_PART, "callID": NEW_CALL}
+    turn["parts"][1]["state"]["time"] = {"start": now_ms()}
+    return orjson.dumps([*messages, turn])
+
+
+def v2_with_new_turn(fake: FakeOpencode) -> None:
+    """The same for v2: a newer assistant message with a running call, and its events."""
+    document = load("v2-message-stale-running.json")
+    turn = copy.deepcopy(document["data"][0])
+    turn |= {"id": NEW_MESSAGE, "time": {"created": now_ms()}}
+    turn["content"][0] |= {"id": NEW_CALL, "time": {"created": now_ms(), "ran": now_ms()}}
+    document["data"].insert(0, turn)
+    fake.bodies[f"/api/session/{V2}/message"] = orjson.dumps(document)
+    last = fake.events[-1]["seq"]
+    fake.events += [
+        {"aggregate_id": V2, "seq": last + n, "type": f"session.next.{kind}.1", "data": data}
+        for n, (kind, data) in enumerate(
+            [("prompt.admitted", {}), ("tool.called", {"callID": NEW_CALL})], start=1
+        )
+    ]
+
+
+@pytest.mark.parametrize("busy", [True, False], ids=["busy", "not-yet-busy"])
+async def test_v1_turn_started_before_the_write_is_left_alone(
+    proxy: ProxyClient, fake: FakeOpencode, busy: bool
+) -> None:
+    """A turn starts between the fetch and the write-back's re-read. Busy by then, nothing is
+    written (the reading is taken after the re-read); not yet busy, only the part the fetch
+    settled is."""
+    path = f"/session/{V1}/message"
+    fake.bodies[path] = compact("v1-message-stale-running.json")
+
+    def new_turn() -> None:
+        fake.bodies[path] = v1_with_new_turn()
+        if busy:
+            fake.v1_busy["/cwd"] = {V1}
+
+    fake.on_serve[path] = [lambda: None, new_turn]
+    await fetch_and_write_back(proxy, path)
+    patched = [part["id"] for _, part in fake.patches]
+    assert patched == ([] if busy else ["prt_229433856001UdZM6dtgAYZqVe"])
+    assert orjson.loads(fake.bodies[path])[2]["parts"][1]["state"]["status"] == "running"
+
+
+@pytest.mark.parametrize("busy", [True, False], ids=["busy", "not-yet-busy"])
+async def test_v2_turn_started_before_the_write_is_left_alone(
+    proxy: ProxyClient, fake: FakeOpencode, busy: bool
+) -> None:
+    """As for v1: a call of a turn that started after the fetch is never written."""
+    v2_log(fake)
+    path = f"/api/session/{V2}/message"
+
+    def new_turn() -> None:
+        v2_with_new_turn(fake)
+        if busy:
+            fake.v2_active.add(V2)
+
+    fake.on_serve[path] = [lambda: None, new_turn]
+    await fetch_and_write_back(proxy, path)
+    # The new turn's prompt leaves the old call to the server; the new call was never named.
     assert fake.replays == []
