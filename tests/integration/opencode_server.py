@@ -22,7 +22,7 @@ import orjson
 
 from .http_client import free_port, get_json, request, with_credentials
 from .polling import poll
-from .proctree import kill_tree
+from .proctree import descendants, kill_tree
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BINARY = "node_modules/.bin/opencode"
@@ -178,6 +178,16 @@ class OpencodeServer:
         kill_tree(process.pid)
         process.wait(timeout=10)
         self._process = None
+
+    def kill_server_only(self) -> set[int]:
+        """SIGKILL the server's own process, as the OOM killer does, and return its tools' pids:
+        they run on (each in its own process group), now children of whatever adopts them."""
+        process = self._require_process()
+        tools = descendants(process.pid)
+        process.kill()
+        process.wait(timeout=10)
+        self._process = None
+        return tools
 
     def restart(self) -> None:
         """Start again on the same port and data dirs, as a supervisor would after a crash."""
