@@ -64,10 +64,10 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         ctx = SettleContext(probe, upstream, metrics, settings.grace, write_back, settings.dry_run)
         live = LiveSettle(ctx, Credentials.configured(settings.authorization))
         stack.push_async_callback(live.close)
-        session_streams = SessionStreamSettle(ctx)
+        session_streams = SessionStreamSettle(ctx, Credentials.configured(settings.authorization))
         stack.push_async_callback(session_streams.close)
         tracker = app[TRACKER] = LivenessTracker(app[UPSTREAM], settings, probe.clock)
-        tracker.listeners.append(live)
+        tracker.listeners += (live, session_streams)
         if (watcher := await _tool_processes(app, stack)) is not None:
             tracker.listeners.append(watcher)
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")

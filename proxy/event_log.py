@@ -16,6 +16,9 @@ from rules.orphaned_tool import V2_ERROR
 _VERSION = re.compile(r"\.\d+$")
 _OPENING = ("session.next.tool.input.started", "session.next.tool.input.ended", "session.next.tool.called")
 PROMPT_ADMITTED = "session.next.prompt.admitted"
+CALL_STARTED = "session.next.tool.called"
+CALL_ENDED = frozenset({"session.next.tool.success", "session.next.tool.failed", "session.next.tool.error"})
+"""How a v2 call ends; `session.next.tool.progress` and the rest come while it still runs."""
 
 
 def event_name(kind: str) -> str:

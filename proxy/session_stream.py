@@ -8,6 +8,10 @@ grace period, reads the session's messages, confirms with a reading taken after 
 session is inactive, and sends each of the session's open streams the
 `session.next.tool.failed` the server would have sent for every call the rules settle.
 
+The same confirmation runs, without any client asking, for every session the followed stream
+showed with a call open when that stream comes back after a loss (a crash and restart): open
+session streams are told, and the write-back, if one is configured, is scheduled at once.
+
 The event goes without `durable`: sequence numbers are the server's to give, and a client
 resuming with `?after=<seq>` would otherwise skip the server's own event of that number. With
 `--write-back`, the server's own durable event follows.
@@ -23,16 +27,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 from proxy.addons import Addon, Flow
 from proxy.context import SettleContext
-from proxy.event_log import tool_failed_data
+from proxy.event_log import CALL_ENDED, CALL_STARTED, tool_failed_data
 from proxy.ids import ascending_id
 from proxy.liveness import LivenessUnknown
 from proxy.routes import SESSION_STREAM
 from proxy.sse import event_frame
 from proxy.tasks import KeyedTasks
+from proxy.tracker import GlobalEvent, StreamListener
 from proxy.upstream import opencode_path
 from proxy.upstream_api import Credentials, UpstreamRefused
 from rules import Api, Change, UnexpectedShape, settle_view
@@ -40,6 +46,7 @@ from rules import Api, Change, UnexpectedShape, settle_view
 log = logging.getLogger(__name__)
 
 TOOL_FAILED = "session.next.tool.failed"
+_REMEMBERED = 10_000
 
 
 @dataclass(slots=True)
@@ -51,15 +58,40 @@ class SessionStream:
     told: set[str] = field(default_factory=set)
 
 
-class SessionStreamSettle(Addon):
-    """Settle orphaned v2 tool calls in the session event streams clients follow."""
+class SessionStreamSettle(Addon, StreamListener):
+    """Settle orphaned v2 tool calls in the session event streams clients follow, and confirm the
+    calls the followed stream left open as soon as it is back."""
 
     name: ClassVar[str] = "session-stream-settle"
 
-    def __init__(self, ctx: SettleContext) -> None:
+    def __init__(self, ctx: SettleContext, credentials: Credentials) -> None:
         self._ctx = ctx
+        self._credentials = credentials
         self._streams: dict[int, SessionStream] = {}
         self._checks: KeyedTasks[str] = KeyedTasks(self.name)
+        self._open: dict[str, set[str]] = {}
+        """Per session, the v2 calls the followed stream showed open (a `StreamListener`)."""
+
+    # What the followed stream says: after a loss (a crash, say), sessions it left with calls
+    # open are confirmed at once, so that clients and the write-back hear of it before any fetch.
+
+    def following(self) -> None:
+        for session_id in list(self._open):
+            del self._open[session_id]
+            self._checks.start(session_id, partial(self._confirm, session_id, self._credentials))
+
+    def event(self, event: GlobalEvent) -> None:
+        call = event.properties.get("callID")
+        if event.session_id is None or not isinstance(call, str):
+            return
+        if event.kind == CALL_STARTED:
+            self._open.setdefault(event.session_id, set()).add(call)
+            while len(self._open) > _REMEMBERED:
+                self._open.pop(next(iter(self._open)))
+        elif event.kind in CALL_ENDED and (calls := self._open.get(event.session_id)) is not None:
+            calls.discard(call)
+            if not calls:
+                del self._open[event.session_id]
 
     async def response_headers(self, flow: Flow) -> None:
         if flow.status != 200 or flow.request.method != "GET" or not flow.event_stream:

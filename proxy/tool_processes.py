@@ -19,15 +19,15 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from proxy.event_log import CALL_ENDED, CALL_STARTED
 from proxy.procfs import command_line, pids, stat
 from proxy.tracker import GlobalEvent
 from rules import OPEN_STATUSES, Api
 
 _SCAN_AFTER_S = (0.2, 1.0, 3.0)
 """When to look for a started call's process: it may start a moment after the call is announced."""
-_V2_CALLED = "session.next.tool.called"
-_V2_TOOL = "session.next.tool."
 _REMEMBERED = 10_000
+_V2_SHELL = "/bin/sh -c "
 log = logging.getLogger(__name__)
 
 
@@ -109,6 +109,7 @@ class ToolProcesses:
         self._reported: set[Identity] = set()
         self._writes: set[asyncio.Task[None]] = set()
         self._calls: dict[str, ToolCall] = {}
+        self._runtimes: dict[str, Api] = {}
         self._awaiting: set[str] = set()
         self._processes: dict[Identity, str] = {}
 
@@ -136,7 +137,7 @@ class ToolProcesses:
     def event(self, event: GlobalEvent) -> None:
         if event.kind == "message.part.updated":
             self._v1_part(event.properties.get("part"))
-        elif event.kind.startswith(_V2_TOOL) and ".input." not in event.kind:
+        elif event.kind == CALL_STARTED or event.kind in CALL_ENDED:
             self._v2_call(event)
 
     def orphans(self, pids: list[int]) -> list[Orphan]:
@@ -154,29 +155,31 @@ class ToolProcesses:
         if not isinstance(part, dict) or part.get("type") != "tool" or not isinstance(part.get("id"), str):
             return
         state: dict[str, Any] = part["state"] if isinstance(part.get("state"), dict) else {}
-        if state.get("status") in OPEN_STATUSES[Api.V1]:
+        if state.get("status") == "running":  # `pending` may still carry a half-streamed input
             command = (state.get("input") or {}).get("command")
-            self._started(str(part.get("sessionID")), part["id"], str(part.get("tool")), command)
-        else:
+            self._started(Api.V1, str(part.get("sessionID")), part["id"], str(part.get("tool")), command)
+        elif state.get("status") not in OPEN_STATUSES[Api.V1]:
             self._ended(part["id"])
 
     def _v2_call(self, event: GlobalEvent) -> None:
         call = event.properties.get("callID")
         if not isinstance(call, str):
             return
-        if event.kind == _V2_CALLED:
+        if event.kind == CALL_STARTED:
             command = (event.properties.get("input") or {}).get("command")
-            self._started(str(event.session_id), call, str(event.properties.get("tool")), command)
+            self._started(Api.V2, str(event.session_id), call, str(event.properties.get("tool")), command)
         else:
             self._ended(call)
 
-    def _started(self, session_id: str, call: str, tool: str, command: Any) -> None:
+    def _started(self, api: Api, session_id: str, call: str, tool: str, command: Any) -> None:
         if call in self._calls or not isinstance(command, str):
             return  # only calls that run a command start processes; a repeated update starts nothing
+        log.debug("%s call %s started: %r", api, call, command)
         self._calls[call] = ToolCall(session_id, call, tool, command)
+        self._runtimes[call] = api
         self._awaiting.add(call)
         while len(self._calls) > _REMEMBERED:
-            self._calls.pop(next(iter(self._calls)))
+            self._runtimes.pop(self._calls.pop(next(iter(self._calls))).call, None)
         self._write(self._tie())
 
     async def _tie(self) -> None:
@@ -222,6 +225,7 @@ class ToolProcesses:
                 continue
             command = command_line(identity.pid)
             call = self._call_for(command)
+            log.debug("server's process group %d (%s): call %s", identity.pid, command[:80], call)
             if call is not None:
                 self._processes[identity] = call
                 self._awaiting.discard(call)
@@ -231,11 +235,16 @@ class ToolProcesses:
             self._processes.pop(next(iter(self._processes)))
 
     def _call_for(self, command: str) -> str | None:
-        """The one waiting call whose command this process runs: v1 execs the last command of
-        `a && b` (`b`), v2 runs `/bin/sh -c <command>`. Another child of the server (a language
-        server, a plugin) fits no call, and a process that fits two fits none."""
-        shell = command.removeprefix("/bin/sh -c ")
-        fitting = [call for call in self._awaiting if self._calls[call].command.endswith(shell)]
+        """The one waiting call whose command this process runs. v2 runs `/bin/sh -c <command>`;
+        v1 starts the command itself (for `a && b`, the leader runs `b`). Another child of the
+        server (a language server, a plugin) fits no call, and a process that fits two fits none."""
+        shell = command.removeprefix(_V2_SHELL)
+        runtime = Api.V2 if shell != command else Api.V1
+        fitting = [
+            call
+            for call in self._awaiting
+            if self._runtimes.get(call) is runtime and self._calls[call].command.endswith(shell)
+        ]
         return fitting[0] if len(fitting) == 1 else None
 
 

@@ -124,6 +124,11 @@ class OpencodeServer:
         return self._root / "xdg" / "data" / "opencode" / "opencode.db"
 
     @property
+    def state_home(self) -> Path:
+        """`$XDG_STATE_HOME` of this server's environment (and of a proxy it runs under)."""
+        return self._root / "xdg" / "state"
+
+    @property
     def log_path(self) -> Path:
         """Combined `--print-logs` output of every run, for post-mortems."""
         return self._root / "serve.log"

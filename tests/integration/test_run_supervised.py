@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,9 +28,11 @@ from .proctree import descendants, is_gone
 from .turns import (
     RUNTIMES,
     Observed,
+    Turn,
     find_running_tool,
     read_messages,
     start_turn,
+    tools_of,
     wait_tool_running,
     wait_turn_done,
 )
@@ -47,8 +51,17 @@ def supervised(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.fixture(scope="module")
 def terminating(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpencodeServer]:
     root = tmp_path_factory.mktemp("terminating")
-    with running_opencode(root, mock_model.base_url, supervised=("--orphans", "terminate")) as server:
+    options = ("--orphans", "terminate", "--write-back", "api")
+    with running_opencode(root, mock_model.base_url, supervised=options) as server:
         yield server
+
+
+def following(server: OpencodeServer) -> bool | None:
+    """Whether the proxy follows the server's event stream, from which it learns of tool calls."""
+    try:
+        return True if health(server)["liveness"]["source"] == "events" else None
+    except TimeoutError:
+        return None
 
 
 def health(server: OpencodeServer) -> dict[str, Any]:
@@ -65,6 +78,7 @@ def settled(server: OpencodeServer, observed: Observed) -> bool | None:
 
 def test_crash_restart_settle_and_a_clean_stop(supervised: OpencodeServer) -> None:
     proxy = supervised.pid
+    poll(partial(following, supervised), what="the proxy following the server's events", timeout=60)
     turns = [start_turn(runtime, supervised.url, supervised.project, "run the demo") for runtime in RUNTIMES]
     observed = [Observed(turn, wait_tool_running(supervised.url, turn)) for turn in turns]
     server = health(supervised)["server"]["pid"]
@@ -104,31 +118,61 @@ def test_terminate_ends_only_the_calls_that_were_running(
     terminating: OpencodeServer, mock_model: MockModel
 ) -> None:
     """A dev server a completed call left on purpose, and an unrelated process with the same command
-    line as the running tool, survive; the running call's processes are ended within the grace."""
+    line as the running tool, survive; the running calls' processes are ended within the grace; and
+    with `--write-back api` both runtimes' calls are written into the restarted server before any
+    client fetches them (its own view, read directly, shows them settled)."""
+    poll(partial(following, terminating), what="the proxy following the server's events", timeout=60)
     mock_model.plan("start it in the background", Plan(command="(sleep 710 >/dev/null 2>&1 &); echo started"))
     background_turn = start_turn("v1", terminating.url, terminating.project, "start it in the background")
     wait_turn_done(terminating.url, background_turn)
     background = poll(partial(running_below, terminating.pid, "sleep 710"), what="the dev server", timeout=30)
     unrelated = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL)
     try:
-        turn = start_turn("v1", terminating.url, terminating.project, "run the demo")
-        wait_tool_running(terminating.url, turn)
+        turns = [
+            start_turn(runtime, terminating.url, terminating.project, "run the demo") for runtime in RUNTIMES
+        ]
+        for turn in turns:
+            wait_tool_running(terminating.url, turn)
+        records = terminating.state_home / "settle-proxy" / "processes.db"
+        poll(partial(tied, records, 2), what="the running tools tied to their calls", timeout=30)
         server = health(terminating)["server"]["pid"]
         tools = descendants(server) - {server} - set(background)
         os.kill(server, signal.SIGKILL)
         poll(
             lambda: True if all(map(is_gone, tools)) else None,
-            what="the running call's processes ended",
+            what="the running calls' processes ended",
             timeout=30,
         )
         assert not any(map(is_gone, background))
         assert unrelated.poll() is None
+        direct = health(terminating)["upstream"]["url"]
+        for turn in turns:
+            poll(partial(written, direct, turn), what=f"{turn.runtime} call written directly", timeout=60)
     finally:
         unrelated.kill()
         unrelated.wait()
         for pid in background:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def tied(records: Path, count: int) -> bool | None:
+    """Whether the state database holds `count` tool processes tied to their calls."""
+    if not records.is_file():
+        return None
+    with sqlite3.connect(records) as connection:
+        (found,) = connection.execute("SELECT count(*) FROM tool_process").fetchone()
+    return True if found >= count else None
+
+
+def written(direct: str, turn: Turn) -> bool | None:
+    """Whether the server's own view (no proxy in between) shows the turn's call settled."""
+    try:
+        messages = read_messages(direct, turn)
+    except OSError:  # not restarted yet
+        return None
+    tools = [item for message in messages for item in tools_of(message, turn.runtime)[1]]
+    return True if tools and all(tool["state"]["status"] == "error" for tool in tools) else None
 
 
 def running_below(root: int, command: str) -> list[int] | None:

@@ -202,14 +202,15 @@ def read_messages(base_url: str, turn: Turn) -> list[dict[str, Any]]:
 def find_running_tool(messages: list[dict[str, Any]], runtime: Runtime) -> RunningTool | None:
     """The first tool that is stably `running` in a message list of `runtime`, if any."""
     for message in messages:
-        message_id, tools = _tools_of(message, runtime)
+        message_id, tools = tools_of(message, runtime)
         for tool in tools:
             if _stably_running(tool, runtime):
                 return RunningTool(message_id, tool)
     return None
 
 
-def _tools_of(message: dict[str, Any], runtime: Runtime) -> tuple[str, list[dict[str, Any]]]:
+def tools_of(message: dict[str, Any], runtime: Runtime) -> tuple[str, list[dict[str, Any]]]:
+    """A message's id and its tool items, in either runtime's shape."""
     if runtime == "v1":
         return message["info"]["id"], [p for p in message["parts"] if p.get("type") == "tool"]
     return message["id"], [c for c in message.get("content", []) if c.get("type") == "tool"]

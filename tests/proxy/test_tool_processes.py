@@ -65,6 +65,8 @@ async def test_each_process_is_tied_to_the_call_whose_command_it_runs(
     tools.start("sleep", "603")  # no call runs this
     await asyncio.sleep(0.5)
     watcher.event(v1_part("prt_1", "completed", "echo hello && sleep 601"))
+    progress = {"sessionID": "ses_b", "callID": "call_2", "structured": {}}
+    watcher.event(GlobalEvent("/d", None, "session.next.tool.progress", progress))  # still running
     found = {orphan.pid: orphan.as_json() for orphan in watcher.orphans([tool.pid for tool in tools])}
     first, second, unknown = (found[tool.pid] for tool in tools)
     assert (first["part"], first["session"], first["call_was_running"]) == ("prt_1", "ses_a", False)
@@ -99,3 +101,17 @@ async def test_a_recycled_pid_is_not_the_process_that_was_recorded(
     )
     (orphan,) = watcher.orphans([tools[0].pid])
     assert orphan.call is None
+
+
+async def test_the_same_command_in_both_runtimes_is_told_apart_by_how_it_runs(
+    tools: Tools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.1,))
+    watcher = ToolProcesses(this_process)
+    watcher.event(v1_part("prt_1", "running", "echo hello && sleep 606"))
+    watcher.event(v2_called("call_2", "echo hello && sleep 606"))
+    tools.start("sleep", "606")
+    tools.start("/bin/sh", "-c", "echo hello && sleep 606")
+    await asyncio.sleep(0.5)
+    found = {orphan.pid: orphan.as_json()["part"] for orphan in watcher.orphans([tool.pid for tool in tools])}
+    assert [found[tool.pid] for tool in tools] == ["prt_1", "call_2"]

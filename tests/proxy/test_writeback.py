@@ -1,5 +1,6 @@
 """Write-back through the API against the fake upstream: what is sent, and when nothing is."""
 
+import asyncio
 import copy
 import json
 import time
@@ -15,7 +16,7 @@ from yarl import URL
 from proxy.app import WRITE_BACK, create_app
 from proxy.config import Settings, WriteBackMode
 from tests.fixtures import compact, js_json, load
-from tests.proxy.conftest import ProxyClient
+from tests.proxy.conftest import ProxyClient, following
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
@@ -213,3 +214,21 @@ async def test_v2_turn_started_before_the_write_is_left_alone(
     await fetch_and_write_back(proxy, path)
     # The new turn's prompt leaves the old call to the server; the new call was never named.
     assert fake.replays == []
+
+
+async def test_calls_the_followed_stream_left_open_are_written_once_it_is_back(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    """After a crash the proxy confirms and writes what it saw open, before any client fetches."""
+    v2_log(fake)
+    await following(proxy)
+    # One queue carries both: the event reaches the proxy before the stream ends.
+    fake.publish("session.next.tool.called", V2, callID=CALL, tool="bash", input={"command": "sleep 600"})
+    fake.drop_streams()
+    for _ in range(500):
+        if fake.replays:
+            break
+        await asyncio.sleep(0.01)
+    await write_backs_done(proxy)
+    ((seq, event),) = fake.replays
+    assert (seq, event["type"], event["data"]["callID"]) == (7, "session.next.tool.failed.1", CALL)
