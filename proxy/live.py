@@ -10,8 +10,10 @@ client event stream (`/global/event`, and `/event` of the session's directory) w
 server would have sent had it settled the part itself: `message.part.updated` with the
 settled part, `message.updated` with the closed message, and `session.status` idle with
 `session.idle`. Streams that connect later get the state (all but `session.idle`, which
-clients take as "a turn just ended") right after they open, until the server itself
-reports the part settled (a write-back, or a later turn).
+clients take as "a turn just ended") right after they open, until the stream says
+anything newer about the session (a status, a new message or part, a write-back): from
+then on the replayed state could be false, and a client that connects later reads the
+truth from the server itself.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ class LiveSettle(Addon, StreamListener):
         self._ctx = ctx
         self._credentials = credentials
         self._open: OrderedDict[str, OpenPart] = OrderedDict()
-        self._orphans: OrderedDict[str, Orphan] = OrderedDict()
+        self._orphans: OrderedDict[str, dict[str, Orphan]] = OrderedDict()
+        """Per session, its orphans by part id: replayed to streams that connect later."""
         self._subscribers: dict[int, Subscriber] = {}
         self._checks: KeyedTasks[str] = KeyedTasks(self.name)
 
@@ -97,6 +100,8 @@ class LiveSettle(Addon, StreamListener):
             self._schedule(session_id)
 
     def event(self, event: GlobalEvent) -> None:
+        if event.session_id is not None:
+            self._orphans.pop(event.session_id, None)
         if event.kind == "message.part.updated":
             self._part_updated(event)
         elif event.session_id is not None and _went_idle(event) and self._has_open(event.session_id):
@@ -119,7 +124,6 @@ class LiveSettle(Addon, StreamListener):
                 self._open.popitem(last=False)
         else:
             self._open.pop(part["id"], None)
-            self._orphans.pop(part["id"], None)
 
     # Client streams.
 
@@ -133,8 +137,9 @@ class LiveSettle(Addon, StreamListener):
             subscriber = Subscriber(asyncio.Queue(), directory)
         else:
             return
-        for orphan in self._orphans.values():
-            self._send(subscriber, orphan, live=False)
+        for orphans in self._orphans.values():
+            for orphan in orphans.values():
+                self._send(subscriber, orphan, live=False)
         self._subscribers[id(flow)] = subscriber
         flow.inject = subscriber.queue
 
@@ -228,7 +233,9 @@ class LiveSettle(Addon, StreamListener):
         )
         if self._ctx.dry_run:
             return
-        orphan = self._orphans[part_id] = Orphan(part, state, [opencode_event("session.idle", session)])
+        orphan = Orphan(part, state, [opencode_event("session.idle", session)])
+        self._orphans.setdefault(part.session_id, {})[part_id] = orphan
+        self._orphans.move_to_end(part.session_id)
         while len(self._orphans) > _REMEMBERED:
             self._orphans.popitem(last=False)
         for subscriber in self._subscribers.values():

@@ -147,5 +147,32 @@ async def test_a_part_the_server_settled_unseen_is_relayed_as_it_is(
     response = await proxy.get("/global/event")
     _, part, message, status = await next_kinds(events(response), 4)
     assert part["payload"]["properties"]["part"] == done["parts"][1]
-    assert message["payload"]["properties"]["info"] == MESSAGE["info"]
+    info = message["payload"]["properties"]["info"]  # closed by `unfinished-message`, as a view shows it
+    assert info == {**MESSAGE["info"], "time": info["time"], "error": info["error"]}
+    assert info["time"]["completed"] >= MESSAGE["info"]["time"]["created"]
+    assert info["error"]["name"] == "MessageAbortedError"
     assert status["payload"]["properties"]["status"] == {"type": "idle"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "properties"),
+    [
+        ("session.status", {"status": {"type": "busy"}}),
+        ("session.status", {"status": {"type": "idle"}}),
+        ("message.updated", {"info": {**MESSAGE["info"], "id": "msg_newer"}}),
+    ],
+)
+async def test_the_replay_ends_when_the_stream_says_anything_newer_about_the_session(
+    proxy: ProxyClient, fake: FakeOpencode, kind: str, properties: dict[str, Any]
+) -> None:
+    await crash_with_part_open(proxy, fake)
+    await asyncio.sleep(0.3)
+    assert await injected(proxy) == 0  # no client stream yet: nothing sent
+    fake.publish(kind, V1, **properties)  # e.g. a new turn: the session is busy again
+    await asyncio.sleep(0.1)
+    response = await proxy.get("/global/event")
+    first = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 5)
+    assert b"server.connected" in first
+    with pytest.raises(TimeoutError):  # no "idle", no settled part: the server has newer news
+        await asyncio.wait_for(response.content.readline(), 0.3)
+    assert await injected(proxy) == 0
