@@ -68,9 +68,42 @@ class Rewritten:
     """False when the changed messages could not be located and the body was re-serialized."""
 
 
+_CREATED = b'"time":{"created":'
+_UNFINISHED_V1 = b'"role":"assistant",' + _CREATED
+_UNFINISHED_V2 = b'},"type":"assistant"'
+_MAX_DIGITS = 20
+
+
 def mentions_open_status(body: bytes, api: Api) -> bool:
-    """A byte scan that rules out most bodies before any parse or liveness look-up."""
-    return any(needle in body for needle in _NEEDLES[api])
+    """A byte scan that rules out most bodies before any parse or liveness look-up: an open
+    tool status, or an assistant message without `time.completed` (a turn cut while the model
+    was writing has no tool to find)."""
+    return any(needle in body for needle in _NEEDLES[api]) or next(_unfinished(body, api), -1) >= 0
+
+
+def _unfinished(body: bytes, api: Api) -> Iterator[int]:
+    """Positions inside the assistant messages whose `time` holds `created` and nothing else.
+
+    Matched in the compact layout and key order opencode 1.18.33 sends (v1 info
+    `"role":"assistant","time":{"created":N},…`, v2 `{"id":…,"time":{"created":N},"type":"assistant",…}`);
+    a quote inside a string is escaped, so text cannot match. Another layout is missed, which
+    only leaves such a message as the server shows it.
+    """
+    if api is Api.V1:
+        position = body.find(_UNFINISHED_V1)
+        while position >= 0:
+            digits = position + len(_UNFINISHED_V1)
+            end = body.find(b"}", digits, digits + _MAX_DIGITS)
+            if end > digits and body[digits:end].isdigit():
+                yield position
+            position = body.find(_UNFINISHED_V1, digits)
+        return
+    position = body.find(_UNFINISHED_V2)
+    while position >= 0:
+        created = body.rfind(_CREATED, max(0, position - _MAX_DIGITS - len(_CREATED)), position)
+        if created >= 0 and body[created + len(_CREATED) : position].isdigit():
+            yield position
+        position = body.find(_UNFINISHED_V2, position + len(_UNFINISHED_V2))
 
 
 def rewrite(
@@ -143,13 +176,14 @@ def _rewrite_spans(
 
 
 def _candidates(body: bytes, starts: list[int], api: Api) -> list[int]:
-    """Indexes of the messages in which an open status occurs, in order."""
+    """Indexes of the messages in which an open status occurs, or that are unfinished, in order."""
     found: set[int] = set()
     for needle in _NEEDLES[api]:
         position = body.find(needle)
         while position >= 0:
             found.add(bisect.bisect_right(starts, position) - 1)
             position = body.find(needle, position + len(needle))
+    found.update(bisect.bisect_right(starts, position) - 1 for position in _unfinished(body, api))
     return sorted(index for index in found if index >= 0)
 
 
