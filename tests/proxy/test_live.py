@@ -32,8 +32,7 @@ async def proxy(upstream: TestServer, aiohttp_client: ClientFactory, fake: FakeO
 
 
 async def events(response: aiohttp.ClientResponse) -> AsyncIterator[Any]:
-    while True:
-        line = await asyncio.wait_for(response.content.readline(), 5)
+    while line := await asyncio.wait_for(response.content.readline(), 5):
         if line.startswith(b"data: "):
             yield orjson.loads(line[6:])
 
@@ -176,3 +175,68 @@ async def test_the_replay_ends_when_the_stream_says_anything_newer_about_the_ses
     with pytest.raises(TimeoutError):  # no "idle", no settled part: the server has newer news
         await asyncio.wait_for(response.content.readline(), 0.3)
     assert await injected(proxy) == 0
+
+
+WRITING = {"info": {**MESSAGE["info"], "id": "msg_writing"}, "parts": []}
+"""An assistant message the model was still writing when the server died: no tool, no completion."""
+
+
+async def crash_while_writing(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    fake.bodies[f"/session/{V1}/message/msg_writing"] = orjson.dumps(WRITING)
+    fake.publish("session.status", V1, status={"type": "busy"})
+    fake.publish("message.updated", V1, info=WRITING["info"])
+    await asyncio.sleep(0.05)
+    fake.drop_streams()
+    await asyncio.sleep(0.05)
+    await following(proxy)
+
+
+async def test_a_turn_cut_before_any_tool_is_closed_in_streams_open_through_the_crash(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    stream = events(await proxy.get("/event", params={"directory": "/cwd"}))  # outlives the fake's crash
+    assert (await anext(stream))["type"] == "server.connected"
+    await crash_while_writing(proxy, fake)
+    message, status, idle = await next_kinds(stream, 3)
+    assert message["type"] == "message.updated"
+    info = message["properties"]["info"]
+    assert info["id"] == "msg_writing"
+    assert info["time"] == {
+        "created": WRITING["info"]["time"]["created"],
+        "completed": info["time"]["completed"],
+    }
+    assert info["error"]["name"] == "MessageAbortedError"
+    assert status["properties"] == {"sessionID": V1, "status": {"type": "idle"}}
+    assert idle == {**idle, "type": "session.idle", "properties": {"sessionID": V1}}
+    later = events(await proxy.get("/global/event"))
+    kinds = [event["payload"]["type"] for event in await next_kinds(later, 3)]
+    assert kinds == ["server.connected", "message.updated", "session.status"]
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(anext(later), 0.5)
+
+
+async def test_nothing_is_said_of_a_turn_still_running_after_the_stream_came_back(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    fake.v1_busy["/cwd"] = {V1}
+    await crash_while_writing(proxy, fake)
+    await asyncio.sleep(0.3)
+    await proxy.get("/global/event")
+    assert await injected(proxy) == 0
+
+
+async def test_nothing_is_said_of_a_turn_the_stream_saw_end(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    fake.bodies[f"/session/{V1}/message/msg_writing"] = orjson.dumps(WRITING)
+    fake.publish("session.status", V1, status={"type": "busy"})
+    fake.publish("message.updated", V1, info=WRITING["info"])
+    done = {**WRITING["info"], "time": {**WRITING["info"]["time"], "completed": 2}}
+    fake.publish("message.updated", V1, info=done)
+    fake.publish("session.status", V1, status={"type": "idle"})
+    await asyncio.sleep(0.05)
+    fake.drop_streams()
+    await asyncio.sleep(0.05)
+    await following(proxy)
+    await asyncio.sleep(0.3)
+    await proxy.get("/global/event")
+    assert await injected(proxy) == 0
+    assert not [r for r in fake.seen if r.path.endswith("/msg_writing")]
