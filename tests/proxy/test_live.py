@@ -177,14 +177,15 @@ async def test_the_replay_ends_when_the_stream_says_anything_newer_about_the_ses
     assert await injected(proxy) == 0
 
 
-WRITING = {"info": {**MESSAGE["info"], "id": "msg_writing"}, "parts": []}
+WRITING_INFO: dict[str, Any] = {**MESSAGE["info"], "id": "msg_writing"}
+WRITING: dict[str, Any] = {"info": WRITING_INFO, "parts": []}
 """An assistant message the model was still writing when the server died: no tool, no completion."""
 
 
 async def crash_while_writing(proxy: ProxyClient, fake: FakeOpencode) -> None:
     fake.bodies[f"/session/{V1}/message/msg_writing"] = orjson.dumps(WRITING)
     fake.publish("session.status", V1, status={"type": "busy"})
-    fake.publish("message.updated", V1, info=WRITING["info"])
+    fake.publish("message.updated", V1, info=WRITING_INFO)
     await asyncio.sleep(0.05)
     fake.drop_streams()
     await asyncio.sleep(0.05)
@@ -202,7 +203,7 @@ async def test_a_turn_cut_before_any_tool_is_closed_in_streams_open_through_the_
     info = message["properties"]["info"]
     assert info["id"] == "msg_writing"
     assert info["time"] == {
-        "created": WRITING["info"]["time"]["created"],
+        "created": WRITING_INFO["time"]["created"],
         "completed": info["time"]["completed"],
     }
     assert info["error"]["name"] == "MessageAbortedError"
@@ -228,8 +229,8 @@ async def test_nothing_is_said_of_a_turn_still_running_after_the_stream_came_bac
 async def test_nothing_is_said_of_a_turn_the_stream_saw_end(proxy: ProxyClient, fake: FakeOpencode) -> None:
     fake.bodies[f"/session/{V1}/message/msg_writing"] = orjson.dumps(WRITING)
     fake.publish("session.status", V1, status={"type": "busy"})
-    fake.publish("message.updated", V1, info=WRITING["info"])
-    done = {**WRITING["info"], "time": {**WRITING["info"]["time"], "completed": 2}}
+    fake.publish("message.updated", V1, info=WRITING_INFO)
+    done = {**WRITING_INFO, "time": {**WRITING_INFO["time"], "completed": 2}}
     fake.publish("message.updated", V1, info=done)
     fake.publish("session.status", V1, status={"type": "idle"})
     await asyncio.sleep(0.05)
