@@ -241,3 +241,15 @@ async def test_nothing_is_said_of_a_turn_the_stream_saw_end(proxy: ProxyClient, 
     await proxy.get("/global/event")
     assert await injected(proxy) == 0
     assert not [r for r in fake.seen if r.path.endswith("/msg_writing")]
+
+
+async def test_news_of_the_session_during_the_confirmation_withdraws_it(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    """A new turn announced while the turn is being confirmed: whatever the reading says, the
+    stream knows better, and nothing is said."""
+    await crash_while_writing(proxy, fake)
+    fake.publish("session.status", V1, status={"type": "busy"})  # within the grace period
+    await asyncio.sleep(0.3)
+    await proxy.get("/global/event")
+    assert await injected(proxy) == 0
