@@ -176,6 +176,11 @@ def _busy(screen: str) -> bool:
     return BUSY_BAR in screen
 
 
+def _writing(screen: str) -> bool:
+    """Busy, and showing the text the model streams: the transcript is loaded and followed live."""
+    return BUSY_BAR in screen and re.search(r"word\d+ word\d+", screen) is not None
+
+
 def _not_busy(screen: str) -> bool:
     return BUSY_BAR not in screen
 
@@ -193,12 +198,14 @@ def writing_scene(
             mock_model.plan(f"tui writing {runtime}", Plan(text_every=1.0))
             turns[runtime] = start_turn(runtime, opencode.url, opencode.project, f"tui writing {runtime}")
         v1 = turns["v1"]
+        poll(lambda: _unfinished_answer(opencode.url, v1), what="the v1 answer started", timeout=60)
         with Terminals(root, opencode_binary()) as terminals:
             direct = terminals.attach("writing_direct", opencode.url, v1.session_id, v1.directory)
             proxied = terminals.attach("writing_proxied", proxy.url, v1.session_id, v1.directory)
             for terminal in (direct, proxied):
-                terminal.wait_screen(_busy, what="the TUI to show the turn busy", timeout=_BOOT_TIMEOUT_S)
-            poll(lambda: _unfinished_answer(opencode.url, v1), what="the v1 answer started", timeout=30)
+                terminal.wait_screen(
+                    _writing, what="the TUI to show the model writing", timeout=_BOOT_TIMEOUT_S
+                )
             poll(
                 lambda: _unfinished_answer(opencode.url, turns["v2"]),
                 what="the v2 answer started",
