@@ -72,6 +72,10 @@ _CREATED = b'"time":{"created":'
 _UNFINISHED_V1 = b'"role":"assistant",' + _CREATED
 _UNFINISHED_V2 = b'},"type":"assistant"'
 _MAX_DIGITS = 20
+_SPACED_UNFINISHED = {
+    Api.V1: re.compile(rb'"role"\s*:\s*"assistant"\s*,\s*"time"\s*:\s*\{\s*"created"\s*:\s*\d+\s*\}'),
+    Api.V2: re.compile(rb'"time"\s*:\s*\{\s*"created"\s*:\s*\d+\s*\}\s*,\s*"type"\s*:\s*"assistant"'),
+}
 
 
 def mentions_open_status(body: bytes, api: Api) -> bool:
@@ -86,24 +90,31 @@ def _unfinished(body: bytes, api: Api) -> Iterator[int]:
 
     Matched in the compact layout and key order opencode 1.18.33 sends (v1 info
     `"role":"assistant","time":{"created":N},…`, v2 `{"id":…,"time":{"created":N},"type":"assistant",…}`);
-    a quote inside a string is escaped, so text cannot match. Another layout is missed, which
-    only leaves such a message as the server shows it.
+    a quote inside a string is escaped, so text cannot match. When no assistant message is found
+    that way but one is named, the body is laid out otherwise (spaced, pretty-printed) and a
+    slower pattern that allows whitespace is tried. Another key order is missed, which only
+    leaves such a message as the server shows it.
     """
-    if api is Api.V1:
-        position = body.find(_UNFINISHED_V1)
-        while position >= 0:
-            digits = position + len(_UNFINISHED_V1)
-            end = body.find(b"}", digits, digits + _MAX_DIGITS)
-            if end > digits and body[digits:end].isdigit():
-                yield position
-            position = body.find(_UNFINISHED_V1, digits)
+    anchor = _UNFINISHED_V1 if api is Api.V1 else _UNFINISHED_V2
+    position = body.find(anchor)
+    if position < 0:
+        if b'"assistant"' in body:
+            yield from (found.start() for found in _SPACED_UNFINISHED[api].finditer(body))
         return
-    position = body.find(_UNFINISHED_V2)
     while position >= 0:
-        created = body.rfind(_CREATED, max(0, position - _MAX_DIGITS - len(_CREATED)), position)
-        if created >= 0 and body[created + len(_CREATED) : position].isdigit():
+        if _created_only(body, position, api):
             yield position
-        position = body.find(_UNFINISHED_V2, position + len(_UNFINISHED_V2))
+        position = body.find(anchor, position + len(anchor))
+
+
+def _created_only(body: bytes, position: int, api: Api) -> bool:
+    """Whether the compact anchor at `position` closes (v2) or opens (v1) a `time` of `created` alone."""
+    if api is Api.V1:
+        digits = position + len(_UNFINISHED_V1)
+        end = body.find(b"}", digits, digits + _MAX_DIGITS)
+        return end > digits and body[digits:end].isdigit()
+    created = body.rfind(_CREATED, max(0, position - _MAX_DIGITS - len(_CREATED)), position)
+    return created >= 0 and body[created + len(_CREATED) : position].isdigit()
 
 
 def rewrite(

@@ -230,3 +230,13 @@ def test_recent_rewrites_stay_within_budget() -> None:
         recent.rewrite(view, body, V2_LIST, INACTIVE, DEFAULT_RULES)
     assert recent.known("ses_x", "/a", body) is None, "the oldest entry was dropped to stay within the budget"
     assert recent.known("ses_x", "/c", body) is not None
+
+
+@pytest.mark.parametrize("body", [V1_CUT_WHILE_WRITING, V2_CUT_WHILE_WRITING], ids=["v1", "v2"])
+@pytest.mark.parametrize("indent", [None, 2])
+def test_an_unfinished_message_is_found_in_a_spaced_layout_too(body: bytes, indent: int | None) -> None:
+    api = Api.V1 if body.startswith(b"[") else Api.V2
+    spaced = json.dumps(orjson.loads(body), indent=indent).encode()
+    assert mentions_open_status(spaced, api)
+    finished = spaced.replace(b'"created": 1796061527', b'"completed": 1, "created": 1796061527')
+    assert not mentions_open_status(finished, api)
