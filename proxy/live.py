@@ -10,8 +10,18 @@ client event stream (`/global/event`, and `/event` of the session's directory) w
 server would have sent had it settled the part itself: `message.part.updated` with the
 settled part, `message.updated` with the closed message, and `session.status` idle with
 `session.idle`. Streams that connect later get the state (all but `session.idle`, which
-clients take as "a turn just ended") right after they open, until the server itself
-reports the part settled (a write-back, or a later turn).
+clients take as "a turn just ended") right after they open, until the stream says
+anything newer about the session (a status, a new message or part, a write-back): from
+then on the replayed state could be false, and a client that connects later reads the
+truth from the server itself.
+
+A turn can also die before it calls a tool (the server killed while the model writes): the
+stream showed the session busy and its assistant message unfinished, and a client keeps its
+busy bar. So the proxy also remembers which sessions the stream showed busy and which assistant
+messages unfinished; when the stream comes back it waits the grace period, reads each such
+message afresh, takes a reading after that read, and if the session is inactive sends the
+message as the rules close it (`message.updated`) and `session.status` idle, framed and
+replayed as for a part.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 from urllib.parse import unquote
 
@@ -33,7 +44,7 @@ from proxy.tasks import KeyedTasks
 from proxy.tracker import GlobalEvent, StreamListener
 from proxy.upstream import opencode_path
 from proxy.upstream_api import Credentials, UpstreamRefused
-from rules import OPEN_STATUSES, Api, Liveness, settle_view
+from rules import OPEN_STATUSES, Api, Liveness, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +57,7 @@ _REMEMBERED = 10_000
 
 @dataclass(frozen=True, slots=True)
 class OpenPart:
-    """A v1 tool part the stream last showed open, and where it lives."""
+    """What the stream last showed open (a v1 tool part, or an assistant message), and where it lives."""
 
     session_id: str
     message_id: str
@@ -86,21 +97,43 @@ class LiveSettle(Addon, StreamListener):
         self._ctx = ctx
         self._credentials = credentials
         self._open: OrderedDict[str, OpenPart] = OrderedDict()
-        self._orphans: OrderedDict[str, Orphan] = OrderedDict()
+        self._orphans: OrderedDict[str, dict[str, Orphan]] = OrderedDict()
+        """Per session, its orphans by part id: replayed to streams that connect later."""
         self._subscribers: dict[int, Subscriber] = {}
         self._checks: KeyedTasks[str] = KeyedTasks(self.name)
+        self._busy: OrderedDict[str, OpenPart] = OrderedDict()
+        """Sessions the stream last showed busy (`message_id` empty), by session id."""
+        self._unfinished: OrderedDict[str, OpenPart] = OrderedDict()
+        """Assistant messages the stream last showed without `time.completed`, by message id."""
+        self._turns: KeyedTasks[str] = KeyedTasks(f"{self.name} turns")
+        self._watched: dict[str, object] = {}
+        """Sessions whose turn is being confirmed; any event about one withdraws its token."""
 
     # What the followed stream says.
 
     def following(self) -> None:
-        for session_id in {part.session_id for part in self._open.values()}:
+        with_parts = {part.session_id for part in self._open.values()}
+        for session_id in with_parts:
             self._schedule(session_id)
+        for session_id in ({m.session_id for m in self._unfinished.values()} | set(self._busy)) - with_parts:
+            self._turns.start(session_id, partial(self._confirm_turn, session_id))
 
     def event(self, event: GlobalEvent) -> None:
+        if event.session_id is not None:
+            self._orphans.pop(event.session_id, None)
+            self._watched.pop(event.session_id, None)
         if event.kind == "message.part.updated":
             self._part_updated(event)
-        elif event.session_id is not None and _went_idle(event) and self._has_open(event.session_id):
-            self._schedule(event.session_id)
+        elif event.kind == "message.updated":
+            self._message_updated(event)
+        elif event.session_id is not None and _went_idle(event):
+            self._busy.pop(event.session_id, None)
+            if self._has_open(event.session_id):
+                self._schedule(event.session_id)
+        elif event.session_id is not None and event.kind == "session.status":
+            _remember(
+                self._busy, event.session_id, OpenPart(event.session_id, "", event.directory, event.project)
+            )
 
     def _has_open(self, session_id: str) -> bool:
         return any(part.session_id == session_id for part in self._open.values())
@@ -119,7 +152,20 @@ class LiveSettle(Addon, StreamListener):
                 self._open.popitem(last=False)
         else:
             self._open.pop(part["id"], None)
-            self._orphans.pop(part["id"], None)
+
+    def _message_updated(self, event: GlobalEvent) -> None:
+        info = event.properties.get("info")
+        if (
+            not isinstance(info, dict)
+            or info.get("role") != "assistant"
+            or not isinstance(info.get("id"), str)
+        ):
+            return
+        if "completed" in (info.get("time") or {}):
+            self._unfinished.pop(info["id"], None)
+        else:
+            place = OpenPart(str(info.get("sessionID")), info["id"], event.directory, event.project)
+            _remember(self._unfinished, info["id"], place)
 
     # Client streams.
 
@@ -133,8 +179,9 @@ class LiveSettle(Addon, StreamListener):
             subscriber = Subscriber(asyncio.Queue(), directory)
         else:
             return
-        for orphan in self._orphans.values():
-            self._send(subscriber, orphan, live=False)
+        for orphans in self._orphans.values():
+            for orphan in orphans.values():
+                self._send(subscriber, orphan, live=False)
         self._subscribers[id(flow)] = subscriber
         flow.inject = subscriber.queue
 
@@ -144,6 +191,7 @@ class LiveSettle(Addon, StreamListener):
     async def close(self) -> None:
         """Cancel pending confirmations (application cleanup)."""
         await self._checks.close()
+        await self._turns.close()
 
     # Confirmation.
 
@@ -187,6 +235,89 @@ class LiveSettle(Addon, StreamListener):
                 # a client that saw the part open must be told its state now.
                 self._orphan(part_id, part, now, document["info"], settled_here=part_id in changed)
 
+    async def _confirm_turn(self, session_id: str) -> None:
+        """Close, in client streams, a turn the stream showed running and that died without a tool."""
+        token = self._watched[session_id] = object()
+        try:
+            await self._close_turn(session_id, token)
+        finally:
+            if self._watched.get(session_id) is token:
+                del self._watched[session_id]
+
+    async def _close_turn(self, session_id: str, token: object) -> None:
+        await asyncio.sleep(self._ctx.grace)
+        if self._has_open(session_id):
+            return  # the parts' own confirmation tells the whole story
+        messages = [(mid, m) for mid, m in self._unfinished.items() if m.session_id == session_id]
+        busy = self._busy.get(session_id)
+        try:
+            read = [
+                (
+                    place,
+                    await self._ctx.upstream.get(f"/session/{session_id}/message/{mid}", self._credentials),
+                )
+                for mid, place in messages
+            ]
+            liveness = await self._ctx.probe.read(Api.V1, session_id, self._credentials)
+        except (UpstreamRefused, OSError, LivenessUnknown) as error:
+            log.info("live settle of turn %s postponed: %s", session_id, error)
+            return
+        if liveness.active:
+            return
+        closed = []
+        for place, message in read:
+            try:
+                view = settle_view(message, Api.V1, liveness, single=True)
+            except UnexpectedShape as error:
+                log.info("live settle of turn %s: %s", session_id, error)
+                return
+            info = (view.document if view is not None else message)["info"]
+            if "completed" not in info["time"]:
+                return  # not vouched for (too fresh, or another process): leave the turn alone
+            self._unfinished.pop(place.message_id, None)
+            closed.append((place, info))
+        if self._watched.get(session_id) is not token or not (closed or busy):
+            return  # the stream spoke of the session meanwhile: it knows better
+        self._busy.pop(session_id, None)
+        for place, info in closed:
+            self._announce(
+                place, [opencode_event("message.updated", {"sessionID": session_id, "info": info})]
+            )
+            log.info(
+                "%s unfinished message in client streams",
+                "would close" if self._ctx.dry_run else "closed",
+                extra={
+                    "fields": {
+                        "session": session_id,
+                        "message": place.message_id,
+                        "rule": "unfinished-message",
+                        "api": "v1",
+                        "why": "unfinished when the server went away; inactive in a reading taken after it",
+                    }
+                },
+            )
+        if busy is not None or closed:
+            place = busy if busy is not None else closed[-1][0]
+            self._announce(
+                place,
+                [opencode_event("session.status", {"sessionID": session_id, "status": {"type": "idle"}})],
+            )
+
+    def _announce(self, place: OpenPart, state: list[dict[str, Any]]) -> None:
+        """Send `state` to every client stream now (with `session.idle` after an idle status),
+        and to streams that open later until the stream says something newer about the session."""
+        if self._ctx.dry_run:
+            return
+        idle = state[-1]["type"] == "session.status"
+        moment = [opencode_event("session.idle", {"sessionID": place.session_id})] if idle else []
+        orphan = Orphan(place, state, moment)
+        self._orphans.setdefault(place.session_id, {})[place.message_id or "status"] = orphan
+        self._orphans.move_to_end(place.session_id)
+        while len(self._orphans) > _REMEMBERED:
+            self._orphans.popitem(last=False)
+        for subscriber in self._subscribers.values():
+            self._send(subscriber, orphan, live=True)
+
     def _orphan(
         self,
         part_id: str,
@@ -228,7 +359,9 @@ class LiveSettle(Addon, StreamListener):
         )
         if self._ctx.dry_run:
             return
-        orphan = self._orphans[part_id] = Orphan(part, state, [opencode_event("session.idle", session)])
+        orphan = Orphan(part, state, [opencode_event("session.idle", session)])
+        self._orphans.setdefault(part.session_id, {})[part_id] = orphan
+        self._orphans.move_to_end(part.session_id)
         while len(self._orphans) > _REMEMBERED:
             self._orphans.popitem(last=False)
         for subscriber in self._subscribers.values():
@@ -249,6 +382,13 @@ class LiveSettle(Addon, StreamListener):
         for frame in frames:
             subscriber.queue.put_nowait(frame)
         self._ctx.metrics.injected_events.inc(len(frames))
+
+
+def _remember(kept: OrderedDict[str, OpenPart], key: str, place: OpenPart) -> None:
+    kept[key] = place
+    kept.move_to_end(key)
+    while len(kept) > _REMEMBERED:
+        kept.popitem(last=False)
 
 
 def _went_idle(event: GlobalEvent) -> bool:

@@ -69,9 +69,53 @@ class Rewritten:
     """False when the changed messages could not be located and the body was re-serialized."""
 
 
+_CREATED = b'"time":{"created":'
+_UNFINISHED_V1 = b'"role":"assistant",' + _CREATED
+_UNFINISHED_V2 = b'},"type":"assistant"'
+_MAX_DIGITS = 20
+_SPACED_UNFINISHED = {
+    Api.V1: re.compile(rb'"role"\s*:\s*"assistant"\s*,\s*"time"\s*:\s*\{\s*"created"\s*:\s*\d+\s*\}'),
+    Api.V2: re.compile(rb'"time"\s*:\s*\{\s*"created"\s*:\s*\d+\s*\}\s*,\s*"type"\s*:\s*"assistant"'),
+}
+
+
 def mentions_open_status(body: bytes, api: Api) -> bool:
-    """A byte scan that rules out most bodies before any parse or liveness look-up."""
-    return any(needle in body for needle in _NEEDLES[api])
+    """A byte scan that rules out most bodies before any parse or liveness look-up: an open
+    tool status, or an assistant message without `time.completed` (a turn cut while the model
+    was writing has no tool to find)."""
+    return any(needle in body for needle in _NEEDLES[api]) or next(_unfinished(body, api), -1) >= 0
+
+
+def _unfinished(body: bytes, api: Api) -> Iterator[int]:
+    """Positions inside the assistant messages whose `time` holds `created` and nothing else.
+
+    Matched in the compact layout and key order opencode 1.18.33 sends (v1 info
+    `"role":"assistant","time":{"created":N},…`, v2 `{"id":…,"time":{"created":N},"type":"assistant",…}`);
+    a quote inside a string is escaped, so text cannot match. When no assistant message is found
+    that way but one is named, the body is laid out otherwise (spaced, pretty-printed) and a
+    slower pattern that allows whitespace is tried. Another key order is missed, which only
+    leaves such a message as the server shows it.
+    """
+    anchor = _UNFINISHED_V1 if api is Api.V1 else _UNFINISHED_V2
+    position = body.find(anchor)
+    if position < 0:
+        if b'"assistant"' in body:
+            yield from (found.start() for found in _SPACED_UNFINISHED[api].finditer(body))
+        return
+    while position >= 0:
+        if _created_only(body, position, api):
+            yield position
+        position = body.find(anchor, position + len(anchor))
+
+
+def _created_only(body: bytes, position: int, api: Api) -> bool:
+    """Whether the compact anchor at `position` closes (v2) or opens (v1) a `time` of `created` alone."""
+    if api is Api.V1:
+        digits = position + len(_UNFINISHED_V1)
+        end = body.find(b"}", digits, digits + _MAX_DIGITS)
+        return end > digits and body[digits:end].isdigit()
+    created = body.rfind(_CREATED, max(0, position - _MAX_DIGITS - len(_CREATED)), position)
+    return created >= 0 and body[created + len(_CREATED) : position].isdigit()
 
 
 def rewrite(
@@ -155,13 +199,14 @@ def _rewrite_spans(
 
 
 def _candidates(body: bytes, starts: list[int], api: Api) -> list[int]:
-    """Indexes of the messages in which an open status occurs, in order."""
+    """Indexes of the messages in which an open status occurs, or that are unfinished, in order."""
     found: set[int] = set()
     for needle in _NEEDLES[api]:
         position = body.find(needle)
         while position >= 0:
             found.add(bisect.bisect_right(starts, position) - 1)
             position = body.find(needle, position + len(needle))
+    found.update(bisect.bisect_right(starts, position) - 1 for position in _unfinished(body, api))
     return sorted(index for index in found if index >= 0)
 
 

@@ -28,6 +28,7 @@ from aiohttp import web
 DEFAULT_COMMAND = "echo hello && sleep 600"
 """The command a turn runs unless a plan says otherwise: long enough to outlive any test."""
 
+SLOW_TEXT_CHUNKS = 600
 _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 10.0
 
@@ -39,7 +40,9 @@ class Plan:
     `cut_stream` drops the connection right after the tool-call chunk, without a finish chunk or
     `data: [DONE]`, to reproduce a provider stream that dies mid-way. `each_prompt` asks for the
     tool once per user prompt (until a tool result follows the latest user message) instead of once
-    per conversation, so that a later prompt in the same session runs a tool too.
+    per conversation, so that a later prompt in the same session runs a tool too. `text_every`
+    (seconds) makes the model answer with text only, one chunk that often for `SLOW_TEXT_CHUNKS`
+    chunks: a turn that stays busy writing, with no tool call, for as long as a test needs.
     """
 
     command: str = DEFAULT_COMMAND
@@ -47,6 +50,7 @@ class Plan:
     each_prompt: bool = False
     description: str = "demo"
     """The call's `description`; may hold a lone surrogate, sent as its escape as a provider would."""
+    text_every: float | None = None
 
 
 @dataclass(frozen=True)
@@ -130,11 +134,15 @@ class MockModel:
         prompt = texts[0] if texts else None
         with self._lock:
             plan = self._plans.get(texts[-1] if texts else "") or self._plans.get(prompt or "", Plan())
-        wants_tool = "bash" in tools and not _tool_answered(messages, plan)
+        slow = plan.text_every is not None and "bash" in tools
+        wants_tool = "bash" in tools and not slow and not _tool_answered(messages, plan)
         call_id = f"call_mock_{next(self._call_ids)}" if wants_tool else None
-        self._record(prompt, messages, tools, plan, call_id)
+        self._record(prompt, messages, tools, plan, call_id, slow=slow)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if slow and plan.text_every is not None:
+            await _send_slowly(response, plan.text_every)
+            return response
         if call_id is None:
             await _send_text(response, "done")
             return response
@@ -152,8 +160,12 @@ class MockModel:
         tools: tuple[str, ...],
         plan: Plan,
         call_id: str | None,
+        *,
+        slow: bool,
     ) -> None:
-        decision = "text" if call_id is None else "tool-cut" if plan.cut_stream else "tool"
+        decision = (
+            "slow-text" if slow else "text" if call_id is None else "tool-cut" if plan.cut_stream else "tool"
+        )
         entry = RecordedRequest(
             at=time.time(),
             prompt=prompt,
@@ -219,6 +231,17 @@ async def _send(response: web.StreamResponse, payload: Mapping[str, Any]) -> Non
 async def _send_text(response: web.StreamResponse, text: str) -> None:
     await _send(response, _chunk({"role": "assistant", "content": text}))
     await _finish(response, "stop")
+
+
+async def _send_slowly(response: web.StreamResponse, every: float) -> None:
+    """Text chunks `every` seconds apart until `SLOW_TEXT_CHUNKS` are sent or the client is gone."""
+    try:
+        for number in range(SLOW_TEXT_CHUNKS):
+            await _send(response, _chunk({"role": "assistant", "content": f"word{number} "}))
+            await asyncio.sleep(every)
+        await _finish(response, "stop")
+    except ConnectionResetError:
+        return
 
 
 async def _finish(response: web.StreamResponse, reason: str) -> None:

@@ -1,8 +1,8 @@
 """The real opencode 1.18.33 SIGKILLed under the proxy while a request, two event streams and a PTY
 WebSocket are in flight through it, then restarted.
 
-What a client must see: the pending request a JSON 502, each event stream a clean end (so it
-reconnects), the PTY a close frame with a code it may receive; meanwhile the proxy answers
+What a client must see: the pending request a JSON 502, each event stream cut as the server's
+was (clients reconnect after an error; a clean end would stop the JS SDK for good), the PTY a close frame with a code it may receive; meanwhile the proxy answers
 everyone else (health 503 with `reachable: false`, forwarded routes 502 JSON), a proxy started
 while the server is down starts anyway and says so, and once the server is back both proxies
 serve again without a restart: requests, streams and a new PTY.
@@ -151,7 +151,8 @@ async def test_server_killed_mid_request_stream_and_websocket(
             status, content_type, body = await asyncio.wait_for(pending, BOUND_S)
             assert (status, content_type) == (502, "application/json"), body[:300]
             for stream in streams:
-                await asyncio.wait_for(stream.read(), BOUND_S)  # ends, and without an error
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await asyncio.wait_for(stream.read(), BOUND_S)
             closing = await _close_frame(pty)
             assert closing.type is aiohttp.WSMsgType.CLOSE, closing
             assert closing.data not in RESERVED_CLOSE_CODES, f"close code {closing.data} must never be sent"

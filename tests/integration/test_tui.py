@@ -22,14 +22,16 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
-from .mock_model import DEFAULT_COMMAND
+from .mock_model import DEFAULT_COMMAND, MockModel, Plan
 from .opencode_server import OpencodeServer, opencode_binary
+from .polling import poll
 from .proxy_process import ProxyProcess
 from .tui import Terminal, Terminals, idle_output, is_spinner, tool_mark
-from .turns import start_turn, wait_tool_running
+from .turns import RUNTIMES, Runtime, Turn, read_messages, start_turn, wait_tool_running
 
 pytestmark = pytest.mark.integration
 
@@ -156,3 +158,109 @@ def test_tui_open_across_crash_settles_through_proxy(scene: TuiScene) -> None:
     (ends the busy bar). Measured by injecting exactly these: the TUI then writes 0 bytes.
     """
     _assert_settled(scene.across_crash, "open through the proxy across the crash")
+
+
+@dataclass(frozen=True)
+class WritingScene:
+    """A v1 turn killed while the model was still writing (no tool), seen by a TUI open across the
+    crash straight from the server and one through the proxy; and the views of that turn and of a
+    v2 turn killed the same way, directly and through the proxy, after the restart."""
+
+    direct: Seen
+    proxied: Seen
+    views: dict[Runtime, tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+    """Per runtime: (direct, through the proxy) message lists."""
+
+
+def _busy(screen: str) -> bool:
+    return BUSY_BAR in screen
+
+
+def _writing(screen: str) -> bool:
+    """Busy, and showing the text the model streams: the transcript is loaded and followed live."""
+    return BUSY_BAR in screen and re.search(r"word\d+ word\d+", screen) is not None
+
+
+def _not_busy(screen: str) -> bool:
+    return BUSY_BAR not in screen
+
+
+@pytest.fixture(scope="module")
+def writing_scene(
+    opencode: OpencodeServer, mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory
+) -> WritingScene:
+    root = tmp_path_factory.mktemp("tui-writing")
+    proxy = ProxyProcess(opencode.url, root / "proxy.log")
+    try:
+        proxy.start()
+        turns = {}
+        for runtime in RUNTIMES:
+            mock_model.plan(f"tui writing {runtime}", Plan(text_every=1.0))
+            turns[runtime] = start_turn(runtime, opencode.url, opencode.project, f"tui writing {runtime}")
+        v1 = turns["v1"]
+        poll(lambda: _unfinished_answer(opencode.url, v1), what="the v1 answer started", timeout=60)
+        with Terminals(root, opencode_binary()) as terminals:
+            direct = terminals.attach("writing_direct", opencode.url, v1.session_id, v1.directory)
+            proxied = terminals.attach("writing_proxied", proxy.url, v1.session_id, v1.directory)
+            for terminal in (direct, proxied):
+                terminal.wait_screen(
+                    _writing, what="the TUI to show the model writing", timeout=_BOOT_TIMEOUT_S
+                )
+            poll(
+                lambda: _unfinished_answer(opencode.url, turns["v2"]),
+                what="the v2 answer started",
+                timeout=30,
+            )
+            opencode.crash()
+            opencode.restart()
+            seen = _watch({direct: _busy, proxied: _not_busy})
+        views = {
+            runtime: (read_messages(opencode.url, turn), read_messages(proxy.url, turn))
+            for runtime, turn in turns.items()
+        }
+    finally:
+        proxy.stop()
+    return WritingScene(seen["writing_direct"], seen["writing_proxied"], views)
+
+
+def _answer(messages: list[dict[str, Any]], runtime: Runtime) -> dict[str, Any] | None:
+    """The assistant message of a turn (v1 its `info`), if there is one."""
+    for message in messages:
+        info = message["info"] if runtime == "v1" else message
+        if info.get("role", info.get("type")) == "assistant":
+            return info
+    return None
+
+
+def _unfinished_answer(base_url: str, turn: Turn) -> bool | None:
+    answer = _answer(read_messages(base_url, turn), turn.runtime)
+    return True if answer is not None and "completed" not in answer["time"] else None
+
+
+def test_direct_tui_stays_busy_after_a_crash_while_writing(writing_scene: WritingScene) -> None:
+    """The bug (issue 10, item 7): no tool to settle, and the busy bar runs on."""
+    seen = writing_scene.direct
+    assert BUSY_BAR in seen.screen, f"the direct TUI is not busy; {seen.report()}"
+    assert seen.idle_bytes > IDLE_LIMIT_BYTES, f"the busy bar is not in the count; {seen.report()}"
+
+
+def test_tui_open_across_a_crash_while_writing_goes_idle_through_the_proxy(
+    writing_scene: WritingScene,
+) -> None:
+    seen = writing_scene.proxied
+    assert BUSY_BAR not in seen.screen, f"the TUI still shows the session busy; {seen.report()}"
+    assert seen.idle_bytes <= IDLE_LIMIT_BYTES, f"above {IDLE_LIMIT_BYTES} bytes; {seen.report()}"
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_turn_cut_while_writing_is_closed_in_views_through_the_proxy(
+    writing_scene: WritingScene, runtime: Runtime
+) -> None:
+    direct, proxied = writing_scene.views[runtime]
+    before, after = _answer(direct, runtime), _answer(proxied, runtime)
+    assert before is not None
+    assert after is not None
+    assert "completed" not in before["time"], "opencode closed the message itself"
+    assert after["time"] == {**before["time"], "completed": after["time"]["completed"]}
+    assert after["time"]["completed"] >= before["time"]["created"]
+    assert len(proxied) == len(direct)

@@ -5,6 +5,7 @@ import gzip
 import socket
 from collections.abc import AsyncIterator
 
+import aiohttp
 import orjson
 import pytest
 from yarl import URL
@@ -186,6 +187,39 @@ async def test_server_and_content_type_are_the_upstreams_or_none(  # type: ignor
             "Content-Type": expected.get("Content-Type"),
         }
         assert "Date" in response.headers
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+_SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+_FIRST_EVENT = b'data: {"payload":{"type":"server.connected","properties":{}}}\n\n'
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+@pytest.mark.parametrize("path", ["/event", "/global/event", "/api/session/ses_1/event", "/other/stream"])
+@pytest.mark.parametrize("clean", [True, False], ids=["ended", "cut"])
+async def test_an_event_stream_ends_the_way_the_upstreams_ended(  # type: ignore[no-untyped-def]
+    aiohttp_client, path: str, clean: bool
+) -> None:
+    """A client (the JS SDK) reconnects a stream that was cut and gives up on one that ended:
+    through the proxy, a crashed server's stream must look cut, a closed one closed."""
+    pieces = [_chunk(_FIRST_EVENT), b"0\r\n\r\n" if clean else _chunk(b'data: {"half')]
+    server = await _raw_upstream(_SSE_HEAD, pieces)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        settings = Settings(upstream=URL(f"http://127.0.0.1:{port}"), grace=60)
+        client: ProxyClient = await aiohttp_client(create_app(settings))
+        response = await client.get(path, params={"directory": "/cwd"})
+        assert response.status == 200
+        if clean:
+            assert await response.read() == _FIRST_EVENT
+        else:
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await response.read()
     finally:
         server.close()
         await server.wait_closed()

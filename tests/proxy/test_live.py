@@ -34,8 +34,7 @@ async def proxy(upstream: TestServer, aiohttp_client: ClientFactory, fake: FakeO
 
 
 async def events(response: aiohttp.ClientResponse) -> AsyncIterator[Any]:
-    while True:
-        line = await asyncio.wait_for(response.content.readline(), 5)
+    while line := await asyncio.wait_for(response.content.readline(), 5):
         if line.startswith(b"data: "):
             yield orjson.loads(line[6:])
 
@@ -149,14 +148,10 @@ async def test_a_part_the_server_settled_unseen_is_relayed_as_it_is(
     response = await proxy.get("/global/event")
     _, part, message, status = await next_kinds(events(response), 4)
     assert part["payload"]["properties"]["part"] == done["parts"][1]
-    # The server finished the part but never the turn: the message is closed as the rules close it.
-    info = message["payload"]["properties"]["info"]
-    assert info == {
-        **MESSAGE["info"],
-        "time": {**MESSAGE["info"]["time"], "completed": info["time"]["completed"]},
-        "error": info["error"],
-    }
-    assert info["error"] == {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
+    info = message["payload"]["properties"]["info"]  # closed by `unfinished-message`, as a view shows it
+    assert info == {**MESSAGE["info"], "time": info["time"], "error": info["error"]}
+    assert info["time"]["completed"] >= MESSAGE["info"]["time"]["created"]
+    assert info["error"]["name"] == "MessageAbortedError"
     assert status["payload"]["properties"]["status"] == {"type": "idle"}
 
 
@@ -176,3 +171,105 @@ async def test_a_part_cut_inside_an_emoji_is_settled_live(proxy: ProxyClient, fa
     settled = json.loads(part.removeprefix(b"data: "))["payload"]["properties"]["part"]
     assert settled["state"]["status"] == "error"
     assert settled["state"]["metadata"] == {"output": "hello \ud83d", "interrupted": True}
+
+
+@pytest.mark.parametrize(
+    ("kind", "properties"),
+    [
+        ("session.status", {"status": {"type": "busy"}}),
+        ("session.status", {"status": {"type": "idle"}}),
+        ("message.updated", {"info": {**MESSAGE["info"], "id": "msg_newer"}}),
+    ],
+)
+async def test_the_replay_ends_when_the_stream_says_anything_newer_about_the_session(
+    proxy: ProxyClient, fake: FakeOpencode, kind: str, properties: dict[str, Any]
+) -> None:
+    await crash_with_part_open(proxy, fake)
+    await asyncio.sleep(0.3)
+    assert await injected(proxy) == 0  # no client stream yet: nothing sent
+    fake.publish(kind, V1, **properties)  # e.g. a new turn: the session is busy again
+    await asyncio.sleep(0.1)
+    response = await proxy.get("/global/event")
+    first = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 5)
+    assert b"server.connected" in first
+    with pytest.raises(TimeoutError):  # no "idle", no settled part: the server has newer news
+        await asyncio.wait_for(response.content.readline(), 0.3)
+    assert await injected(proxy) == 0
+
+
+WRITING_INFO: dict[str, Any] = {**MESSAGE["info"], "id": "msg_writing"}
+WRITING: dict[str, Any] = {"info": WRITING_INFO, "parts": []}
+"""An assistant message the model was still writing when the server died: no tool, no completion."""
+
+
+async def crash_while_writing(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    fake.bodies[f"/session/{V1}/message/msg_writing"] = orjson.dumps(WRITING)
+    fake.publish("session.status", V1, status={"type": "busy"})
+    fake.publish("message.updated", V1, info=WRITING_INFO)
+    await asyncio.sleep(0.05)
+    fake.drop_streams()
+    await asyncio.sleep(0.05)
+    await following(proxy)
+
+
+async def test_a_turn_cut_before_any_tool_is_closed_in_streams_open_through_the_crash(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    stream = events(await proxy.get("/event", params={"directory": "/cwd"}))  # outlives the fake's crash
+    assert (await anext(stream))["type"] == "server.connected"
+    await crash_while_writing(proxy, fake)
+    message, status, idle = await next_kinds(stream, 3)
+    assert message["type"] == "message.updated"
+    info = message["properties"]["info"]
+    assert info["id"] == "msg_writing"
+    assert info["time"] == {
+        "created": WRITING_INFO["time"]["created"],
+        "completed": info["time"]["completed"],
+    }
+    assert info["error"]["name"] == "MessageAbortedError"
+    assert status["properties"] == {"sessionID": V1, "status": {"type": "idle"}}
+    assert idle == {**idle, "type": "session.idle", "properties": {"sessionID": V1}}
+    later = events(await proxy.get("/global/event"))
+    kinds = [event["payload"]["type"] for event in await next_kinds(later, 3)]
+    assert kinds == ["server.connected", "message.updated", "session.status"]
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(anext(later), 0.5)
+
+
+async def test_nothing_is_said_of_a_turn_still_running_after_the_stream_came_back(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    fake.v1_busy["/cwd"] = {V1}
+    await crash_while_writing(proxy, fake)
+    await asyncio.sleep(0.3)
+    await proxy.get("/global/event")
+    assert await injected(proxy) == 0
+
+
+async def test_nothing_is_said_of_a_turn_the_stream_saw_end(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    fake.bodies[f"/session/{V1}/message/msg_writing"] = orjson.dumps(WRITING)
+    fake.publish("session.status", V1, status={"type": "busy"})
+    fake.publish("message.updated", V1, info=WRITING_INFO)
+    done = {**WRITING_INFO, "time": {**WRITING_INFO["time"], "completed": 2}}
+    fake.publish("message.updated", V1, info=done)
+    fake.publish("session.status", V1, status={"type": "idle"})
+    await asyncio.sleep(0.05)
+    fake.drop_streams()
+    await asyncio.sleep(0.05)
+    await following(proxy)
+    await asyncio.sleep(0.3)
+    await proxy.get("/global/event")
+    assert await injected(proxy) == 0
+    assert not [r for r in fake.seen if r.path.endswith("/msg_writing")]
+
+
+async def test_news_of_the_session_during_the_confirmation_withdraws_it(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    """A new turn announced while the turn is being confirmed: whatever the reading says, the
+    stream knows better, and nothing is said."""
+    await crash_while_writing(proxy, fake)
+    fake.publish("session.status", V1, status={"type": "busy"})  # within the grace period
+    await asyncio.sleep(0.3)
+    await proxy.get("/global/event")
+    assert await injected(proxy) == 0

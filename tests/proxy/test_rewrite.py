@@ -151,6 +151,49 @@ def test_wrong_shapes_are_refused(body: bytes, route: MessageRoute) -> None:
         rewrite(body, route, INACTIVE)
 
 
+V1_CUT_WHILE_WRITING = (
+    b'[{"info":{"id":"msg_22d9be467001tQAkqTA0iYbwH0","sessionID":"ses_dd2641ef7ffe7sQ2Z7d3erYsJI","role":"user",'
+    b'"time":{"created":1796061520999},"summary":{"diffs":[]},"agent":"build","model":{"providerID":"mock",'
+    b'"modelID":"m"}},"parts":[{"id":"prt_22d9be474001zWSiKyQaesPBao","sessionID":"ses_dd2641ef7ffe7sQ2Z7d3erYsJI",'
+    b'"messageID":"msg_22d9be467001tQAkqTA0iYbwH0","type":"text","text":"slow v1"}]},{"info":{"id":'
+    b'"msg_22d9bfceb001RuBcIxxvH5Mpww","sessionID":"ses_dd2641ef7ffe7sQ2Z7d3erYsJI","role":"assistant",'
+    b'"time":{"created":1796061527275},"parentID":"msg_22d9be467001tQAkqTA0iYbwH0","modelID":"m",'
+    b'"providerID":"mock","mode":"build","agent":"build","path":{"cwd":"/tmp/p","root":"/"},"cost":0,'
+    b'"tokens":{"input":0,"output":0,"reasoning":0,"cache":{"read":0,"write":0}}},"parts":[]}]'
+)
+V2_CUT_WHILE_WRITING = (
+    b'{"data":[{"id":"msg_22d9bfcc5001uZP4M4E4Np4wIL","time":{"created":1796061527237},"type":"assistant",'
+    b'"agent":"build","model":{"id":"m","providerID":"mock","variant":"default"},"content":[{"type":"text",'
+    b'"id":"text-0","text":""}]},{"id":"msg_22d9be30f001n044oF1Bcjkt5F","time":{"created":1796061520667},'
+    b'"text":"slow v2","type":"user"}],"cursor":{"previous":"eyJp","next":"eyJp"}}'
+)
+"""Views served by opencode 1.18.33 after a SIGKILL while the model was still writing (no tool
+called yet): the assistant message has no `time.completed` (paths and cursors shortened)."""
+
+
+@pytest.mark.parametrize(
+    ("body", "route", "created"),
+    [
+        (V1_CUT_WHILE_WRITING, V1_LIST, b"1796061527275"),
+        (V2_CUT_WHILE_WRITING, V2_LIST, b"1796061527237"),
+    ],
+    ids=["v1", "v2"],
+)
+def test_an_assistant_message_cut_before_any_tool_is_found_and_closed(
+    body: bytes, route: MessageRoute, created: bytes
+) -> None:
+    assert mentions_open_status(body, route.api)
+    result = rewrite(body, route, INACTIVE)
+    assert result is not None
+    assert result.spliced
+    messages = orjson.loads(result.body)
+    closed = messages[1]["info"] if route.api is Api.V1 else messages["data"][0]
+    assert closed["time"] == {"created": int(created), "completed": int(created)}
+    finished = body.replace(b'"created":' + created + b"}", b'"created":' + created + b',"completed":1}')
+    assert not mentions_open_status(finished, route.api)
+    assert rewrite(finished, route, INACTIVE) is None
+
+
 def test_byte_scan() -> None:
     assert mentions_open_status(b'{"status":"streaming"}', Api.V2)
     assert not mentions_open_status(b'{"status":"pending"}', Api.V2)
@@ -221,3 +264,13 @@ def test_recent_rewrites_stay_within_budget() -> None:
         recent.rewrite(view, body, V2_LIST, INACTIVE, DEFAULT_RULES)
     assert recent.known("ses_x", "/a", body) is None, "the oldest entry was dropped to stay within the budget"
     assert recent.known("ses_x", "/c", body) is not None
+
+
+@pytest.mark.parametrize("body", [V1_CUT_WHILE_WRITING, V2_CUT_WHILE_WRITING], ids=["v1", "v2"])
+@pytest.mark.parametrize("indent", [None, 2])
+def test_an_unfinished_message_is_found_in_a_spaced_layout_too(body: bytes, indent: int | None) -> None:
+    api = Api.V1 if body.startswith(b"[") else Api.V2
+    spaced = json.dumps(orjson.loads(body), indent=indent).encode()
+    assert mentions_open_status(spaced, api)
+    finished = spaced.replace(b'"created": 1796061527', b'"completed": 1, "created": 1796061527')
+    assert not mentions_open_status(finished, api)
