@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +29,7 @@ def tools() -> Iterator[Tools]:
     started = Tools()
     yield started
     for process in started:
-        process.kill()
+        os.killpg(process.pid, signal.SIGKILL)  # a shell's command runs on in its group
         process.wait()
 
 
