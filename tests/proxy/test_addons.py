@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -17,6 +16,7 @@ from proxy.addons import Addon, Addons, Flow
 from proxy.app import create_app
 from proxy.config import Settings
 from proxy.live import LiveSettle
+from proxy.server_command import free_loopback_port
 from proxy.settle import Settle
 from tests.fixtures import compact
 from tests.proxy.conftest import ProxyClient
@@ -99,9 +99,7 @@ async def test_done_runs_when_the_upstream_failed(
         finished.append(flow.request.path)
 
     monkeypatch.setattr(LiveSettle, "done", done)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_loopback_port()
     client = await aiohttp_client(create_app(Settings(upstream=URL(f"http://127.0.0.1:{port}"))))
     response = await client.get("/global/event")
     assert response.status == 502

@@ -1,5 +1,4 @@
 import asyncio
-import socket
 import subprocess
 import sys
 
@@ -10,6 +9,7 @@ from yarl import URL
 
 from proxy import __version__
 from proxy.options import build_parser, settings_from
+from proxy.server_command import free_loopback_port
 from tests.fixtures import compact
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -96,7 +96,7 @@ async def test_log_format_json_is_applied_end_to_end(aiohttp_server, tmp_path) -
     fake = FakeOpencode()
     fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
     upstream = await aiohttp_server(fake.app())
-    port = free_port()
+    port = free_loopback_port()
     log_path = tmp_path / "proxy.log"
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
@@ -140,9 +140,3 @@ async def wait_until_listening(client: aiohttp.ClientSession, url: str) -> None:
         except aiohttp.ClientConnectionError:
             await asyncio.sleep(0.05)
     raise AssertionError(f"{url} never answered")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])

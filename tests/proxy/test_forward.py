@@ -2,7 +2,6 @@
 
 import asyncio
 import gzip
-import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -12,6 +11,7 @@ from yarl import URL
 
 from proxy.app import create_app
 from proxy.config import Settings
+from proxy.server_command import free_loopback_port
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -117,14 +117,8 @@ async def test_refused_websocket_handshake_reaches_the_client(proxy: ProxyClient
     assert response.status == 404
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def test_unreachable_upstream_is_a_json_502(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
-    upstream = URL(f"http://127.0.0.1:{_free_port()}")
+    upstream = URL(f"http://127.0.0.1:{free_loopback_port()}")
     client: ProxyClient = await aiohttp_client(create_app(Settings(upstream=upstream)))
     response = await client.get("/api/session/active")
     assert response.status == 502

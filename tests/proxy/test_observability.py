@@ -1,7 +1,6 @@
 """The proxy's own routes, dry run, and structured logs."""
 
 import logging
-import socket
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -13,6 +12,7 @@ from yarl import URL
 from proxy.app import create_app
 from proxy.config import Settings
 from proxy.logs import JsonFormatter, TextFormatter
+from proxy.server_command import free_loopback_port
 from proxy.settle import SETTLED_HEADER
 from tests.fixtures import compact
 from tests.proxy.conftest import ProxyClient
@@ -34,9 +34,7 @@ async def test_health_reports_upstream_and_version(proxy: ProxyClient, fake: Fak
 
 
 async def test_health_says_when_upstream_is_down(aiohttp_client: ClientFactory) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_loopback_port()
     client = await aiohttp_client(create_app(Settings(upstream=URL(f"http://127.0.0.1:{port}"))))
     response = await client.get("/_settle/health")
     assert response.status == 503
@@ -107,9 +105,7 @@ async def test_one_structured_line_per_settlement(
 
 async def test_the_proxys_own_answers_name_no_server_software(aiohttp_client: ClientFactory) -> None:
     """`Server: Python/3.x aiohttp/3.x` would tell anyone who reaches the port what to attack."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_loopback_port()
     client = await aiohttp_client(create_app(Settings(upstream=URL(f"http://127.0.0.1:{port}"))))
     for path in ("/_settle/health", "/_settle/metrics", "/_settle/nothing", "/api/session/active"):
         response = await client.get(path)
