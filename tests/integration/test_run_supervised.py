@@ -22,9 +22,11 @@ from proxy.procfs import command_line
 
 from .http_client import request
 from .mock_model import MockModel, Plan
-from .opencode_server import OpencodeServer, running_opencode
+from .opencode_server import OpencodeServer, opencode_binary, running_opencode
 from .polling import poll
 from .proctree import descendants, is_gone
+from .test_tui import assert_settled, shows_running, shows_settled, watch
+from .tui import Terminals
 from .turns import (
     RUNTIMES,
     Observed,
@@ -179,3 +181,17 @@ def running_below(root: int, command: str) -> list[int] | None:
     """The processes below `root` whose command line is `command` (None while there are none)."""
     found = [pid for pid in descendants(root) if command_line(pid) == command and not is_gone(pid)]
     return found or None
+
+
+def test_a_tui_open_across_the_crash_goes_quiet(terminating: OpencodeServer, tmp_path: Path) -> None:
+    """The TUI never re-fetches after its stream reconnects: under `run` too, only what the proxy
+    tells its stream (and the server's own write-back events) can end its spinner and busy bar."""
+    poll(partial(following, terminating), what="the proxy following the server's events", timeout=60)
+    turn = start_turn("v1", terminating.url, terminating.project, "tui under run")
+    with Terminals(tmp_path, opencode_binary()) as terminals:
+        tui = terminals.attach("across_crash", terminating.url, turn.session_id, turn.directory)
+        wait_tool_running(terminating.url, turn)
+        tui.wait_screen(shows_running, what="the TUI to show the live tool running", timeout=60)
+        os.kill(health(terminating)["server"]["pid"], signal.SIGKILL)
+        seen = watch({tui: shows_settled})["across_crash"]
+    assert_settled(seen, "open through settle-proxy run across the crash")

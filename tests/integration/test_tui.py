@@ -74,11 +74,11 @@ class TuiScene:
     across_crash: Seen
 
 
-def _running(screen: str) -> bool:
+def shows_running(screen: str) -> bool:
     return is_spinner(tool_mark(screen, DEFAULT_COMMAND)) and BUSY_BAR in screen
 
 
-def _settled(screen: str) -> bool:
+def shows_settled(screen: str) -> bool:
     return tool_mark(screen, DEFAULT_COMMAND) == "$" and SETTLED_ERROR in screen and BUSY_BAR not in screen
 
 
@@ -86,7 +86,7 @@ def _spinning(screen: str) -> bool:
     return is_spinner(tool_mark(screen, DEFAULT_COMMAND))
 
 
-def _watch(expected: dict[Terminal, Callable[[str], bool]]) -> dict[str, Seen]:
+def watch(expected: dict[Terminal, Callable[[str], bool]]) -> dict[str, Seen]:
     """Wait (bounded, without failing) until every terminal's screen passes its check, then measure.
 
     Not failing here leaves the verdict to each test, which then shows the screen it got.
@@ -111,19 +111,19 @@ def scene(opencode: OpencodeServer, tmp_path_factory: pytest.TempPathFactory) ->
             across = terminals.attach("across_crash", proxy.url, turn.session_id, turn.directory)
             wait_tool_running(opencode.url, turn)
             across.wait_screen(
-                _running, what="the TUI to show the live tool running", timeout=_BOOT_TIMEOUT_S
+                shows_running, what="the TUI to show the live tool running", timeout=_BOOT_TIMEOUT_S
             )
             opencode.crash()
             opencode.restart()
             direct = terminals.attach("direct", opencode.url, turn.session_id, turn.directory)
             proxied = terminals.attach("proxied", proxy.url, turn.session_id, turn.directory)
-            seen = _watch({direct: _spinning, proxied: _settled, across: _settled})
+            seen = watch({direct: _spinning, proxied: shows_settled, across: shows_settled})
     finally:
         proxy.stop()
     return TuiScene(seen["direct"], seen["proxied"], seen["across_crash"])
 
 
-def _assert_settled(seen: Seen, who: str) -> None:
+def assert_settled(seen: Seen, who: str) -> None:
     """No spinner, no busy bar, the call shown failed as opencode shows an interrupted one, and quiet."""
     mark = tool_mark(seen.screen, DEFAULT_COMMAND)
     assert mark == "$", f"{who}: the tool line starts with {mark!r}, not '$'; {seen.report()}"
@@ -146,7 +146,7 @@ def test_tui_attached_through_proxy_shows_tool_settled(scene: TuiScene) -> None:
 
     `interrupted` is how the TUI labels an assistant message that ended in `MessageAbortedError`.
     """
-    _assert_settled(scene.proxied, "attached through the proxy after the restart")
+    assert_settled(scene.proxied, "attached through the proxy after the restart")
     assert "· interrupted" in scene.proxied.screen, f"message not shown interrupted; {scene.proxied.report()}"
 
 
@@ -157,7 +157,7 @@ def test_tui_open_across_crash_settles_through_proxy(scene: TuiScene) -> None:
     it: `message.part.updated` with the settled part (ends the spinner) and `session.status` idle
     (ends the busy bar). Measured by injecting exactly these: the TUI then writes 0 bytes.
     """
-    _assert_settled(scene.across_crash, "open through the proxy across the crash")
+    assert_settled(scene.across_crash, "open through the proxy across the crash")
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,7 @@ def writing_scene(
             )
             opencode.crash()
             opencode.restart()
-            seen = _watch({direct: _busy, proxied: _not_busy})
+            seen = watch({direct: _busy, proxied: _not_busy})
         views = {
             runtime: (read_messages(opencode.url, turn), read_messages(proxy.url, turn))
             for runtime, turn in turns.items()
