@@ -33,9 +33,10 @@ from typing import Any
 from aiohttp import web
 from yarl import URL
 
+from proxy.procfs import PROC, program_name
+
 log = logging.getLogger(__name__)
 
-PROC = Path("/proc")
 MARKER = "settle-proxy"
 START_MARGIN_MS = 1_000
 """Start times are taken this much earlier than `/proc` says: the boot time it gives follows
@@ -100,7 +101,7 @@ class Survey:
             "databases": list(self.databases),
             # The program's name only: a command line may hold what a client of the proxy should not see.
             "others": [
-                {"pid": other.pid, "started_at": other.started_at, "program": _program(other.command)}
+                {"pid": other.pid, "started_at": other.started_at, "program": program_name(other.command)}
                 for other in self.others
             ],
             "not_inspected": self.not_inspected,
@@ -299,10 +300,6 @@ def _command(process: Path) -> str:
         return (process / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return "?"
-
-
-def _program(command: str) -> str:
-    return os.path.basename(command.split(" ", 1)[0])
 
 
 def _is_loopback(host: str) -> bool:

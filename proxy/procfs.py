@@ -5,6 +5,7 @@ Every reader returns None for a process that is gone, or not ours to read, by th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,12 @@ def command_line(pid: int) -> str:
         )
     except OSError:
         return "?"
+
+
+def program_name(command: str) -> str:
+    """Only the program of a command line (`/usr/bin/opencode serve …` → `opencode`): what may be
+    shown to anyone who can ask, since the rest of a command line may hold a secret."""
+    return os.path.basename(command.split(" ", 1)[0])
 
 
 def pids() -> Iterator[int]:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from proxy.event_log import CALL_ENDED, CALL_STARTED
-from proxy.procfs import command_line, pids, stat
+from proxy.procfs import command_line, pids, program_name, stat
 from proxy.tracker import GlobalEvent
 from rules import OPEN_STATUSES, Api
 
@@ -74,7 +74,8 @@ class Orphan:
         call = self.call
         return {
             "pid": self.pid,
-            "command": self.command,
+            # The program only: a tool's command line may hold what a client of the proxy must not see.
+            "program": program_name(self.command),
             "session": call.session_id if call else None,
             "part": call.call if call else None,
             "tool": call.tool if call else None,
