@@ -38,6 +38,13 @@ async def this_process() -> int:
     return os.getpid()
 
 
+@pytest.fixture
+def watcher(monkeypatch: pytest.MonkeyPatch) -> ToolProcesses:
+    """A tracker of this process's children that looks for them soon after a call starts."""
+    monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.1,))
+    return ToolProcesses(this_process)
+
+
 def v1_part(part_id: str, status: str, command: str) -> GlobalEvent:
     part: dict[str, Any] = {
         "id": part_id,
@@ -55,10 +62,8 @@ def v2_called(call: str, command: str) -> GlobalEvent:
 
 
 async def test_each_process_is_tied_to_the_call_whose_command_it_runs(
-    tools: Tools, monkeypatch: pytest.MonkeyPatch
+    tools: Tools, watcher: ToolProcesses
 ) -> None:
-    monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.1,))
-    watcher = ToolProcesses(this_process)
     watcher.event(v1_part("prt_1", "running", "echo hello && sleep 601"))
     watcher.event(v2_called("call_2", "sleep 602"))
     tools.start("sleep", "601")
@@ -75,11 +80,7 @@ async def test_each_process_is_tied_to_the_call_whose_command_it_runs(
     assert (unknown["part"], unknown["call_was_running"]) == (None, False)
 
 
-async def test_a_process_two_calls_could_run_is_tied_to_neither(
-    tools: Tools, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.1,))
-    watcher = ToolProcesses(this_process)
+async def test_a_process_two_calls_could_run_is_tied_to_neither(tools: Tools, watcher: ToolProcesses) -> None:
     watcher.event(v1_part("prt_1", "running", "sleep 604"))
     watcher.event(v1_part("prt_2", "running", "true && sleep 604"))
     tools.start("sleep", "604")
@@ -89,10 +90,8 @@ async def test_a_process_two_calls_could_run_is_tied_to_neither(
 
 
 async def test_a_recycled_pid_is_not_the_process_that_was_recorded(
-    tools: Tools, monkeypatch: pytest.MonkeyPatch
+    tools: Tools, watcher: ToolProcesses, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.1,))
-    watcher = ToolProcesses(this_process)
     watcher.event(v1_part("prt_1", "running", "sleep 605"))
     tools.start("sleep", "605")
     await asyncio.sleep(0.5)
@@ -105,10 +104,8 @@ async def test_a_recycled_pid_is_not_the_process_that_was_recorded(
 
 
 async def test_the_same_command_in_both_runtimes_is_told_apart_by_how_it_runs(
-    tools: Tools, monkeypatch: pytest.MonkeyPatch
+    tools: Tools, watcher: ToolProcesses
 ) -> None:
-    monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.1,))
-    watcher = ToolProcesses(this_process)
     watcher.event(v1_part("prt_1", "running", "echo hello && sleep 606"))
     watcher.event(v2_called("call_2", "echo hello && sleep 606"))
     tools.start("sleep", "606")
