@@ -53,6 +53,7 @@ INSTANCE_STREAM = "/event"
 _DIRECTORY_HEADER = "x-opencode-directory"
 _IDLE_KINDS = ("session.idle", "session.error")
 _REMEMBERED = 10_000
+_READING_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,19 +200,34 @@ class LiveSettle(Addon, StreamListener):
         self._checks.start(session_id, lambda: self._confirm(session_id))
 
     async def _confirm(self, session_id: str) -> None:
-        await asyncio.sleep(self._ctx.grace)
-        try:
-            liveness = await self._ctx.probe.read(Api.V1, session_id, self._credentials)
-        except LivenessUnknown as error:
-            log.info("live settle of %s postponed: liveness unknown (%s)", session_id, error)
-            return
-        if liveness.active:
+        liveness = await self._reading_after_grace(session_id)
+        if liveness is None or liveness.active:
             return
         parts = [(part_id, part) for part_id, part in self._open.items() if part.session_id == session_id]
         for message_id in dict.fromkeys(part.message_id for _, part in parts):
             await self._settle_message(
                 session_id, message_id, [p for p in parts if p[1].message_id == message_id], liveness
             )
+
+    async def _reading_after_grace(self, session_id: str) -> Liveness | None:
+        """A reading taken the grace period after the stream came back, asked again a few times
+        (after twice, then four times the pause) while it is unknown: a server that has just
+        restarted may not answer in time, and nothing else would make the proxy ask again."""
+        pause = self._ctx.grace
+        for attempt in range(1, _READING_ATTEMPTS + 1):
+            await asyncio.sleep(pause)
+            try:
+                return await self._ctx.probe.read(Api.V1, session_id, self._credentials)
+            except LivenessUnknown as error:
+                log.info(
+                    "live settle of %s: liveness unknown (%s), try %d of %d",
+                    session_id,
+                    error,
+                    attempt,
+                    _READING_ATTEMPTS,
+                )
+            pause *= 2
+        return None
 
     async def _settle_message(
         self, session_id: str, message_id: str, parts: list[tuple[str, OpenPart]], liveness: Liveness

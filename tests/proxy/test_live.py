@@ -273,3 +273,21 @@ async def test_news_of_the_session_during_the_confirmation_withdraws_it(
     await asyncio.sleep(0.3)
     await proxy.get("/global/event")
     assert await injected(proxy) == 0
+
+
+async def test_a_reading_that_fails_after_the_restart_is_asked_again(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    """A server that has just restarted may not answer the first look-up; the settlement still comes."""
+    fake.liveness_fails = True
+    await crash_with_part_open(proxy, fake)
+    for _ in range(200):
+        if fake.liveness_requests:
+            break
+        await asyncio.sleep(0.01)
+    fake.liveness_fails = False
+    response = await proxy.get("/global/event")
+    _, part, _, status = await next_kinds(events(response), 4)
+    assert part["payload"]["properties"]["part"]["state"]["status"] == "error"
+    assert status["payload"]["properties"]["status"] == {"type": "idle"}
+    assert fake.liveness_requests >= 2
