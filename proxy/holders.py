@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-_PROC = Path("/proc")
+from proxy.procfs import PROC, command_line
+
 _COMPANIONS = ("", "-wal", "-shm", "-journal")
 
 
@@ -25,18 +26,18 @@ class Holder:
 
 def can_see_holders() -> bool:
     """Whether this system exposes open files the way `holders` reads them."""
-    return (_PROC / "self" / "fd").is_dir()
+    return (PROC / "self" / "fd").is_dir()
 
 
 def holders(database: Path) -> list[Holder]:
     """Other processes that have `database` or one of its companion files open."""
     targets = {str(database.resolve()) + suffix for suffix in _COMPANIONS}
     found = []
-    for entry in _PROC.iterdir():
+    for entry in PROC.iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         if any(link in targets for link in _open_files(entry)):
-            found.append(Holder(int(entry.name), _command(entry)))
+            found.append(Holder(int(entry.name), command_line(int(entry.name))))
     return found
 
 
@@ -45,10 +46,3 @@ def _open_files(process: Path) -> list[str]:
         return [os.readlink(descriptor) for descriptor in (process / "fd").iterdir()]
     except OSError:  # gone meanwhile, or not ours to read
         return []
-
-
-def _command(process: Path) -> str:
-    try:
-        return (process / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "?"
