@@ -180,7 +180,9 @@ class ToolProcesses:
         self._runtimes[call] = api
         self._awaiting.add(call)
         while len(self._calls) > _REMEMBERED:
-            self._runtimes.pop(self._calls.pop(next(iter(self._calls))).call, None)
+            forgotten = self._calls.pop(next(iter(self._calls))).call
+            self._runtimes.pop(forgotten, None)
+            self._awaiting.discard(forgotten)
         self._write(self._tie())
 
     async def _tie(self) -> None:
