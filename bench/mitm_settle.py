@@ -10,7 +10,7 @@ root on `sys.path` itself. It does the straightforward thing, on mitmproxy's own
 
 - `responseheaders`: every response that is not a message view is streamed (SSE, downloads),
   as settle-proxy streams it; message views are buffered, which mitmproxy needs to change them.
-- `response`: for a GET message view (`proxy.routes.match_message_route`) answered 200 with
+- `response`: for a GET message view (`proxy.opencode.routes.match_message_route`) answered 200 with
   JSON whose bytes mention an open tool status, ask the upstream, after the body arrived,
   whether the session is active (v2 `/api/session/active`; v1 `/session/{id}` for its
   directory, remembered, then `/session/status?directory=`), with urllib in a worker thread
@@ -28,7 +28,6 @@ import asyncio
 import json
 import logging
 import sys
-import types
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -47,25 +46,15 @@ log = logging.getLogger(__name__)
 
 
 def _make_importable() -> None:
-    """Put the repository on the path; import `proxy.routes` without the proxy application.
-
-    `proxy/__init__.py` imports the aiohttp application and its dependencies, which
-    mitmproxy's environment does not have (nor needs): then only the package's directory is
-    registered, so `proxy.routes` (which needs nothing but `rules`) imports on its own.
-    """
+    """Put the repository on the path. `proxy` imports its application lazily, so
+    `proxy.opencode.routes` (which needs nothing but `rules`) imports without aiohttp's stack."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    try:
-        import proxy  # noqa: F401, PLC0415
-    except ImportError:
-        package = types.ModuleType("proxy")
-        package.__path__ = [str(REPO / "proxy")]
-        sys.modules["proxy"] = package
 
 
 _make_importable()
 
-from proxy.routes import MessageRoute, match_message_route  # noqa: E402
+from proxy.opencode.routes import MessageRoute, match_message_route  # noqa: E402
 from rules import OPEN_STATUSES, Api, Liveness, UnexpectedShape, settle_view  # noqa: E402
 
 _NEEDLES = {

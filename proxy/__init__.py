@@ -3,11 +3,32 @@
 The public surface: `create_app(settings)` for a stand-alone application, `mount(parent,
 prefix, settings)` to embed it in an existing aiohttp application, and `Settings`. For a
 parsed body in any other framework, use `rules.settle_view` (no I/O).
+
+The names are imported on first use, so importing one layer (`proxy.relay`, `proxy.opencode`)
+does not build the whole application.
 """
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from proxy.app import create_app, mount
-from proxy.config import Settings, WriteBackMode
+if TYPE_CHECKING:
+    from proxy.service.app import create_app, mount
+    from proxy.service.config import Settings, WriteBackMode
 
+_PUBLIC = {
+    "create_app": "proxy.service.app",
+    "mount": "proxy.service.app",
+    "Settings": "proxy.service.config",
+    "WriteBackMode": "proxy.service.config",
+}
 __all__ = ["Settings", "WriteBackMode", "__version__", "create_app", "mount"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        return getattr(import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'proxy' has no attribute {name!r}")

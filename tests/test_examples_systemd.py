@@ -6,8 +6,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from proxy import run_command
-from proxy.supervisor import Orphans, Restart
+from proxy.cli import run as run_command
+from proxy.supervision.supervisor import Orphans, Restart
 
 UNIT = Path(__file__).parent.parent / "examples" / "systemd" / "settle-proxy.service"
 

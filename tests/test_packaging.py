@@ -26,7 +26,7 @@ def test_wheel_carries_packages_types_and_console_script(tmp_path: Path) -> None
     )
     (wheel,) = tmp_path.glob("settle_proxy-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"proxy/py.typed", "rules/py.typed", "proxy/cli.py", "rules/engine.py"} <= names
+    assert {"proxy/py.typed", "rules/py.typed", "proxy/cli/main.py", "rules/engine.py"} <= names
     assert not [name for name in names if name.startswith(("tests/", "bench/"))]
     (entry_points,) = [name for name in names if name.endswith("entry_points.txt")]
-    assert "settle-proxy = proxy.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "settle-proxy = proxy.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -30,7 +30,7 @@ def test_exactly_two_setup_commands_and_ci_runs_the_second() -> None:
 
 def test_console_script_is_declared() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["settle-proxy"] == "proxy.cli:main"
+    assert project["scripts"]["settle-proxy"] == "proxy.cli.main:main"
 
 
 def test_mount_example(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from proxy.procfs import command_line
+from proxy.system.procfs import command_line
 
 from .http_client import request
 from .mock_model import MockModel, Plan

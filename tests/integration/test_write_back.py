@@ -60,10 +60,10 @@ import orjson
 import pytest
 from yarl import URL
 
-from proxy.api_writer import ApiWriter
-from proxy.config import Settings
-from proxy.upstream_api import Credentials, UpstreamApi, UpstreamRefused
-from proxy.writeback import Confirm, Written
+from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
+from proxy.service.config import Settings
+from proxy.writeback.api_writer import ApiWriter
+from proxy.writeback.scheduler import Confirm, Written
 from rules import Api, Liveness
 
 from . import opencode_db

@@ -34,7 +34,7 @@ A writer that commits a row apart from its event is caught this way (tried: both
 the frozen samples found a settled part without its event or message).
 
 Measured on 1.18.33 (pinned by the tests named):
-- Before `SessionLocks` (proxy/api_writer.py), two api proxies fetching one stale v1 session at
+- Before `SessionLocks` (proxy/writeback/api_writer.py), two api proxies fetching one stale v1 session at
   once PATCHed it twice in 15 of 20 trials here (8 of 20 with less tightly synchronised
   fetches): PATCH is an upsert with no precondition, and both proxies read the part before
   either wrote. Forced in process, both writers PATCH and the server stores both
@@ -68,10 +68,10 @@ import orjson
 import pytest
 from yarl import URL
 
-from proxy.api_writer import ApiWriter
-from proxy.config import Settings
-from proxy.locks import SessionLocks
-from proxy.upstream_api import Credentials, UpstreamApi
+from proxy.opencode.client import Credentials, UpstreamApi
+from proxy.service.config import Settings
+from proxy.writeback.api_writer import ApiWriter
+from proxy.writeback.locks import SessionLocks
 from rules import Api, Liveness
 
 from . import opencode_db

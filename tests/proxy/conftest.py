@@ -6,9 +6,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
-from proxy.app import create_app
-from proxy.config import Settings
-from proxy.tracker import TRACKER, StreamState
+from proxy.opencode.tracker import TRACKER, StreamState
+from proxy.service.app import create_app
+from proxy.service.config import Settings
 from tests.proxy.fake_opencode import FakeOpencode
 
 ProxyClient = TestClient[web.Request, web.Application]

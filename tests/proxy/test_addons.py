@@ -12,12 +12,12 @@ from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry, Counter
 from yarl import URL
 
-from proxy.addons import Addon, Addons, Flow
-from proxy.app import create_app
-from proxy.config import Settings
-from proxy.live import LiveSettle
-from proxy.server_command import free_loopback_port
-from proxy.settle import Settle
+from proxy.addons.live import LiveSettle
+from proxy.addons.settle import Settle
+from proxy.relay.hooks import Addon, Addons, Flow
+from proxy.service.app import create_app
+from proxy.service.config import Settings
+from proxy.supervision.server_command import free_loopback_port
 from tests.fixtures import compact
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
@@ -80,7 +80,7 @@ async def test_a_raising_settle_passes_the_upstreams_bytes(
     monkeypatch.setattr(Settle, "response", raising)
     body = compact("v1-message-stale-running.json")
     fake.bodies[f"/session/{V1}/message"] = body
-    with caplog.at_level(logging.ERROR, logger="proxy.addons"):
+    with caplog.at_level(logging.ERROR, logger="proxy.relay.hooks"):
         response = await proxy.get(f"/session/{V1}/message")
     assert response.status == 200
     assert await response.read() == body

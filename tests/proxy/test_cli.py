@@ -8,8 +8,8 @@ import pytest
 from yarl import URL
 
 from proxy import __version__
-from proxy.options import build_parser, settings_from
-from proxy.server_command import free_loopback_port
+from proxy.cli.options import build_parser, settings_from
+from proxy.supervision.server_command import free_loopback_port
 from tests.fixtures import compact
 from tests.proxy.fake_opencode import FakeOpencode
 

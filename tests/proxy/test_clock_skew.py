@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.server_clock import parse_date
-from proxy.settle import SETTLED_HEADER
+from proxy.addons.settle import SETTLED_HEADER
+from proxy.opencode.server_clock import parse_date
 from tests.fixtures import load
 from tests.proxy.conftest import ProxyClient, following
 from tests.proxy.fake_opencode import FakeOpencode

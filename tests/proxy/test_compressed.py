@@ -11,8 +11,8 @@ import orjson
 import pytest
 import zstandard
 
-from proxy import codings
-from proxy.settle import SETTLED_HEADER
+from proxy.addons.settle import SETTLED_HEADER
+from proxy.relay import codings
 from tests.fixtures import compact, load
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
@@ -129,12 +129,12 @@ async def test_a_body_that_does_not_decode_passes_untouched_with_one_line_saying
 ) -> None:
     coding, body, why = UNDECODABLE[case]
     serve_compressed(fake, coding, body)
-    with caplog.at_level(logging.WARNING, logger="proxy.settle"):
+    with caplog.at_level(logging.WARNING, logger="proxy.addons.settle"):
         response = await proxy.get(PATH, headers={"Accept-Encoding": "*"}, auto_decompress=False)
         assert await response.read() == body
     assert response.headers["Content-Encoding"] == coding
     assert SETTLED_HEADER not in response.headers
-    (line,) = [record.getMessage() for record in caplog.records if record.name == "proxy.settle"]
+    (line,) = [record.getMessage() for record in caplog.records if record.name == "proxy.addons.settle"]
     assert why in line
     assert V2 in line
 
@@ -145,11 +145,11 @@ async def test_a_coding_whose_package_is_not_installed_passes_untouched(
     monkeypatch.delitem(codings._CODECS, "br")
     original = brotli.compress(STALE)
     serve_compressed(fake, "br", original)
-    with caplog.at_level(logging.WARNING, logger="proxy.settle"):
+    with caplog.at_level(logging.WARNING, logger="proxy.addons.settle"):
         response = await proxy.get(PATH, headers={"Accept-Encoding": "br"}, auto_decompress=False)
         assert await response.read() == original
     assert SETTLED_HEADER not in response.headers
-    (line,) = [record.getMessage() for record in caplog.records if record.name == "proxy.settle"]
+    (line,) = [record.getMessage() for record in caplog.records if record.name == "proxy.addons.settle"]
     assert "br, which cannot be decoded here (not installed)" in line
 
 

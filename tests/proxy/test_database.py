@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.database import OpencodeDatabase
+from proxy.writeback.database import OpencodeDatabase
 from rules import Api, Liveness
 from tests.fixtures import OPENCODE, js_json
 from tests.fixtures.new_turn import call_status, start_v2_turn

@@ -8,7 +8,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
 from proxy import Settings, mount
-from proxy.app import create_app
+from proxy.service.app import create_app
 from tests.fixtures import compact
 from tests.proxy.fake_opencode import FakeOpencode
 

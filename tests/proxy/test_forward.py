@@ -9,9 +9,9 @@ import orjson
 import pytest
 from yarl import URL
 
-from proxy.app import create_app
-from proxy.config import Settings
-from proxy.server_command import free_loopback_port
+from proxy.service.app import create_app
+from proxy.service.config import Settings
+from proxy.supervision.server_command import free_loopback_port
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
 

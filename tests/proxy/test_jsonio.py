@@ -5,7 +5,7 @@ import json
 import orjson
 import pytest
 
-from proxy import jsonio
+from proxy.opencode import jsonio
 
 CUT_EMOJI = b'{"output":"hi \\ud83d"}'
 """`JSON.stringify({output: "hi 😀".slice(0, 4)})`: the string ends inside the emoji."""

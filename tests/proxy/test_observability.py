@@ -9,11 +9,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from yarl import URL
 
-from proxy.app import create_app
-from proxy.config import Settings
-from proxy.logs import JsonFormatter, TextFormatter
-from proxy.server_command import free_loopback_port
-from proxy.settle import SETTLED_HEADER
+from proxy.addons.settle import SETTLED_HEADER
+from proxy.service.app import create_app
+from proxy.service.config import Settings
+from proxy.service.logs import JsonFormatter, TextFormatter
+from proxy.supervision.server_command import free_loopback_port
 from tests.fixtures import compact
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
@@ -68,7 +68,7 @@ async def test_dry_run_changes_nothing_but_logs_and_counts(
     dry_proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.bodies[f"/session/{V1}/message"] = original = compact("v1-message-stale-running.json")
-    with caplog.at_level(logging.INFO, logger="proxy.settle"):
+    with caplog.at_level(logging.INFO, logger="proxy.addons.settle"):
         response = await dry_proxy.get(f"/session/{V1}/message")
     assert await response.read() == original
     assert SETTLED_HEADER not in response.headers
@@ -82,7 +82,7 @@ async def test_one_structured_line_per_settlement(
     proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
-    with caplog.at_level(logging.INFO, logger="proxy.settle"):
+    with caplog.at_level(logging.INFO, logger="proxy.addons.settle"):
         await proxy.get(f"/session/{V1}/message", headers={"Authorization": "Basic c2VjcmV0OnNlY3JldA=="})
     (tool_line,) = [r for r in caplog.records if getattr(r, "fields", {}).get("rule") == "orphaned-tool"]
     entry = orjson.loads(JsonFormatter().format(tool_line))

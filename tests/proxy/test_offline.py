@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 from rich.console import Console
 from yarl import URL
 
-from proxy.offline import Exit, build_parser, run
+from proxy.cli.offline import Exit, build_parser, run
 from tests.fixtures import js_json
 from tests.fixtures.new_turn import call_status, start_v2_turn
 from tests.fixtures.stale_db import V1_SESSION, V2_SESSION, build_stale_db

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.process_records import ProcessRecords
-from proxy.tool_processes import Identity, ToolCall
+from proxy.supervision.process_records import ProcessRecords
+from proxy.supervision.tool_processes import Identity, ToolCall
 
 
 class Processes(list[subprocess.Popen[bytes]]):

@@ -18,10 +18,10 @@ from aiohttp.test_utils import TestServer
 from rich.console import Console
 from yarl import URL
 
-from proxy import processes
-from proxy.offline import Exit, build_parser, run
-from proxy.processes import START_MARGIN_MS, OtherProcess, Survey, survey
-from proxy.settle import SETTLED_HEADER
+from proxy.addons.settle import SETTLED_HEADER
+from proxy.cli.offline import Exit, build_parser, run
+from proxy.opencode import other_processes as processes
+from proxy.opencode.other_processes import START_MARGIN_MS, OtherProcess, Survey, survey
 from tests.fixtures import compact, load
 from tests.fixtures.stale_db import DIRECTORY, V1_SESSION, V2_SESSION, build_stale_db
 from tests.proxy.conftest import ProxyClient, following

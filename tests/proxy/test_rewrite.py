@@ -6,8 +6,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.rewrite import RecentRewrites, mentions_open_status, rewrite
-from proxy.routes import MessageRoute, match_message_route
+from proxy.addons.rewrite import RecentRewrites, mentions_open_status, rewrite
+from proxy.opencode.routes import MessageRoute, match_message_route
 from rules import DEFAULT_RULES, Api, Liveness, UnexpectedShape, settle
 from tests.fixtures import js_json, load
 

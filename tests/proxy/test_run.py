@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from proxy import supervisor
-from proxy.server_command import ServerCommand, free_loopback_port
-from proxy.supervisor import ChildState, Restart, Supervisor
+from proxy.supervision import supervisor
+from proxy.supervision.server_command import ServerCommand, free_loopback_port
+from proxy.supervision.supervisor import ChildState, Restart, Supervisor
 from tests.integration.polling import poll
 
 FAKE_SERVER = str(Path(__file__).with_name("fake_server_command.py"))

@@ -13,8 +13,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from yarl import URL
 
-from proxy.app import create_app
-from proxy.config import Settings, basic_authorization
+from proxy.service.app import create_app
+from proxy.service.config import Settings, basic_authorization
 from tests.fixtures import compact
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode

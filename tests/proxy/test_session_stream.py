@@ -12,8 +12,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from yarl import URL
 
-from proxy.app import create_app
-from proxy.config import Settings
+from proxy.service.app import create_app
+from proxy.service.config import Settings
 from tests.fixtures import compact, raw
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
@@ -60,7 +60,7 @@ async def assert_quiet(stream: AsyncIterator[Any]) -> None:
 async def test_a_stale_sessions_stream_is_told_its_call_failed(
     proxy: ProxyClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="proxy.session_stream")
+    caplog.set_level(logging.INFO, logger="proxy.addons.session_streams")
     response = await proxy.get(STREAM)
     stream = history_then(response)
     event = await anext(stream)

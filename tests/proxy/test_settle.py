@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.settle import SETTLED_HEADER
+from proxy.addons.settle import SETTLED_HEADER
 from tests.fixtures import compact, js_json, load, raw
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from proxy import tool_processes
-from proxy.tool_processes import ToolProcesses
-from proxy.tracker import GlobalEvent
+from proxy.opencode.tracker import GlobalEvent
+from proxy.supervision import tool_processes
+from proxy.supervision.tool_processes import ToolProcesses
 
 
 class Tools(list[subprocess.Popen[bytes]]):

@@ -6,7 +6,7 @@ import time
 import orjson
 import pytest
 
-from proxy.tracker import TRACKER, liveness_meaning, parse_event
+from proxy.opencode.tracker import TRACKER, liveness_meaning, parse_event
 from rules import Api
 from tests.fixtures import OPENCODE, compact
 from tests.proxy.conftest import ProxyClient, following

@@ -13,8 +13,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from yarl import URL
 
-from proxy.app import WRITE_BACK, create_app
-from proxy.config import Settings, WriteBackMode
+from proxy.service.app import WRITE_BACK, create_app
+from proxy.service.config import Settings, WriteBackMode
 from tests.fixtures import compact, js_json, load
 from tests.proxy.conftest import ProxyClient, following
 from tests.proxy.fake_opencode import FakeOpencode

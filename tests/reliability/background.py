@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 from yarl import URL
 
-from proxy.app import create_app
-from proxy.config import Settings
+from proxy.service.app import create_app
+from proxy.service.config import Settings
 from tests.reliability.raw_upstream import Received, Reply, opencode_routes, raw_upstream, response
 from tests.reliability.servers import serve
 

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.settle import SETTLED_HEADER
+from proxy.addons.settle import SETTLED_HEADER
 from rules import Api, Liveness, UnexpectedShape, ViewSettlement, settle_view
 from tests.fixtures import OPENCODE, load, raw
 from tests.reliability.background import Answer, Rig

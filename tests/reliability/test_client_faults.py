@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from proxy.app import create_app
-from proxy.config import Settings
+from proxy.service.app import create_app
+from proxy.service.config import Settings
 from tests.reliability.load_upstream import BIG_PATTERN, LoadUpstream
 from tests.reliability.processes import open_fds, rss_bytes, steady_fds
 from tests.reliability.servers import ProxySubprocess, proxy_subprocess, serve

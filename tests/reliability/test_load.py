@@ -24,7 +24,7 @@ import orjson
 import pytest
 from yarl import URL
 
-from proxy.settle import SETTLED_HEADER
+from proxy.addons.settle import SETTLED_HEADER
 from tests.reliability.load_upstream import VIEWS, LoadUpstream, View
 from tests.reliability.processes import open_fds, rss_bytes, steady_fds
 from tests.reliability.servers import ProxySubprocess, proxy_subprocess, serve

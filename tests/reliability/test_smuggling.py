@@ -15,8 +15,8 @@ from contextlib import asynccontextmanager
 import pytest
 from yarl import URL
 
-from proxy.app import create_app
-from proxy.config import Settings
+from proxy.service.app import create_app
+from proxy.service.config import Settings
 from tests.reliability.raw_upstream import RawUpstream, Received, Reply, raw_upstream, response
 from tests.reliability.servers import serve
 

@@ -21,9 +21,9 @@ import orjson
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from proxy import jsonio
-from proxy.rewrite import rewrite
-from proxy.routes import MessageRoute
+from proxy.addons.rewrite import rewrite
+from proxy.opencode import jsonio
+from proxy.opencode.routes import MessageRoute
 from rules import Api, Liveness, settle_view
 from tests.fixtures import js_json, load
 

@@ -1,0 +1,26 @@
+"""What the addons that settle event streams share: where to ask, how long to wait, what to count."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.opencode.client import UpstreamApi
+from proxy.opencode.liveness import LivenessProbe
+from proxy.service.metrics import Metrics
+from proxy.writeback.scheduler import WriteBack
+
+
+@dataclass(frozen=True, slots=True)
+class SettleContext:
+    """One per application, built with its addons.
+
+    `grace` is how long an orphan must stay one before clients are told; `write_back` is None
+    when write-back is off; with `dry_run` the addons decide and log, but tell and write nothing.
+    """
+
+    probe: LivenessProbe
+    upstream: UpstreamApi
+    metrics: Metrics
+    grace: float
+    write_back: WriteBack | None = None
+    dry_run: bool = False

@@ -1,0 +1,184 @@
+"""The `session-stream-settle` addon: v2 clients following a session's event stream are told, too.
+
+`/api/session/{id}/event` replays the session's durable history and then follows it. After a
+crash that history ends with a tool call opened and never closed, and the server adds nothing
+until the next prompt in that session, so a client building its state from the stream keeps
+the call running. When a client opens such a stream through the proxy, the proxy waits the
+grace period, reads the session's messages, confirms with a reading taken after them that the
+session is inactive, and sends each of the session's open streams the
+`session.next.tool.failed` the server would have sent for every call the rules settle.
+
+The same confirmation runs, without any client asking, for every session the followed stream
+showed with a call open when that stream comes back after a loss (a crash and restart): open
+session streams are told, and the write-back, if one is configured, is scheduled at once.
+
+The event goes without `durable`: sequence numbers are the server's to give, and a client
+resuming with `?after=<seq>` would otherwise skip the server's own event of that number. With
+`--write-back`, the server's own durable event follows.
+
+Measured on 1.18.33: a session stream has no heartbeat and sends nothing, not even its response
+headers, until it has an event after `after`; a client resuming a stream whose history it has
+seen to the end waits for the next event, through the proxy exactly as directly (the proxy can
+only speak on a stream the server has opened).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, ClassVar
+
+from proxy.addons.context import SettleContext
+from proxy.opencode.client import Credentials, UpstreamRefused
+from proxy.opencode.event_log import CALL_ENDED, CALL_STARTED, tool_failed_data
+from proxy.opencode.ids import ascending_id
+from proxy.opencode.liveness import LivenessUnknown
+from proxy.opencode.routes import SESSION_STREAM
+from proxy.opencode.tracker import GlobalEvent, StreamListener
+from proxy.relay.hooks import Addon, Flow
+from proxy.relay.sse import event_frame
+from proxy.relay.tasks import KeyedTasks
+from proxy.relay.upstream import opencode_path
+from rules import Api, Change, UnexpectedShape, settle_view
+
+log = logging.getLogger(__name__)
+
+TOOL_FAILED = "session.next.tool.failed"
+_REMEMBERED = 10_000
+
+
+@dataclass(slots=True)
+class SessionStream:
+    """One client's stream of one session, and the calls it has been told are settled."""
+
+    session_id: str
+    queue: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
+    told: set[str] = field(default_factory=set)
+
+
+class SessionStreamSettle(Addon, StreamListener):
+    """Settle orphaned v2 tool calls in the session event streams clients follow, and confirm the
+    calls the followed stream left open as soon as it is back."""
+
+    name: ClassVar[str] = "session-stream-settle"
+
+    def __init__(self, ctx: SettleContext, credentials: Credentials) -> None:
+        self._ctx = ctx
+        self._credentials = credentials
+        self._streams: dict[int, SessionStream] = {}
+        self._checks: KeyedTasks[str] = KeyedTasks(self.name)
+        self._open: dict[str, set[str]] = {}
+        """Per session, the v2 calls the followed stream showed open (a `StreamListener`)."""
+
+    # What the followed stream says: after a loss (a crash, say), sessions it left with calls
+    # open are confirmed at once, so that clients and the write-back hear of it before any fetch.
+
+    def following(self) -> None:
+        for session_id in list(self._open):
+            del self._open[session_id]
+            self._checks.start(session_id, partial(self._confirm, session_id, self._credentials))
+
+    def event(self, event: GlobalEvent) -> None:
+        call = event.properties.get("callID")
+        if event.session_id is None or not isinstance(call, str):
+            return
+        if event.kind == CALL_STARTED:
+            self._open.setdefault(event.session_id, set()).add(call)
+            while len(self._open) > _REMEMBERED:
+                self._open.pop(next(iter(self._open)))
+        elif event.kind in CALL_ENDED and (calls := self._open.get(event.session_id)) is not None:
+            calls.discard(call)
+            if not calls:
+                del self._open[event.session_id]
+
+    async def response_headers(self, flow: Flow) -> None:
+        if flow.status != 200 or flow.request.method != "GET" or not flow.event_stream:
+            return
+        match = SESSION_STREAM.match(opencode_path(flow.request))
+        if match is None:
+            return
+        stream = self._streams[id(flow)] = SessionStream(match["session"])
+        flow.inject = stream.queue
+        credentials = self._ctx.probe.credentials(flow.request)
+        self._checks.start(stream.session_id, lambda: self._confirm(stream.session_id, credentials))
+
+    async def done(self, flow: Flow) -> None:
+        self._streams.pop(id(flow), None)
+
+    async def close(self) -> None:
+        """Cancel pending confirmations (application cleanup)."""
+        await self._checks.close()
+
+    async def _confirm(self, session_id: str, credentials: Credentials) -> None:
+        await asyncio.sleep(self._ctx.grace)
+        try:
+            document = await self._ctx.upstream.get(f"/api/session/{session_id}/message", credentials)
+            liveness = await self._ctx.probe.read(Api.V2, session_id, credentials)
+            view = None if liveness.active else settle_view(document, Api.V2, liveness)
+        except (UpstreamRefused, OSError, LivenessUnknown, UnexpectedShape) as error:
+            log.info("stream settle of %s postponed: %s", session_id, error)
+            return
+        if view is None:
+            return
+        calls = {
+            call.call_id: call
+            for _, settlement in view.messages.settled
+            for change in settlement.changes
+            if (call := _failed_call(session_id, settlement.message, change)) is not None
+        }
+        self._report(session_id, calls)
+        if self._ctx.dry_run:
+            return
+        for stream in self._streams.values():
+            if stream.session_id == session_id:
+                self._tell(stream, calls)
+        if self._ctx.write_back is not None:
+            self._ctx.write_back.schedule(Api.V2, session_id, credentials, calls)
+
+    def _tell(self, stream: SessionStream, calls: dict[str, FailedCall]) -> None:
+        for call_id, call in calls.items():
+            if call_id not in stream.told:
+                stream.told.add(call_id)
+                stream.queue.put_nowait(event_frame(call.event))
+                self._ctx.metrics.injected_events.inc()
+
+    def _report(self, session_id: str, calls: dict[str, FailedCall]) -> None:
+        verb = "would settle" if self._ctx.dry_run else "settled"
+        for call_id, call in calls.items():
+            fields = {
+                "session": session_id,
+                "message": call.event["data"]["assistantMessageID"],
+                "part": call_id,
+                "tool": call.tool,
+                "rule": call.rule,
+                "api": "v2",
+                "why": "open in the session's history; inactive in a reading taken after its messages",
+            }
+            log.info("%s orphaned call in session streams", verb, extra={"fields": fields})
+
+
+@dataclass(frozen=True, slots=True)
+class FailedCall:
+    """A call the rules settled: the event that tells a client, and what the log says of it."""
+
+    event: dict[str, Any]
+    tool: str | None
+    rule: str
+
+    @property
+    def call_id(self) -> str:
+        return str(self.event["data"]["callID"])
+
+
+def _failed_call(session_id: str, message: Any, change: Change) -> FailedCall | None:
+    """The failure a change to a tool item of `message` stands for (None for any other change)."""
+    if change.path[:1] != ("content",) or len(change.path) < 2:
+        return None
+    item = message["content"][int(change.path[1])]
+    if item.get("type") != "tool":
+        return None
+    data = tool_failed_data(session_id, message["id"], item)
+    event = {"id": ascending_id("evt"), "type": TOOL_FAILED, "data": data}
+    return FailedCall(event, item.get("name"), change.rule)

@@ -1,0 +1,97 @@
+"""`settle-proxy` / `python -m proxy`: run the proxy in front of `opencode serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+
+from aiohttp import web
+
+from proxy import __version__
+from proxy.cli import offline
+from proxy.cli import orphans as orphans_command
+from proxy.cli import run as run_command
+from proxy.cli.options import build_parser, settings_from
+from proxy.service import logs
+from proxy.service.app import create_app
+from proxy.service.config import Settings
+from proxy.supervision.supervisor import SUPERVISOR, Supervisor, supervised
+
+log = logging.getLogger("proxy")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int:
+    """Serve until SIGTERM or SIGINT (or, under `run`, until the server is gone for good); return
+    the exit code. Handlers are cancelled when their client goes away, which closes the matching
+    upstream request (an abandoned event stream must not live on)."""
+    app = create_app(settings)
+    if supervisor is not None:
+        app[SUPERVISOR] = supervisor
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    try:
+        await web.TCPSite(runner, settings.host, settings.port).start()
+        log.info(
+            "settle-proxy %s on http://%s:%d -> %s",
+            __version__,
+            settings.host,
+            settings.port,
+            settings.upstream_origin,
+        )
+        if supervisor is None:
+            await stop.wait()
+            return 0
+        return await supervised(supervisor, stop)
+    finally:
+        await runner.cleanup()
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop  # noqa: PLC0415 - optional speed-up
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the console script and of `python -m proxy`; `settle` runs the offline command."""
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == ["settle"]:
+        offline.main(arguments[1:])
+        return
+    if arguments[:1] == ["orphans"]:
+        orphans_command.main(arguments[1:])
+        return
+    if arguments[:1] == ["run"]:
+        args, settings, supervisor = run_command.parse(arguments[1:])
+    else:
+        args = build_parser().parse_args(arguments)
+        settings, supervisor = settings_from(args), None
+    logs.configure(args.log_level, args.log_format)
+    if not _is_loopback(settings.host):
+        log.warning("listening on %s: clients beyond this machine can reach the proxy", settings.host)
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            code = runner.run(serve(settings, supervisor))
+    except FileNotFoundError as error:
+        sys.exit(f"settle-proxy: error: {error}")
+    except OSError as error:
+        sys.exit(f"settle-proxy: error: cannot listen on {settings.host}:{settings.port}: {error.strerror}")
+    sys.exit(code)

@@ -1,0 +1,90 @@
+"""`settle-proxy orphans [--terminate]`: the processes dead servers left running, from the state
+database `settle-proxy run` keeps, for when no proxy is there to ask (it was stopped, or killed
+with its server).
+
+A recorded process counts only while the very same process (pid and start time) still runs and
+the server that started it (pid and start time) does not. `--terminate` ends the process groups of
+the calls that were running when their server died; a process of a completed call is listed, never
+ended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from enum import IntEnum
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from proxy.cli.arguments import OneLineParser
+from proxy.supervision import process_records
+from proxy.supervision.process_records import ProcessRecords, Recorded
+from proxy.system.reaper import end_groups
+
+GRACE_S = 10.0
+
+
+class Exit(IntEnum):
+    NONE = 0
+    FOUND = 10
+    """Orphaned processes were found (and, with --terminate, the running calls' ones ended)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="settle-proxy orphans", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--state",
+        type=Path,
+        default=process_records.default_path(),
+        help="the state database settle-proxy run keeps (default %(default)s)",
+    )
+    parser.add_argument(
+        "--terminate",
+        action="store_true",
+        help="end the process groups of calls that were running at the crash "
+        f"(SIGTERM, then SIGKILL after {GRACE_S:g} s)",
+    )
+    return parser
+
+
+async def orphans(path: Path) -> list[Recorded]:
+    async with ProcessRecords.open(path) as records:
+        return await records.left_running()
+
+
+def show(found: list[Recorded], console: Console) -> None:
+    table = Table(title="processes left running by a dead opencode server")
+    for column in ("pid", "command", "session", "part", "tool", "call at the crash"):
+        table.add_column(column, overflow="fold")
+    for recorded in found:
+        call = recorded.call
+        state = "running" if call.running else "completed"
+        table.add_row(
+            str(recorded.process.pid), recorded.command, call.session_id, call.call, call.tool, state
+        )
+    console.print(table)
+
+
+def main(argv: Sequence[str]) -> None:
+    """Entry point of `settle-proxy orphans`."""
+    args = build_parser().parse_args(argv)
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    if not args.state.is_file():
+        console.print(f"nothing recorded at {args.state}")
+        sys.exit(Exit.NONE)
+    found = asyncio.run(orphans(args.state))
+    if not found:
+        console.print("no orphaned tool processes")
+        sys.exit(Exit.NONE)
+    show(found, console)
+    if args.terminate:
+        doomed = [recorded.process.pid for recorded in found if recorded.call.running]
+        end_groups(doomed, GRACE_S)
+        console.print(f"ended the process groups of {len(doomed)} call(s) that were running")
+    sys.exit(Exit.FOUND)

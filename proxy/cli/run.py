@@ -1,0 +1,83 @@
+"""`settle-proxy run [options] -- SERVER COMMAND`: the command line of the supervising form.
+
+The server command's `--port`/`--hostname` are the address its clients use, so the proxy listens
+there and the server is moved to a free loopback port; without them, the proxy's own `--port` and
+`--host` apply as usual.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import replace
+
+from yarl import URL
+
+from proxy.cli.options import DESCRIPTION, build_parser, settings_from
+from proxy.service.config import Settings
+from proxy.supervision import process_records
+from proxy.supervision.server_command import LOOPBACK, ServerCommand, free_loopback_port
+from proxy.supervision.supervisor import Orphans, Restart, Supervisor
+
+USAGE = "settle-proxy run [options] -- opencode serve [server options]"
+
+
+def build_run_parser() -> argparse.ArgumentParser:
+    parser = build_parser(
+        "settle-proxy run",
+        "Start the server command given after `--` and proxy it: the proxy listens where the "
+        "command asked to (its --port/--hostname), restarts it after a crash, and never lets it "
+        "outlive the proxy.\n\n" + DESCRIPTION,
+    )
+    parser.usage = USAGE
+    parser.add_argument(
+        "--restart",
+        choices=[policy.value for policy in Restart],
+        default=Restart.ON_FAILURE.value,
+        help="when to start the server again after it exits (default %(default)s); restarts back off, "
+        "and more than 5 within 60 s make the proxy give up and exit 1",
+    )
+    parser.add_argument(
+        "--orphans",
+        choices=[policy.value for policy in Orphans],
+        default=Orphans.REPORT.value,
+        help="what to do with the processes a crashed server leaves running: `report` them (log, "
+        "/_settle/orphans), or also `terminate` those of calls that were running at the crash (SIGTERM, "
+        "then SIGKILL); a process of a completed call, or of no known call, is only reported "
+        "(default %(default)s)",
+    )
+    return parser
+
+
+def parse(arguments: Sequence[str]) -> tuple[argparse.Namespace, Settings, Supervisor]:
+    """Options, settings and supervisor for `settle-proxy run ARGUMENTS`; exits 2 with one line if
+    they are wrong."""
+    parser = build_run_parser()
+    if "--" not in arguments:
+        if {"-h", "--help"} & set(arguments):
+            parser.parse_args(["--help"])
+        parser.error(f"the server command goes after `--`: {USAGE}")
+    split = list(arguments).index("--")
+    own, server = list(arguments[:split]), list(arguments[split + 1 :])
+    if any(word == "--upstream" or word.startswith("--upstream=") for word in own):
+        parser.error("--upstream is not for `run`: the proxy starts its own upstream")
+    args = parser.parse_args(own)
+    try:
+        command = ServerCommand.parse(server)
+    except ValueError as error:
+        parser.error(f"server command: {error}")
+    server_port = free_loopback_port()
+    settings = replace(
+        settings_from(args),
+        upstream=URL.build(scheme="http", host=LOOPBACK, port=server_port),
+        host=command.hostname or args.host,
+        port=command.port if command.port is not None else args.port,
+    )
+    supervisor = Supervisor(
+        command,
+        server_port,
+        Restart(args.restart),
+        Orphans(args.orphans),
+        records=process_records.default_path(),
+    )
+    return args, settings, supervisor

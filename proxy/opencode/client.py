@@ -1,0 +1,99 @@
+"""JSON calls the proxy makes to the upstream on its own behalf (liveness, write-back).
+
+They carry the credentials of the client they serve (or the configured ones), never a
+cookie, and always ask for an uncompressed answer, since the session never decompresses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import hdrs, web
+
+from proxy.opencode import jsonio
+from proxy.service.config import Settings
+
+AUTH_TOKEN_PARAM = "auth_token"
+
+
+class UpstreamRefused(RuntimeError):
+    """The upstream answered, but not with the success the call needs."""
+
+    def __init__(self, method: str, path: str, status: int, body: bytes) -> None:
+        super().__init__(f"{method} {path}: HTTP {status} {body[:200]!r}")
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """How a call authenticates: the client's own header or token, else the configured ones."""
+
+    headers: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def for_request(cls, request: web.Request, fallback: str | None) -> Credentials:
+        if authorization := request.headers.get(hdrs.AUTHORIZATION):
+            return cls(headers={hdrs.AUTHORIZATION: authorization})
+        if token := request.query.get(AUTH_TOKEN_PARAM):
+            return cls(params={AUTH_TOKEN_PARAM: token})
+        return cls.configured(fallback)
+
+    @classmethod
+    def configured(cls, authorization: str | None) -> Credentials:
+        return cls(headers={hdrs.AUTHORIZATION: authorization} if authorization else {})
+
+
+class UpstreamApi:
+    """A thin JSON client over the application's one upstream session."""
+
+    def __init__(self, session: aiohttp.ClientSession, settings: Settings) -> None:
+        self._session = session
+        self._settings = settings
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        credentials: Credentials,
+        *,
+        params: dict[str, str] | None = None,
+        json: Any = None,
+    ) -> Any:
+        """Send one request and return the parsed 200 answer; anything else raises."""
+        answer, _ = await self._send(method, path, credentials, params=params, json=json)
+        return answer
+
+    async def get(self, path: str, credentials: Credentials, **params: str) -> Any:
+        """`GET path?params`, parsed."""
+        return await self.call("GET", path, credentials, params=params)
+
+    async def dated_get(self, path: str, credentials: Credentials, **params: str) -> tuple[Any, str | None]:
+        """`GET path?params`, parsed, with the answer's `Date` header (the server's clock)."""
+        return await self._send("GET", path, credentials, params=params)
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        credentials: Credentials,
+        *,
+        params: dict[str, str] | None = None,
+        json: Any = None,
+    ) -> tuple[Any, str | None]:
+        url = self._settings.upstream_origin.with_path(path)
+        query = {**credentials.params, **(params or {})}
+        headers = {**credentials.headers, hdrs.ACCEPT_ENCODING: "identity"}
+        body = None
+        if json is not None:
+            headers[hdrs.CONTENT_TYPE] = "application/json"
+            body = jsonio.dumps(json)
+        async with self._session.request(
+            method, url.with_query(query) if query else url, headers=headers, data=body, allow_redirects=False
+        ) as response:
+            answer = await response.read()
+            if response.status != 200:
+                raise UpstreamRefused(method, path, response.status, answer)
+            return jsonio.loads(answer) if answer else None, response.headers.get(hdrs.DATE)

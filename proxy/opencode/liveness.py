@@ -1,0 +1,136 @@
+"""Ask the upstream whether a session is active, with the client's own credentials.
+
+The two runtimes keep separate liveness: v2 in `GET /api/session/active`, v1 in
+`GET /session/status`, which is kept per directory instance, so it is asked with the
+session's own directory: asked without it, or in the directory a session has since been
+moved away from, a session busy elsewhere would look idle. A reading's time is the
+server's `Date` of the answer, so freshness never depends on the proxy's own clock.
+Any doubt (an error, a timeout, an odd answer) yields no reading, and no reading means
+no rewrite: the proxy never guesses that a session is dead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
+from proxy.opencode.other_processes import OtherProcesses
+from proxy.opencode.server_clock import ServerClock
+from proxy.service.config import Settings
+from rules import Api, Liveness
+
+log = logging.getLogger(__name__)
+
+_MOVES = 3
+"""How often a v1 reading is retaken for a session that moved while it was asked about."""
+
+
+class LivenessUnknown(RuntimeError):
+    """The upstream could not say whether the session is active."""
+
+
+class DirectoryCache:
+    """Session id → the directory it was last seen in: a first guess only, since a session can be
+    moved to another worktree of its project (`/experimental/control-plane/move-session`)."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._entries: OrderedDict[str, str] = OrderedDict()
+        self._capacity = capacity
+
+    def get(self, session_id: str) -> str | None:
+        directory = self._entries.get(session_id)
+        if directory is not None:
+            self._entries.move_to_end(session_id)
+        return directory
+
+    def put(self, session_id: str, directory: str) -> None:
+        self._entries[session_id] = directory
+        self._entries.move_to_end(session_id)
+        if len(self._entries) > self._capacity:
+            self._entries.popitem(last=False)
+
+
+class LivenessProbe:
+    """Reads liveness from the upstream on demand, timed by the server's clock."""
+
+    def __init__(
+        self,
+        upstream: UpstreamApi,
+        settings: Settings,
+        elsewhere: OtherProcesses | None = None,
+        clock: ServerClock | None = None,
+    ) -> None:
+        self._upstream = upstream
+        self._settings = settings
+        self._directories = DirectoryCache()
+        self._elsewhere = elsewhere
+        self.clock = clock or ServerClock()
+
+    def credentials(self, request: web.Request) -> Credentials:
+        """What look-ups made on behalf of `request` authenticate with."""
+        return Credentials.for_request(request, self._settings.authorization)
+
+    async def read(self, api: Api, session_id: str, credentials: Credentials) -> Liveness:
+        """A fresh reading for one session, with the server's time of it; raises
+        `LivenessUnknown` when in doubt."""
+        try:
+            async with asyncio.timeout(self._settings.liveness_timeout):
+                if api is Api.V2:
+                    active, date = await self._active_v2(session_id, credentials)
+                else:
+                    active, date = await self._busy_v1(session_id, credentials)
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, UpstreamRefused) as error:
+            raise LivenessUnknown(f"{type(error).__name__}: {error}") from error
+        taken_at = self.clock.observe(date)
+        liveness = Liveness(session_id, active, taken_at=self.clock.now() if taken_at is None else taken_at)
+        return await self.bounded(liveness)
+
+    async def bounded(self, liveness: Liveness) -> Liveness:
+        """`liveness` bounded by the other processes on the upstream's database, as known now:
+        their tools are absent from the upstream's answer, so it cannot vouch for them."""
+        if liveness.active or self._elsewhere is None:
+            return liveness
+        return dataclasses.replace(liveness, elsewhere_since=await self._elsewhere.bound())
+
+    async def _active_v2(self, session_id: str, credentials: Credentials) -> tuple[bool, str | None]:
+        answer, date = await self._upstream.dated_get("/api/session/active", credentials)
+        data = answer.get("data") if isinstance(answer, dict) else None
+        if not isinstance(data, dict):
+            raise LivenessUnknown("/api/session/active: no `data` object")
+        return session_id in data, date
+
+    async def _busy_v1(self, session_id: str, credentials: Credentials) -> tuple[bool, str | None]:
+        """Asked in the session's directory, which is read again after the answer: a session moved
+        meanwhile was asked about in the wrong instance, and is asked again where it is now."""
+        directory = self._directories.get(session_id) or await self._directory(session_id, credentials)
+        for _ in range(_MOVES):
+            answer, date = await self._upstream.dated_get("/session/status", credentials, directory=directory)
+            if not isinstance(answer, dict):
+                raise LivenessUnknown("/session/status: not an object")
+            current = await self._directory(session_id, credentials)
+            if current == directory:
+                return session_id in answer and _is_busy(answer[session_id]), date
+            log.info("session %s moved from %s to %s: asking again", session_id, directory, current)
+            directory = current
+        raise LivenessUnknown(f"session {session_id} kept moving between directories")
+
+    async def _directory(self, session_id: str, credentials: Credentials) -> str:
+        info = await self._upstream.get(f"/session/{session_id}", credentials)
+        directory = info.get("directory") if isinstance(info, dict) else None
+        if not isinstance(directory, str):
+            raise LivenessUnknown(f"/session/{session_id}: no `directory`")
+        self._directories.put(session_id, directory)
+        return directory
+
+
+def _is_busy(status: Any) -> bool:
+    """v1 lists busy and retrying sessions; anything listed and not idle is alive."""
+    return not (isinstance(status, dict) and status.get("type") == "idle")

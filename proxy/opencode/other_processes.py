@@ -1,0 +1,369 @@
+"""Other processes on the upstream's database: since when a tool may run where liveness can't see.
+
+Liveness is per process: a tool running in a second opencode (another `opencode serve`, or
+the server a plain `opencode` TUI runs inside itself) on the same `opencode.db` is absent from
+the upstream's liveness views while both show it running. But a tool can only run in a
+process that already existed when the tool started, so on one host there is an exact test:
+a message last alive before the start of every other live process holding the database
+cannot be running in any of them.
+
+A survey finds the upstream's process (the one listening on the upstream's loopback port),
+the `opencode*.db` it holds open, and every other process holding that file, with their
+start times. One pass over `/proc` does it all. Linux only; where it cannot be known (no
+`/proc`, an upstream on another host or in another network namespace, processes of other
+users) the survey says why, and the caller says so once and settles as before.
+
+Processes of settle-proxy itself (a `--write-back db` proxy, the offline command) run no
+tools: they mark themselves with a memfd named `MARKER`, which shows in their fd table as
+`/memfd:settle-proxy (deleted)` and cannot be mistaken for anything opencode opens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from yarl import URL
+
+from proxy.system.procfs import PROC, program_name
+
+log = logging.getLogger(__name__)
+
+MARKER = "settle-proxy"
+START_MARGIN_MS = 1_000
+"""Start times are taken this much earlier than `/proc` says: the boot time it gives follows
+wall-clock steps made since boot, and an early bound can only hold back, never settle wrongly."""
+MAX_AGE_S = 1.0
+"""How long a survey is reused. Folding its time into the bound keeps a reused one exact."""
+_LISTEN = "0A"
+_PF_KTHREAD = 0x00200000
+_marker_fd: int | None = None
+
+
+def mark_this_process() -> None:
+    """Let surveys of other settle-proxy processes know this one runs no tools (idempotent)."""
+    global _marker_fd  # noqa: PLW0603 - one mark per process, for its whole life
+    if _marker_fd is None and hasattr(os, "memfd_create"):
+        with contextlib.suppress(OSError):
+            _marker_fd = os.memfd_create(MARKER)
+
+
+@dataclass(frozen=True, slots=True)
+class OtherProcess:
+    """A live process other than the upstream's holding the database."""
+
+    pid: int
+    started_at: int
+    """Epoch ms, erring early by `START_MARGIN_MS`."""
+    command: str
+
+
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """What one pass over `/proc` found, at `scanned_at` (epoch ms, taken before the pass)."""
+
+    scanned_at: int
+    unknown: str | None = None
+    """Why no bound can be given; None when the survey is complete enough to give one."""
+    upstream_pids: tuple[int, ...] = ()
+    databases: tuple[str, ...] = ()
+    others: tuple[OtherProcess, ...] = ()
+    not_inspected: int = 0
+    """Processes whose open files could not be read (other users'): a blind spot."""
+    listeners: tuple[str, ...] = ()
+    """Inodes of the sockets listening on the upstream's port, for the next survey."""
+
+    @property
+    def bound(self) -> int | None:
+        """`Liveness.elsewhere_since`: nothing alive at or after it is known to be dead.
+
+        A process started after the survey is not in it, so the survey's own time bounds too.
+        """
+        if self.unknown is not None:
+            return None
+        return min([self.scanned_at, *(other.started_at for other in self.others)])
+
+    def describe(self) -> dict[str, Any]:
+        """The health section."""
+        body: dict[str, Any] = {"known": self.unknown is None, "scanned_at": self.scanned_at}
+        if self.unknown is not None:
+            body["why"] = self.unknown
+        body |= {
+            "upstream_pids": list(self.upstream_pids),
+            "databases": list(self.databases),
+            # The program's name only: a command line may hold what a client of the proxy should not see.
+            "others": [
+                {"pid": other.pid, "started_at": other.started_at, "program": program_name(other.command)}
+                for other in self.others
+            ],
+            "not_inspected": self.not_inspected,
+        }
+        return body
+
+
+@dataclass(slots=True)
+class _Seen:
+    """What one process's fd table says, reduced to what a survey needs."""
+
+    sockets: set[str] = field(default_factory=set)
+    databases: set[str] = field(default_factory=set)
+    marked: bool = False
+
+
+def survey(
+    upstream: URL,
+    *,
+    database: Path | None = None,
+    proc: Path | None = None,
+    own_pid: int | None = None,
+    now_ms: int | None = None,
+    listeners: tuple[str, ...] = (),
+) -> Survey:
+    """Survey the processes around `upstream`'s database (blocking; run it in a thread).
+
+    `database` names the file when the caller already knows it (the offline command); the
+    upstream's process is then optional: unidentified, every holder counts as another.
+    `listeners` are the socket inodes an earlier survey found listening on the upstream's port.
+    """
+    scanned_at = int(time.time() * 1000) if now_ms is None else now_ms
+    proc = PROC if proc is None else proc
+    own = os.getpid() if own_pid is None else own_pid
+    try:
+        boot_ms = _boot_time_ms(proc)
+    except (OSError, ValueError):
+        return Survey(scanned_at, unknown=f"no readable {proc}/stat: not Linux, or /proc is not mounted")
+    if database is None and not _on_loopback(upstream):
+        return Survey(
+            scanned_at,
+            unknown=f"the upstream {upstream.origin()} is not on this host's loopback "
+            "(another host or container?)",
+        )
+    seen, not_inspected = _fd_tables(proc)
+    held = {socket for process in seen.values() for socket in process.sockets}
+    # Reading the socket tables costs more than the whole fd pass: the last answer holds while
+    # its socket is still open.
+    listening = set(listeners) & held or _listening_sockets(proc, upstream)
+    if database is None and not listening:
+        return Survey(
+            scanned_at,
+            unknown=f"the upstream {upstream.origin()} listens in no socket seen here (another container?)",
+        )
+    upstream_pids = tuple(sorted(pid for pid, process in seen.items() if process.sockets & listening))
+    if database is not None:
+        databases = {str(database.resolve())}
+    elif not upstream_pids:
+        why = "(another user's?)" if not_inspected else "(another container?)"
+        return Survey(
+            scanned_at,
+            unknown=f"the process listening on {upstream.origin()} is not among those readable here {why}",
+            not_inspected=not_inspected,
+        )
+    else:
+        databases = {
+            path
+            for pid in upstream_pids
+            for path in seen[pid].databases
+            if os.path.basename(path).startswith("opencode")
+        }
+        if not databases:
+            return Survey(
+                scanned_at,
+                unknown=f"the process listening on {upstream.origin()} "
+                f"(pid {', '.join(map(str, upstream_pids))}) holds no opencode database open",
+                upstream_pids=upstream_pids,
+                not_inspected=not_inspected,
+            )
+    others = []
+    for pid, process in sorted(seen.items()):
+        if pid == own or pid in upstream_pids or process.marked or not process.databases & databases:
+            continue
+        started = _started_at(proc, pid, boot_ms)
+        if started is not None:
+            others.append(OtherProcess(pid, started, _command(proc / str(pid))))
+    return Survey(
+        scanned_at,
+        upstream_pids=upstream_pids,
+        databases=tuple(sorted(databases)),
+        listeners=tuple(sorted(listening)),
+        others=tuple(others),
+        not_inspected=not_inspected,
+    )
+
+
+def _boot_time_ms(proc: Path) -> int:
+    for line in (proc / "stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return int(line.split()[1]) * 1000
+    raise ValueError("no btime")
+
+
+def _on_loopback(upstream: URL) -> bool:
+    return _is_loopback(upstream.host or "") and upstream.port is not None
+
+
+def _listening_sockets(proc: Path, upstream: URL) -> set[str]:
+    """Inodes of the sockets listening on the upstream's port (none unless it is on loopback)."""
+    inodes: set[str] = set()
+    if not _on_loopback(upstream):
+        return inodes
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        port = f":{upstream.port:04X}"
+        for line in lines:
+            if f"{port} " not in line:  # most lines, cheaply
+                continue
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == _LISTEN and fields[1].endswith(port):
+                inodes.add(fields[9])
+    return inodes
+
+
+def _fd_tables(proc: Path) -> tuple[dict[int, _Seen], int]:
+    """Every readable process's sockets, `*.db` files and marker; and how many could not be read."""
+    seen: dict[int, _Seen] = {}
+    not_inspected = 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        links = _links(entry / "fd")
+        if links is None:
+            not_inspected += not _gone_or_kernel(entry)
+            continue
+        process = seen[int(entry.name)] = _Seen()
+        for link in links:
+            if link.startswith("socket:["):
+                process.sockets.add(link[8:-1])
+            elif link.endswith(".db"):
+                process.databases.add(link)
+            elif link == f"/memfd:{MARKER} (deleted)":
+                process.marked = True
+    return seen, not_inspected
+
+
+def _links(fd_dir: Path) -> list[str] | None:
+    """Where the descriptors point; None when they cannot be read (gone, or another user's).
+
+    Read relative to the open directory: building a path per descriptor cost more than reading it.
+    """
+    try:
+        directory = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        links = []
+        for name in os.listdir(directory):
+            with contextlib.suppress(OSError):  # closed meanwhile
+                links.append(os.readlink(name, dir_fd=directory))
+        return links
+    except OSError:
+        return None
+    finally:
+        os.close(directory)
+
+
+def _gone_or_kernel(process: Path) -> bool:
+    """A process that ended meanwhile, or a kernel thread (no files): nothing hidden there."""
+    fields = _stat_fields(process)
+    return fields is None or bool(int(fields[6]) & _PF_KTHREAD)
+
+
+def _stat_fields(process: Path) -> list[str] | None:
+    """`/proc/PID/stat` from field 3 on (the command name may hold spaces and parentheses)."""
+    try:
+        text = (process / "stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 1 :].split()
+
+
+def _started_at(proc: Path, pid: int, boot_ms: int) -> int | None:
+    fields = _stat_fields(proc / str(pid))
+    if fields is None:
+        return None
+    ticks = int(fields[19])
+    return boot_ms + ticks * 1000 // os.sysconf("SC_CLK_TCK") - START_MARGIN_MS
+
+
+def _command(process: Path) -> str:
+    try:
+        return (process / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class OtherProcesses:
+    """Surveys on demand, reused for `MAX_AGE_S`; says once in the log what it cannot know."""
+
+    def __init__(self, upstream: URL, *, database: Path | None = None) -> None:
+        self._upstream = upstream
+        self._database = database
+        self._last: Survey | None = None
+        self._lock = asyncio.Lock()
+        self._said: set[str] = set()
+
+    async def bound(self) -> int | None:
+        """`Liveness.elsewhere_since` for a reading taken now."""
+        return (await self.current()).bound
+
+    async def current(self) -> Survey:
+        """A survey at most `MAX_AGE_S` old."""
+        async with self._lock:
+            if self._last is None or time.time() * 1000 - self._last.scanned_at >= MAX_AGE_S * 1000:
+                listeners = self._last.listeners if self._last else ()
+                found = await asyncio.to_thread(
+                    survey, self._upstream, database=self._database, listeners=listeners
+                )
+                self._tell(found)
+                self._last = found
+            return self._last
+
+    def _tell(self, found: Survey) -> None:
+        if found.unknown is not None:
+            self._once(
+                "unknown",
+                "cannot tell whether another opencode process shares the upstream's database: "
+                f"{found.unknown}; tools running in such a process would be shown settled",
+            )
+        if found.not_inspected:
+            self._once(
+                "not inspected",
+                f"{found.not_inspected} processes of other users cannot be inspected: an opencode of theirs "
+                "on this database would not be seen",
+            )
+        before = {other.pid for other in self._last.others} if self._last else set()
+        for other in found.others:
+            if other.pid not in before:
+                log.info(
+                    "pid %d also holds %s: what was alive after its start is never settled (%s)",
+                    other.pid,
+                    ", ".join(found.databases),
+                    other.command[:80],
+                )
+
+    def _once(self, topic: str, message: str) -> None:
+        if topic not in self._said:
+            self._said.add(topic)
+            log.warning("%s", message)
+
+
+OTHER_PROCESSES = web.AppKey("other_processes", OtherProcesses)

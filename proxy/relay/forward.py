@@ -1,0 +1,225 @@
+"""Forward one HTTP request upstream and stream the answer back.
+
+Bodies flow through in both directions as they arrive: event streams reach the client
+event by event, downloads never sit in memory. Only a flow an addon asked to read is
+buffered, and then its framing headers are rebuilt to match what is really sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+import aiohttp
+from aiohttp import hdrs, web
+from yarl import URL
+
+from proxy.opencode.routes import EVENT_STREAMS, SESSION_STREAM
+from proxy.opencode.tracker import STREAM_START_TIMEOUT_S
+from proxy.relay.errors import bad_gateway, gateway_timeout, transfer_coding_refused
+from proxy.relay.headers import (
+    UPSTREAM_HEADERS,
+    client_response_headers,
+    unsupported_transfer_coding,
+    upstream_request_headers,
+)
+from proxy.relay.hooks import Addons, Flow
+from proxy.relay.sse import relay_with_injection
+from proxy.relay.upstream import SETTINGS, UPSTREAM, opencode_path, upstream_path
+from proxy.relay.websocket import is_websocket_upgrade, relay_websocket
+from proxy.service.metrics import METRICS
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+ADDONS = web.AppKey("addons", Addons)
+
+
+def upstream_url(request: web.Request) -> URL:
+    """The upstream URL for `request`: same path and query, byte for byte."""
+    return URL(str(request.app[SETTINGS].upstream_origin) + upstream_path(request), encoded=True)
+
+
+async def forward(request: web.Request) -> web.StreamResponse:
+    """The catch-all handler: every method, every path."""
+    if (codings := unsupported_transfer_coding(request)) is not None:
+        return transfer_coding_refused(codings)
+    if is_websocket_upgrade(request):
+        return await relay_websocket(request, upstream_url(request))
+    addons = request.app[ADDONS]
+    flow = Flow(request, upstream_request_headers(request))
+    try:
+        return await _exchange(flow, addons)
+    finally:
+        await addons.trigger("done", flow)
+
+
+async def _exchange(flow: Flow, addons: Addons) -> web.StreamResponse:
+    request, metrics = flow.request, flow.request.app[METRICS]
+    await addons.trigger("request_headers", flow)
+    timeout = request.app[SETTINGS].response_timeout
+    started = time.perf_counter()
+    try:
+        upstream = await _bounded(
+            request.app[UPSTREAM].request(
+                request.method,
+                upstream_url(request),
+                headers=flow.upstream_headers,
+                data=request.content if request.body_exists else None,
+                allow_redirects=False,
+            ),
+            _start_timeout(request, timeout),
+        )
+    except (aiohttp.ClientError, TimeoutError) as error:
+        # Unreachable, or an answer aiohttp cannot parse (bad status line, invalid header):
+        # either way the client gets JSON it can show, never a bare 500.
+        failure = _failure(request, error, _start_timeout(request, timeout))
+        metrics.requests.labels(request.method, str(failure.status)).inc()
+        return failure
+    metrics.upstream_seconds.observe(time.perf_counter() - started)
+    metrics.requests.labels(request.method, str(upstream.status)).inc()
+    async with upstream:
+        return await _respond(request, flow, upstream, addons, max_wait=timeout)
+
+
+async def _respond(
+    request: web.Request,
+    flow: Flow,
+    upstream: aiohttp.ClientResponse,
+    addons: Addons,
+    *,
+    max_wait: float | None,
+) -> web.StreamResponse:
+    flow.status = upstream.status
+    flow.response_headers = client_response_headers(upstream.headers)
+    flow.content_length = upstream.content_length
+    await addons.trigger("response_headers", flow)
+    if flow.read_body:
+        return await _answer_whole(flow, upstream, addons, max_wait)
+    if is_event_stream(upstream):
+        with request.app[METRICS].open_streams.track_inprogress():
+            return await _stream(request, flow, upstream, None)  # a quiet stream is not a stuck one
+    return await _stream(request, flow, upstream, max_wait)
+
+
+def _start_timeout(request: web.Request, timeout: float | None) -> float | None:
+    """How long the upstream may take to start answering.
+
+    opencode's event streams answer at once when it is healthy, but a subscription sent the
+    instant its port opens after a restart can go unanswered for 20 s and more (measured on
+    1.18.33), and a client waiting on it misses everything meanwhile. So a stream must start
+    within `STREAM_START_TIMEOUT_S`, or the client gets a 504 and reconnects. A session's stream
+    starts with its next event, however long that takes, so it is never timed; nor is any
+    stream once open.
+    """
+    if request.method == "GET":
+        path = opencode_path(request)
+        if EVENT_STREAMS.match(path):
+            return STREAM_START_TIMEOUT_S if timeout is None else min(timeout, STREAM_START_TIMEOUT_S)
+        if SESSION_STREAM.match(path):
+            return None
+    return timeout
+
+
+def is_event_stream(response: aiohttp.ClientResponse) -> bool:
+    """SSE: flushed event by event, and never timed out."""
+    return response.content_type == "text/event-stream"
+
+
+def _failure(request: web.Request, error: BaseException, timeout: float | None) -> web.Response:
+    """The JSON answer for an upstream that failed before the client got a byte: 504 when the
+    proxy's own response timeout ran out, 502 for everything else."""
+    origin = request.app[SETTINGS].upstream_origin
+    if timeout is not None and isinstance(error, TimeoutError) and not isinstance(error, aiohttp.ClientError):
+        return gateway_timeout(origin, timeout)
+    return bad_gateway(origin, error)
+
+
+async def _bounded(step: Awaitable[T], max_wait: float | None) -> T:
+    """`step`, bounded by `max_wait` seconds (None: never; no timer is armed for it, which is
+    measurable on every request)."""
+    if max_wait is None:
+        return await step
+    async with asyncio.timeout(max_wait):
+        return await step
+
+
+async def _pieces(upstream: aiohttp.ClientResponse, max_wait: float | None) -> AsyncIterator[bytes]:
+    """The body as it arrives; each wait for its next piece is bounded by `max_wait` (None: never)."""
+    while piece := await _bounded(upstream.content.readany(), max_wait):
+        yield piece
+
+
+async def _answer_whole(
+    flow: Flow, upstream: aiohttp.ClientResponse, addons: Addons, max_wait: float | None
+) -> web.StreamResponse:
+    try:
+        flow.body = b"".join([piece async for piece in _pieces(upstream, max_wait)])
+    except (aiohttp.ClientError, TimeoutError) as error:
+        return _failure(flow.request, error, max_wait)  # nothing was sent yet: a clean error is possible
+    await addons.trigger("response", flow)
+    return _answer(flow, upstream, flow.body)
+
+
+async def _stream(
+    request: web.Request, flow: Flow, upstream: aiohttp.ClientResponse, max_wait: float | None
+) -> web.StreamResponse:
+    pieces = _pieces(upstream, max_wait)
+    if flow.inject is None and not is_event_stream(upstream):
+        try:
+            first = await anext(pieces, b"")
+        except (aiohttp.ClientError, TimeoutError) as error:
+            return _failure(request, error, max_wait)  # nothing was sent yet: a clean error is possible
+        if first and upstream.content.at_eof():
+            # The whole body came in one piece (most answers do): headers and body in one write.
+            return _answer(flow, upstream, first)
+        pieces = _prepended(first, pieces)
+    response = _answer(flow, upstream)
+    if upstream.content_length is not None and hdrs.TRANSFER_ENCODING not in upstream.headers:
+        response.content_length = upstream.content_length
+    await response.prepare(request)
+    try:
+        if flow.inject is not None:
+            await relay_with_injection(response, upstream, flow.inject)
+        else:
+            async for piece in pieces:
+                await response.write(piece)
+    except ConnectionResetError:
+        return response  # the client left; only a handler that is not cancelled then gets here
+    except (aiohttp.ClientError, TimeoutError) as error:
+        # An event stream too: clients (the JS SDK) reconnect a stream that was cut, and take
+        # one that ended cleanly as the server's "no more", so it must end as the server's did.
+        return _cut(request, response, error)
+    await response.write_eof()
+    return response
+
+
+def _answer(flow: Flow, upstream: aiohttp.ClientResponse, body: bytes | None = None) -> web.StreamResponse:
+    """The client's response for the upstream's: whole when `body` is given, else to be streamed."""
+    status, reason, headers = flow.status, upstream.reason, flow.response_headers
+    response = (
+        web.StreamResponse(status=status, reason=reason, headers=headers)
+        if body is None
+        else web.Response(status=status, reason=reason, headers=headers, body=body)
+    )
+    response[UPSTREAM_HEADERS] = upstream.headers
+    return response
+
+
+async def _prepended(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for piece in rest:
+        yield piece
+
+
+def _cut(request: web.Request, response: web.StreamResponse, error: BaseException) -> web.StreamResponse:
+    """End the client's connection without ending the body: a last chunk, or a clean close after a
+    body without length, would make a truncated body look complete."""
+    log.warning("upstream failed mid-body of %s (%s); the client's connection is cut", request.path, error)
+    if request.transport is not None:
+        request.transport.close()
+    return response

@@ -1,0 +1,150 @@
+"""Header hygiene for a reverse proxy (RFC 9110 §7.6.1), in the manner of Go's httputil.
+
+Hop-by-hop headers describe one connection and must not be forwarded; the `X-Forwarded-*`
+headers tell the upstream who the client is and which host and scheme it used, which
+opencode needs to build pagination links that point at the proxy rather than at itself.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import ClassVar
+from urllib.parse import urlsplit
+
+from aiohttp import hdrs, web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from proxy.relay.hooks import Addon, Flow
+
+HOP_BY_HOP = frozenset(
+    header.lower()
+    for header in (
+        hdrs.CONNECTION,
+        hdrs.KEEP_ALIVE,
+        hdrs.PROXY_AUTHENTICATE,
+        hdrs.PROXY_AUTHORIZATION,
+        hdrs.TE,
+        hdrs.TRAILER,
+        hdrs.TRANSFER_ENCODING,
+        hdrs.UPGRADE,
+        "Proxy-Connection",
+    )
+)
+
+
+def end_to_end(
+    headers: CIMultiDictProxy[str] | CIMultiDict[str], drop: Iterable[str] = ()
+) -> CIMultiDict[str]:
+    """Return `headers` without hop-by-hop ones, those named in `Connection`, and `drop`."""
+    named = {
+        token.strip().lower() for value in headers.getall(hdrs.CONNECTION, ()) for token in value.split(",")
+    }
+    excluded = HOP_BY_HOP | named | {name.lower() for name in drop}
+    return CIMultiDict((name, value) for name, value in headers.items() if name.lower() not in excluded)
+
+
+def upstream_request_headers(request: web.Request) -> CIMultiDict[str]:
+    """Headers to send upstream for `request`: end-to-end ones plus `X-Forwarded-*`.
+
+    `Host` is kept as the client sent it (as nginx's `proxy_set_header Host $host`) so the
+    links opencode builds from it lead back through the proxy.
+    """
+    headers = end_to_end(request.headers, drop=(hdrs.CONTENT_LENGTH,) if not request.body_exists else ())
+    peer = request.remote or ""
+    prior = request.headers.get(hdrs.X_FORWARDED_FOR)
+    headers[hdrs.X_FORWARDED_FOR] = f"{prior}, {peer}" if prior else peer
+    headers.setdefault(hdrs.X_FORWARDED_PROTO, request.scheme)
+    headers.setdefault(hdrs.X_FORWARDED_HOST, request.host)
+    return headers
+
+
+def client_response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """Headers to send the client: end-to-end ones; framing is decided by the proxy."""
+    return end_to_end(headers, drop=(hdrs.CONTENT_LENGTH,))
+
+
+UPSTREAM_HEADERS = web.ResponseKey("upstream_headers", CIMultiDictProxy[str])
+"""On a response built from an upstream answer: the headers that answer came with."""
+_NEVER_INVENTED = (hdrs.SERVER, hdrs.CONTENT_TYPE)
+
+
+async def drop_invented_headers(_: web.Request, response: web.StreamResponse) -> None:
+    """`on_response_prepare`: aiohttp gives every response a `Server` (its own name and version)
+    and a default `Content-Type`. On a forwarded answer that lacked them they would be claims
+    the upstream never made, so they go; on the proxy's own answers (its errors, `/_settle/*`)
+    `Server` would tell anyone who can reach the port which versions of the stack to attack.
+    (`Date` stays: RFC 9110 §6.6.1 asks a forwarder to add it.)"""
+    sent = response.get(UPSTREAM_HEADERS)
+    if sent is None:
+        response.headers.popall(hdrs.SERVER, None)
+        return
+    for name in _NEVER_INVENTED:
+        if name not in sent:
+            response.headers.popall(name, None)
+
+
+def unsupported_transfer_coding(request: web.Request) -> str | None:
+    """The request's transfer codings when they are anything but plain `chunked`, else None.
+
+    aiohttp removes the chunked framing of a request body but no other coding, and the header
+    is hop-by-hop, so a body sent `gzip, chunked` would reach the upstream still gzipped with
+    nothing saying so. Such a request must be refused (RFC 9112 §6.1), as nginx and Go do.
+    """
+    codings = [
+        coding.strip().lower()
+        for value in request.headers.getall(hdrs.TRANSFER_ENCODING, ())
+        for coding in value.split(",")
+    ]
+    return None if codings in ([], ["chunked"]) else ", ".join(codings)
+
+
+_LINK_TARGET = re.compile(r"<([^>]*)>")
+_URL_HEADERS = frozenset(name.lower() for name in (hdrs.LOCATION, hdrs.CONTENT_LOCATION))
+
+
+class MountedLinks(Addon):
+    """Under `mount(app, prefix, …)`, the URLs the upstream builds for the address it was asked
+    at (`Link` paging, redirects) point at the proxy's origin without the prefix, so a client
+    following them would leave the proxy. They get the prefix; every other URL is left alone."""
+
+    name: ClassVar[str] = "mounted-links"
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+
+    async def response_headers(self, flow: Flow) -> None:
+        # opencode builds links from `Host` and `X-Forwarded-Proto` (anything but https is http).
+        proto = "https" if flow.upstream_headers.get(hdrs.X_FORWARDED_PROTO, "") == "https" else "http"
+        origin = f"{proto}://{flow.upstream_headers.get(hdrs.HOST, flow.request.host)}"
+        prefix_own_urls(flow.response_headers, origin, self._prefix)
+
+
+def prefix_own_urls(headers: CIMultiDict[str], origin: str, prefix: str) -> None:
+    """Put `prefix` in front of the path of every URL in `Link`, `Location` and `Content-Location`
+    that is path-absolute or on `origin`; everything else, order included, stays as it was."""
+    rewritten = [(name, _with_prefix(name, value, origin, prefix)) for name, value in headers.items()]
+    headers.clear()
+    headers.extend(rewritten)
+
+
+def _with_prefix(name: str, value: str, origin: str, prefix: str) -> str:
+    if name.lower() == hdrs.LINK.lower():
+        return _LINK_TARGET.sub(lambda found: f"<{_prefixed(found[1], origin, prefix)}>", value)
+    if name.lower() in _URL_HEADERS:
+        return _prefixed(value, origin, prefix)
+    return value
+
+
+def _prefixed(reference: str, origin: str, prefix: str) -> str:
+    if reference.startswith("/") and not reference.startswith("//"):
+        return prefix + reference
+    try:
+        parts = urlsplit(reference)
+    except ValueError:
+        return reference
+    head = f"{parts.scheme}://{parts.netloc}"
+    if parts.scheme and reference.startswith(head) and head.lower() == origin.lower():
+        rest = reference[len(head) :]
+        return head + prefix + (rest if rest.startswith("/") else "/" + rest)
+    return reference

@@ -1,0 +1,142 @@
+"""The aiohttp application: the proxy's own routes, the catch-all forwarder, and what they own."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+
+from aiohttp import web
+
+from proxy.addons.context import SettleContext
+from proxy.addons.live import LiveSettle
+from proxy.addons.session_streams import SessionStreamSettle
+from proxy.addons.settle import Settle
+from proxy.opencode.client import Credentials, UpstreamApi
+from proxy.opencode.liveness import LivenessProbe
+from proxy.opencode.other_processes import OTHER_PROCESSES, OtherProcesses, mark_this_process
+from proxy.opencode.tracker import TRACKER, LivenessTracker
+from proxy.relay.forward import ADDONS, forward
+from proxy.relay.headers import MountedLinks, drop_invented_headers
+from proxy.relay.hooks import Addon, Addons
+from proxy.relay.upstream import MOUNT_PREFIX, SETTINGS, UPSTREAM, upstream_session
+from proxy.service import health
+from proxy.service.auth import require_basic_auth
+from proxy.service.config import Settings, WriteBackMode
+from proxy.service.metrics import METRICS, CountingWriter, Metrics
+from proxy.supervision.process_records import ProcessRecords
+from proxy.supervision.supervisor import SUPERVISOR
+from proxy.supervision.tool_processes import TOOL_PROCESSES, ToolProcesses
+from proxy.writeback.api_writer import ApiWriter
+from proxy.writeback.database import OpencodeDatabase, default_path
+from proxy.writeback.db_writer import DbWriter
+from proxy.writeback.scheduler import WriteBack, Writer
+
+WRITE_BACK = web.AppKey("write_back", WriteBack)
+log = logging.getLogger(__name__)
+
+
+async def _writer(settings: Settings, upstream: UpstreamApi, stack: AsyncExitStack) -> Writer | None:
+    if settings.write_back is WriteBackMode.API:
+        return ApiWriter(upstream)
+    if settings.write_back is WriteBackMode.DB:
+        database = await stack.enter_async_context(OpencodeDatabase.open(settings.db_path or default_path()))
+        return DbWriter(database)
+    return None
+
+
+async def _addons(app: web.Application) -> AsyncIterator[None]:
+    """`cleanup_ctx` entry: the addons a stand-alone proxy runs, and what they own."""
+    settings, metrics = app[SETTINGS], app[METRICS]
+    upstream = UpstreamApi(app[UPSTREAM], settings)
+    mark_this_process()
+    elsewhere = app[OTHER_PROCESSES] = OtherProcesses(settings.upstream)
+    probe = LivenessProbe(upstream, settings, elsewhere)
+    async with AsyncExitStack() as stack:
+        writer = await _writer(settings, upstream, stack)
+        write_back = None
+        if writer is not None and not settings.dry_run:
+            write_back = app[WRITE_BACK] = WriteBack(probe, CountingWriter(writer, metrics), settings.grace)
+            stack.push_async_callback(write_back.close)
+        ctx = SettleContext(probe, upstream, metrics, settings.grace, write_back, settings.dry_run)
+        live = LiveSettle(ctx, Credentials.configured(settings.authorization))
+        stack.push_async_callback(live.close)
+        session_streams = SessionStreamSettle(ctx, Credentials.configured(settings.authorization))
+        stack.push_async_callback(session_streams.close)
+        tracker = app[TRACKER] = LivenessTracker(app[UPSTREAM], settings, probe.clock)
+        tracker.listeners += (live, session_streams)
+        if (watcher := await _tool_processes(app, stack)) is not None:
+            tracker.listeners.append(watcher)
+        following = asyncio.create_task(tracker.run(), name="liveness-tracker")
+        stack.push_async_callback(_cancelled, following)
+        settle = Settle(probe, tracker, metrics, write_back=write_back, dry_run=settings.dry_run)
+        addons: list[Addon] = [settle, live, session_streams]
+        if prefix := app.get(MOUNT_PREFIX):
+            addons.insert(0, MountedLinks(prefix))
+        app[ADDONS] = Addons(addons, metrics.addon_errors)
+        yield
+
+
+async def _tool_processes(app: web.Application, stack: AsyncExitStack) -> ToolProcesses | None:
+    """Who ties tool processes to their calls: the supervisor of a server `run` started, or, for a
+    server the proxy did not start, a watcher that finds it by the port it listens on and keeps its
+    records in the state database."""
+    if (supervisor := app.get(SUPERVISOR)) is not None:
+        app[METRICS].orphans.set_function(lambda: len(supervisor.orphans()))
+        return supervisor.tool_processes
+    path = app[SETTINGS].state_db
+    if path is None:
+        return None
+    try:
+        records = await stack.enter_async_context(ProcessRecords.open(path))
+    except (OSError, sqlite3.Error) as error:
+        log.warning("tool processes are not recorded: %s: %s", path, error)
+        return None
+    others = app[OTHER_PROCESSES]
+
+    async def listening() -> int | None:
+        pids = (await others.current()).upstream_pids
+        return pids[0] if len(pids) == 1 else None
+
+    watcher = app[TOOL_PROCESSES] = ToolProcesses(listening, reports=True)
+    watcher.recorder = records
+    stack.push_async_callback(watcher.flush)
+    return watcher
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def create_app(settings: Settings) -> web.Application:
+    """Build the proxy application for `settings`; run it with `aiohttp.web` as usual.
+
+    To embed settlement in an existing aiohttp application, use `mount` instead.
+    """
+    app = web.Application(middlewares=[require_basic_auth(*settings.auth)] if settings.auth else [])
+    app[SETTINGS] = settings
+    app[METRICS] = Metrics()
+    app.cleanup_ctx.extend((upstream_session, _addons))
+    app.on_response_prepare.append(drop_invented_headers)
+    health.add_routes(app)
+    # (?s): a path may hold an encoded line break, and the upstream must answer for it, not us.
+    app.router.add_route("*", "/{tail:(?s:.*)}", forward)
+    return app
+
+
+def mount(parent: web.Application, prefix: str, settings: Settings) -> web.Application:
+    """Serve the proxy under `prefix` of an existing application (e.g. "/opencode").
+
+    Requests below the prefix reach the upstream without it; the proxy's lifecycle
+    (upstream connections, write-back) follows the parent's start-up and cleanup.
+    """
+    prefix = "/" + prefix.strip("/")
+    app = create_app(settings)
+    app[MOUNT_PREFIX] = prefix
+    parent.add_subapp(prefix, app)
+    return app

@@ -1,0 +1,107 @@
+"""Prometheus metrics, one registry per application so that embedded copies never collide.
+
+Served at `/_settle/metrics` in the Prometheus text format (prometheus-client: the format,
+its escaping and histogram buckets are its job, not ours).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from proxy.opencode.client import Credentials
+from proxy.service.config import WriteBackMode
+from proxy.writeback.scheduler import Confirm, Writer, Written
+from rules import Api
+
+__all__ = ["CONTENT_TYPE_LATEST", "METRICS", "CountingWriter", "Metrics"]
+
+
+class Metrics:
+    """Every metric the proxy keeps."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "settle_proxy_requests",
+            "Client requests forwarded, by method and status.",
+            ("method", "status"),
+            registry=self.registry,
+        )
+        self.rewrites = Counter(
+            "settle_proxy_rewrites",
+            "Changes made to message views (applied=false: --dry-run).",
+            ("rule", "api", "applied"),
+            registry=self.registry,
+        )
+        self.write_backs = Counter(
+            "settle_proxy_write_backs",
+            "Write-back passes, by mode and outcome.",
+            ("mode", "outcome"),
+            registry=self.registry,
+        )
+        self.liveness_requests = Counter(
+            "settle_proxy_liveness_requests",
+            "Liveness look-ups made upstream.",
+            ("api",),
+            registry=self.registry,
+        )
+        self.upstream_seconds = Histogram(
+            "settle_proxy_upstream_seconds",
+            "Time until the upstream's response headers arrived.",
+            registry=self.registry,
+        )
+        self.injected_events = Counter(
+            "settle_proxy_injected_events",
+            "Events slipped into client event streams by live settlement.",
+            registry=self.registry,
+        )
+        self.addon_errors = Counter(
+            "settle_proxy_addon_errors",
+            "Addon hooks that raised (the flow went on without their changes), by addon and hook.",
+            ("addon", "hook"),
+            registry=self.registry,
+        )
+        self.orphans = Gauge(
+            "settle_proxy_orphans",
+            "Processes a dead server left running (under settle-proxy run).",
+            registry=self.registry,
+        )
+        self.open_streams = Gauge(
+            "settle_proxy_open_streams",
+            "Event streams and WebSockets open right now.",
+            registry=self.registry,
+        )
+
+    def exposition(self) -> bytes:
+        """The text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+METRICS = web.AppKey("metrics", Metrics)
+
+
+class CountingWriter:
+    """A writer that counts what the writer it wraps achieved."""
+
+    def __init__(self, writer: Writer, metrics: Metrics) -> None:
+        self._writer = writer
+        self._metrics = metrics
+
+    @property
+    def mode(self) -> WriteBackMode:
+        return self._writer.mode
+
+    async def write(
+        self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        outcome = "failed"
+        try:
+            written = await self._writer.write(api, session_id, credentials, targets, confirm)
+            outcome = "written" if written else "nothing"
+            return written
+        finally:
+            self._metrics.write_backs.labels(self.mode, outcome).inc()

@@ -1,0 +1,267 @@
+"""`settle-proxy run`: the proxy starts the server itself, restarts it after a crash, and never
+lets it (or what it left running) outlive the proxy.
+
+Restarts are what a terminal user needs and no more: a bounded backoff, and a cap on restarts
+within a window, past which the proxy gives up and exits so that whatever supervises *it*
+(a shell, systemd) sees the failure. Every change of the child's state is one log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from enum import StrEnum
+from pathlib import Path
+
+from aiohttp import web
+
+from proxy.supervision.process_records import ProcessRecords
+from proxy.supervision.server_command import ServerCommand
+from proxy.supervision.tool_processes import Orphan, ToolProcesses, described
+from proxy.system.reaper import adopted, become_subreaper, end_groups, reap
+
+log = logging.getLogger(__name__)
+
+BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+"""Pauses before the first, second, … restart in a row; the last one repeats."""
+RESTARTS_PER_WINDOW = 5
+WINDOW_S = 60.0
+"""More than `RESTARTS_PER_WINDOW` restarts within `WINDOW_S` seconds is a storm: give up."""
+STOP_GRACE_S = 10.0
+"""How long the server (and what it left running) may take to end after SIGTERM."""
+
+
+class Restart(StrEnum):
+    """When the server is started again after it exits."""
+
+    NO = "no"
+    ON_FAILURE = "on-failure"
+    ALWAYS = "always"
+
+
+class Orphans(StrEnum):
+    """What to do with the processes of calls that were running when the server died."""
+
+    REPORT = "report"
+    TERMINATE = "terminate"
+
+
+class ChildState(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    BACKING_OFF = "backing off"
+    STOPPED = "stopped"
+    GAVE_UP = "gave up"
+
+
+def describe_exit(code: int) -> str:
+    """`exit status 1` or `killed by SIGKILL`, as a person reads it."""
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+class Supervisor:
+    """Runs one server command on a loopback port until `stop()`, restarting it by `restart`."""
+
+    def __init__(
+        self,
+        command: ServerCommand,
+        port: int,
+        restart: Restart = Restart.ON_FAILURE,
+        orphans: Orphans = Orphans.REPORT,
+        records: Path | None = None,
+    ) -> None:
+        self._command = command.listening_on(port)
+        self._restart = restart
+        self._orphans = orphans
+        self._records = records
+        self.tool_processes = ToolProcesses(self._server_pid)
+        """Follows the event stream (the app adds it) to tie tool processes to their calls."""
+        self._process: asyncio.subprocess.Process | None = None
+        self._stopping = False
+        self._restarts_at: deque[float] = deque()
+        self.state = ChildState.STARTING
+        self.restarts = 0
+        self.last_exit: int | None = None
+        self.finished = asyncio.Event()
+        """Set when the proxy should stop with the server: it exited for good, or restarts gave up."""
+        self.subreaper = False
+        """Whether this process adopts what the server leaves behind (set once `run` starts)."""
+        self._ending: asyncio.Task[None] | None = None
+
+    @property
+    def command(self) -> list[str]:
+        """The server command as started, with the loopback address it was given."""
+        return list(self._command)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None and self._process.returncode is None else None
+
+    async def _server_pid(self) -> int | None:
+        return self.pid
+
+    @property
+    def exit_code(self) -> int:
+        """What the proxy exits with once `finished`: the server's own status, 1 after giving up."""
+        if self.state is ChildState.GAVE_UP or self.last_exit is None:
+            return 1
+        return self.last_exit if self.last_exit >= 0 else 128 - self.last_exit
+
+    def health(self) -> dict[str, object]:
+        """The child's state for `/_settle/health`."""
+        return {
+            "state": str(self.state),
+            "pid": self.pid,
+            "restarts": self.restarts,
+            "last_exit": None if self.last_exit is None else describe_exit(self.last_exit),
+            "restart": str(self._restart),
+            "orphans": str(self._orphans),
+            "command": self._command,
+        }
+
+    async def run(self) -> None:
+        """Start the server, and again after each exit the policy restarts; return when done.
+
+        With a state database, every tool process tied to its call is recorded there, so that
+        `settle-proxy orphans` can still name it after the proxy itself is gone.
+        """
+        self.subreaper = become_subreaper()
+        if self._records is None:
+            await self._supervise()
+            return
+        async with ProcessRecords.open(self._records) as records:
+            self.tool_processes.recorder = records
+            try:
+                await self._supervise()
+            finally:
+                await self.tool_processes.flush()
+                self.tool_processes.recorder = None
+
+    async def _supervise(self) -> None:
+        failures_in_a_row = 0
+        while not self._stopping:
+            started = time.monotonic()
+            code = await self._run_once()
+            if self._stopping:
+                break
+            self.last_exit = code
+            self._account_for_orphans()
+            if not self._restarts_after(code):
+                self._set(
+                    ChildState.STOPPED,
+                    f"server {describe_exit(code)}; not restarted (--restart {self._restart})",
+                )
+                break
+            failures_in_a_row = 0 if time.monotonic() - started > WINDOW_S else failures_in_a_row + 1
+            if self._storm():
+                self._set(
+                    ChildState.GAVE_UP,
+                    f"server {describe_exit(code)}; {RESTARTS_PER_WINDOW} restarts "
+                    f"within {WINDOW_S:g} s already, giving up",
+                )
+                break
+            pause = BACKOFF_S[min(failures_in_a_row, len(BACKOFF_S)) - 1]
+            self._set(ChildState.BACKING_OFF, f"server {describe_exit(code)}; restarting in {pause:g} s")
+            await asyncio.sleep(pause)
+            self.restarts += 1
+        self.finished.set()
+
+    async def stop(self) -> None:
+        """End the server (SIGTERM, then SIGKILL after `STOP_GRACE_S`) and what it left running."""
+        self._stopping = True
+        process = self._process
+        if process is not None and process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+            except TimeoutError:
+                log.warning("server pid %d did not stop within %g s: SIGKILL", process.pid, STOP_GRACE_S)
+                process.kill()
+                await process.wait()
+            self._set(ChildState.STOPPED, "server stopped with the proxy")
+        if self._ending is not None:
+            await self._ending
+        if self.subreaper and (left := adopted()):
+            log.info("ending %d process(es) the server left running: pids %s", len(left), left)
+            await asyncio.to_thread(end_groups, left, STOP_GRACE_S)
+
+    async def _run_once(self) -> int:
+        self._set(ChildState.STARTING, f"starting {' '.join(self._command)}")
+        # Output goes where the proxy's goes: the user sees the server as if started directly.
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "proxy.system.die_with_parent",
+            str(os.getpid()),
+            *self._command,
+            stdin=subprocess.DEVNULL,
+        )
+        self._set(ChildState.RUNNING, f"server running, pid {self._process.pid}")
+        return await self._process.wait()
+
+    def _restarts_after(self, code: int) -> bool:
+        return self._restart is Restart.ALWAYS or (self._restart is Restart.ON_FAILURE and code != 0)
+
+    def _storm(self) -> bool:
+        now = time.monotonic()
+        while self._restarts_at and now - self._restarts_at[0] > WINDOW_S:
+            self._restarts_at.popleft()
+        if len(self._restarts_at) >= RESTARTS_PER_WINDOW:
+            return True
+        self._restarts_at.append(now)
+        return False
+
+    def orphans(self) -> list[Orphan]:
+        """The processes dead servers left that still run, with the calls that started them."""
+        if not self.subreaper:
+            return []
+        left = adopted(besides=self.pid)
+        reap(left)
+        return self.tool_processes.orphans(adopted(besides=self.pid))
+
+    def _account_for_orphans(self) -> None:
+        """One log line per process the dead server left running; with `--orphans terminate`, the
+        process groups of calls that were running at the crash are ended (SIGTERM, then SIGKILL).
+        A process of a call that had completed (a server started on purpose), or that cannot be
+        tied to a call, is only reported."""
+        found = self.orphans()
+        for orphan in found:
+            log.warning("orphaned process %s", described(orphan), extra={"fields": orphan.as_json()})
+        doomed = [orphan.pid for orphan in found if orphan.call_was_running]
+        if self._orphans is Orphans.TERMINATE and doomed:
+            log.warning("ending the process groups of %d orphaned call(s): pids %s", len(doomed), doomed)
+            self._ending = asyncio.create_task(asyncio.to_thread(end_groups, doomed, STOP_GRACE_S))
+
+    def _set(self, state: ChildState, message: str) -> None:
+        self.state = state
+        log.log(
+            logging.WARNING if state in (ChildState.BACKING_OFF, ChildState.GAVE_UP) else logging.INFO,
+            message,
+        )
+
+
+SUPERVISOR = web.AppKey("supervisor", Supervisor)
+
+
+async def supervised(supervisor: Supervisor, stop: asyncio.Event) -> int:
+    """Run the server until `stop` is set or the server is gone for good; the proxy's exit code."""
+    running = asyncio.create_task(supervisor.run(), name="supervisor")
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait((running, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        running.cancel()  # a pause before a restart must not hold up the stop
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        await supervisor.stop()
+    return 0 if stop.is_set() else supervisor.exit_code

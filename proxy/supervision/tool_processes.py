@@ -1,0 +1,274 @@
+"""Which process runs which tool call, recorded while the server lives, so that what a crash
+leaves behind can be named, and on request ended, exactly.
+
+opencode's bash tool starts every command as the leader of a process group of its own, a direct
+child of the server (v1 runs the command itself, v2 a `/bin/sh -c`). When the event stream shows
+a call start, the server's new group leaders are tied to it, each by its pid *and* its start time
+(clock ticks since boot, from /proc): a pid the kernel hands out again later never matches, and
+nothing is ever matched by its name alone. A leader that cannot be tied to exactly one call is
+not tied to any: it is only ever reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from proxy.opencode.event_log import CALL_ENDED, CALL_STARTED
+from proxy.opencode.tracker import GlobalEvent
+from proxy.system.procfs import command_line, pids, program_name, stat
+from rules import OPEN_STATUSES, Api
+
+_SCAN_AFTER_S = (0.2, 1.0, 3.0)
+"""When to look for a started call's process: it may start a moment after the call is announced."""
+_REMEMBERED = 10_000
+_V2_SHELL = "/bin/sh -c "
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """A process, told apart from any later process that gets the same pid."""
+
+    pid: int
+    started: int
+    """Start time in clock ticks since boot (/proc/PID/stat field 22)."""
+
+    @classmethod
+    def of(cls, pid: int) -> Identity | None:
+        found = stat(pid)
+        return cls(pid, found.started) if found else None
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """A tool call the stream showed, and whether it was still running when last heard of."""
+
+    session_id: str
+    call: str
+    """The v1 part id, or the v2 call id."""
+    tool: str
+    command: str
+    running: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """A process the dead server left running, and the call that started it, when known."""
+
+    pid: int
+    command: str
+    call: ToolCall | None
+
+    @property
+    def call_was_running(self) -> bool:
+        """Whether its call was still running at the crash (only such processes may be ended)."""
+        return self.call is not None and self.call.running
+
+    def as_json(self) -> dict[str, Any]:
+        call = self.call
+        return {
+            "pid": self.pid,
+            # The program only: a tool's command line may hold what a client of the proxy must not see.
+            "program": program_name(self.command),
+            "session": call.session_id if call else None,
+            "part": call.call if call else None,
+            "tool": call.tool if call else None,
+            "call_was_running": self.call_was_running,
+        }
+
+
+class Recorder(Protocol):
+    """Where ties are kept beyond the proxy's life (`proxy.supervision.process_records`)."""
+
+    async def record(self, process: Identity, command: str, server: Identity, call: ToolCall) -> None: ...
+
+    async def ended(self, call: str) -> None: ...
+
+    async def left_running(self) -> list[Any]: ...
+
+
+ServerLocator = Callable[[], Awaitable[int | None]]
+"""Finds the server's pid now: the child `settle-proxy run` started, or the process listening on
+the upstream's port."""
+
+
+class ToolProcesses:
+    """A `StreamListener` that ties the server's tool processes to the calls that started them."""
+
+    def __init__(self, locate_server: ServerLocator, *, reports: bool = False) -> None:
+        self._locate_server = locate_server
+        self._reports = reports
+        """Whether to report recorded processes that outlived their server when the stream comes
+        back (a proxy in front of a server it did not start; `run` reports what it adopts itself)."""
+        self.recorder: Recorder | None = None
+        self._reported: set[Identity] = set()
+        self._writes: set[asyncio.Task[None]] = set()
+        self._calls: dict[str, ToolCall] = {}
+        self._runtimes: dict[str, Api] = {}
+        self._awaiting: set[str] = set()
+        self._processes: dict[Identity, str] = {}
+
+    def following(self) -> None:
+        """The stream is back, perhaps after a crash: say which recorded processes outlived their server."""
+        if self._reports:
+            self._write(self._report_left_running())
+
+    async def left_running(self) -> list[Orphan]:
+        """The recorded processes that outlived the server that started them."""
+        if self.recorder is None:
+            return []
+        return [
+            Orphan(found.process.pid, found.command, found.call)
+            for found in await self.recorder.left_running()
+        ]
+
+    async def _report_left_running(self) -> None:
+        for orphan in await self.left_running():
+            identity = Identity.of(orphan.pid)
+            if identity is not None and identity not in self._reported:
+                self._reported.add(identity)
+                log.warning("orphaned process %s", described(orphan), extra={"fields": orphan.as_json()})
+
+    def event(self, event: GlobalEvent) -> None:
+        if event.kind == "message.part.updated":
+            self._v1_part(event.properties.get("part"))
+        elif event.kind == CALL_STARTED or event.kind in CALL_ENDED:
+            self._v2_call(event)
+
+    def orphans(self, pids: list[int]) -> list[Orphan]:
+        """What `pids` (processes adopted from the dead server) were started for."""
+        found = []
+        for pid in pids:
+            identity = Identity.of(pid)
+            if identity is None:
+                continue
+            key = self._processes.get(identity)
+            found.append(Orphan(pid, command_line(pid), self._calls.get(key) if key else None))
+        return found
+
+    def _v1_part(self, part: Any) -> None:
+        if not isinstance(part, dict) or part.get("type") != "tool" or not isinstance(part.get("id"), str):
+            return
+        state: dict[str, Any] = part["state"] if isinstance(part.get("state"), dict) else {}
+        if state.get("status") == "running":  # `pending` may still carry a half-streamed input
+            command = (state.get("input") or {}).get("command")
+            self._started(Api.V1, str(part.get("sessionID")), part["id"], str(part.get("tool")), command)
+        elif state.get("status") not in OPEN_STATUSES[Api.V1]:
+            self._ended(part["id"])
+
+    def _v2_call(self, event: GlobalEvent) -> None:
+        call = event.properties.get("callID")
+        if not isinstance(call, str):
+            return
+        if event.kind == CALL_STARTED:
+            command = (event.properties.get("input") or {}).get("command")
+            self._started(Api.V2, str(event.session_id), call, str(event.properties.get("tool")), command)
+        else:
+            self._ended(call)
+
+    def _started(self, api: Api, session_id: str, call: str, tool: str, command: Any) -> None:
+        if call in self._calls or not isinstance(command, str):
+            return  # only calls that run a command start processes; a repeated update starts nothing
+        log.debug("%s call %s started: %r", api, call, command)
+        self._calls[call] = ToolCall(session_id, call, tool, command)
+        self._runtimes[call] = api
+        self._awaiting.add(call)
+        while len(self._calls) > _REMEMBERED:
+            forgotten = self._calls.pop(next(iter(self._calls))).call
+            self._runtimes.pop(forgotten, None)
+            self._awaiting.discard(forgotten)
+        self._write(self._tie())
+
+    async def _tie(self) -> None:
+        """Look for the processes of the calls that wait for one, a few times as they may start late."""
+        waited = 0.0
+        for moment in _SCAN_AFTER_S:
+            await asyncio.sleep(moment - waited)
+            waited = moment
+            if not self._awaiting:
+                return
+            server = await self._locate_server()
+            if server is not None:
+                self._scan(server)
+
+    def _ended(self, call: str) -> None:
+        if (known := self._calls.get(call)) is not None and known.running:
+            known.running = False
+            if self.recorder is not None:
+                self._write(self.recorder.ended(call))
+        self._awaiting.discard(call)
+
+    async def flush(self) -> None:
+        """Wait until every tie is on disk."""
+        while self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+
+    def _write(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._writes.add(task)
+        task.add_done_callback(self._written)
+
+    def _written(self, task: asyncio.Task[None]) -> None:
+        self._writes.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.warning("tool process bookkeeping failed: %s", error)
+
+    def _scan(self, server_pid: int) -> None:
+        """Tie the server's group leaders not yet known to the calls that wait for a process."""
+        known = set(self._processes)
+        server = Identity.of(server_pid)
+        for identity in _group_leaders_below(server_pid):
+            if identity in known:
+                continue
+            command = command_line(identity.pid)
+            call = self._call_for(command)
+            log.debug("server's process group %d (%s): call %s", identity.pid, command[:80], call)
+            if call is not None:
+                self._processes[identity] = call
+                self._awaiting.discard(call)
+                if self.recorder is not None and server is not None:
+                    self._write(self.recorder.record(identity, command, server, self._calls[call]))
+        while len(self._processes) > _REMEMBERED:
+            self._processes.pop(next(iter(self._processes)))
+
+    def _call_for(self, command: str) -> str | None:
+        """The one waiting call whose command this process runs. v2 runs `/bin/sh -c <command>`;
+        v1 starts the command itself (for `a && b`, the leader runs `b`). Another child of the
+        server (a language server, a plugin) fits no call, and a process that fits two fits none."""
+        shell = command.removeprefix(_V2_SHELL)
+        runtime = Api.V2 if shell != command else Api.V1
+        fitting = [
+            call
+            for call in self._awaiting
+            if self._runtimes.get(call) is runtime and self._calls[call].command.endswith(shell)
+        ]
+        return fitting[0] if len(fitting) == 1 else None
+
+
+def _group_leaders_below(parent: int) -> list[Identity]:
+    found = []
+    for pid in pids():
+        process = stat(pid)
+        if process is not None and process.parent == parent and process.group == pid:
+            found.append(Identity(pid, process.started))
+    return found
+
+
+TOOL_PROCESSES = web.AppKey("tool_processes", ToolProcesses)
+"""The watcher of a proxy in front of a server it did not start (absent under `run`)."""
+
+
+def described(orphan: Orphan) -> str:
+    """An orphan as one log line says it."""
+    where = f"pid {orphan.pid} ({orphan.command[:120]})"
+    call = orphan.call
+    if call is None:
+        return f"{where}: no known tool call started it"
+    state = "running at the crash" if call.running else "had completed"
+    return f"{where}: {call.tool} call {call.call} of session {call.session_id}, {state}"

@@ -1,0 +1,48 @@
+"""Which processes hold a file open: how `settle` tells that a server still runs on a database.
+
+A running opencode keeps `opencode.db` (and its `-wal`/`-shm` companions) open for as long as
+it runs, so an open descriptor is direct evidence, unlike a guess from ports or pid files.
+Linux only (`/proc`); elsewhere nothing can be seen and the caller must be told so.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from proxy.system.procfs import PROC, command_line
+
+_COMPANIONS = ("", "-wal", "-shm", "-journal")
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A process with the file open."""
+
+    pid: int
+    command: str
+
+
+def can_see_holders() -> bool:
+    """Whether this system exposes open files the way `holders` reads them."""
+    return (PROC / "self" / "fd").is_dir()
+
+
+def holders(database: Path) -> list[Holder]:
+    """Other processes that have `database` or one of its companion files open."""
+    targets = {str(database.resolve()) + suffix for suffix in _COMPANIONS}
+    found = []
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        if any(link in targets for link in _open_files(entry)):
+            found.append(Holder(int(entry.name), command_line(int(entry.name))))
+    return found
+
+
+def _open_files(process: Path) -> list[str]:
+    try:
+        return [os.readlink(descriptor) for descriptor in (process / "fd").iterdir()]
+    except OSError:  # gone meanwhile, or not ours to read
+        return []

@@ -1,0 +1,92 @@
+"""The processes a supervising proxy answers for: its server, and whatever the server leaves behind.
+
+opencode's bash tool starts every command in a process group of its own, so when the server
+dies its commands live on. Made a child subreaper (Linux `PR_SET_CHILD_SUBREAPER`), the proxy
+becomes their parent instead of PID 1: it can see them, reap them and end them. The server it
+starts is told to die with it (`PR_SET_PDEATHSIG`), so even a SIGKILL of the proxy leaves no
+server running unsupervised. Elsewhere (macOS) neither exists: the functions say so and do nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+
+from proxy.system.procfs import pids, stat
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(option, value, 0, 0, 0) == 0)
+
+
+def become_subreaper() -> bool:
+    """Adopt the orphans of every descendant; False where the system cannot."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def die_with_parent(parent: int) -> None:
+    """Have this process SIGKILLed when `parent` dies, however it dies; exit if it already has."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def adopted(*, besides: int | None = None) -> list[int]:
+    """The proxy's children other than `besides` (its server): processes the server left behind."""
+    own = os.getpid()
+    return [
+        pid for pid in pids() if pid != besides and (found := stat(pid)) is not None and found.parent == own
+    ]
+
+
+def reap(pids: list[int]) -> None:
+    """Collect the exit status of adopted processes that have ended, so no zombie stays."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def end_groups(pids: list[int], grace: float) -> None:
+    """SIGTERM the process group of each of `pids`, then SIGKILL what still runs after `grace` s.
+
+    Synchronous on purpose: it runs at shutdown, after the event loop has nothing else to do.
+    """
+    groups = {group for pid in pids if (group := _group_of(pid)) is not None and group != os.getpgid(0)}
+    _signal_groups(groups, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while groups and time.monotonic() < deadline:
+        reap(adopted())
+        groups = {group for group in groups if _group_alive(group)}
+        time.sleep(0.05)
+    _signal_groups(groups, signal.SIGKILL)
+    reap(adopted())
+
+
+def _signal_groups(groups: set[int], signum: int) -> None:
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signum)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether any process of `group` still runs (a zombie is only waiting to be reaped)."""
+    return any(
+        (found := stat(pid)) is not None and found.group == group and found.state != "Z" for pid in pids()
+    )
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None

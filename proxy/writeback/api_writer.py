@@ -1,0 +1,228 @@
+"""`--write-back api`: settlements written through the server's own API, so that every
+connected client hears of them.
+
+Each pass re-reads the session, then takes the reading it rests on (so that reading is later
+than everything it judges), and writes only the parts or calls the fetch named that are still
+open and that the reading vouches for.
+
+v1: `PATCH /session/{sid}/message/{mid}/part/{pid}` with the whole settled part. The route
+upserts, so only a part read an instant before is ever sent. The API cannot set a v1
+message's `time.completed`; that stays a view-only settlement.
+
+v2: `POST /sync/replay` with a `session.next.tool.failed.1` event at the next sequence
+number. Measured on 1.18.33: a sequence number already taken or one that leaves a gap is
+refused (HTTP 500 `UnknownError`) and nothing is stored; the next free one is accepted; a
+second failure of the same call is accepted too (no duplicate check). A prompt admitted
+in the session (`session.next.prompt.admitted`) makes the server append its own
+`tool.failed` for every open call right after it, so a prompt that lands between our read
+and our append takes our sequence number (refused), and the re-read finds the call failed
+by the server. The other order is safe too: after our `tool.failed`, the server's next
+prompt appends no second one. So the log is read just before the append, the call must
+still be open there, and a refusal means the server appended concurrently: the log is read
+again and the append retried at the new next number, or dropped when the call is no
+longer open. Never a gap, never a duplicate.
+
+v1 has no such check: PATCH is a plain upsert (no version, no precondition), so two proxies
+in front of one server that both read the part before either PATCHes both PATCH it.
+Measured on 1.18.33 (two `--write-back api` proxies fetching one stale v1 session at once):
+the part was PATCHed twice in 8 and in 15 of 20 trials (two runs), i.e. two
+`message.part.updated.1` events were stored and every client was told twice. The only
+compare-and-set the API offers is `/sync/replay`'s seq check, and a replayed
+`message.part.updated.1` does settle a v1 part exactly once, but it is published on no event
+stream (measured), so clients would keep spinning; PATCH stays. Instead, the re-read and
+the PATCHes of a v1 session run under `SessionLocks`: an `flock` on a lock file that every
+proxy of the user on the host finds at the same path. The second writer re-reads after the
+first has PATCHed and finds nothing left to write. The kernel drops the lock of a process
+that dies (SIGKILL included), so no stale lock ever blocks a later pass. Proxies on
+different hosts (or under different users) share no lock and can still write a v1 part
+twice, with the same content.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Collection
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
+from proxy.opencode.event_log import PROMPT_ADMITTED, call_left_open, event_name, tool_failed_data
+from proxy.opencode.ids import ascending_id
+from proxy.service.config import WriteBackMode
+from proxy.writeback.locks import SessionLocks
+from proxy.writeback.scheduler import Confirm, Written, targeted
+from rules import Api, Liveness, settle
+from rules.models import JSONObject
+from rules.orphaned_tool import OrphanedTool
+
+log = logging.getLogger(__name__)
+
+_APPEND_ATTEMPTS = 3
+_PAGE = 200
+_MAX_PAGES = 100
+
+
+@dataclass(frozen=True, slots=True)
+class _OpenCall:
+    message_id: str
+    item: JSONObject
+    """The tool item as settled by the rule (its `time.completed` is the failure time)."""
+
+
+@dataclass(slots=True)
+class _Log:
+    """What the session's event log says right now."""
+
+    last_seq: int
+    events: list[tuple[int, str, str | None]]
+    """(seq, event name, callID) of every event."""
+
+    def call_open(self, call: str) -> bool:
+        calls = [(seq, name) for seq, name, call_id in self.events if call_id == call]
+        prompts = [seq for seq, name, _ in self.events if name == PROMPT_ADMITTED]
+        return call_left_open(calls, prompts)
+
+
+class ApiWriter:
+    """Writes through the upstream with the credentials of the client whose fetch found the orphan."""
+
+    mode = WriteBackMode.API
+
+    def __init__(self, upstream: UpstreamApi, locks: SessionLocks | None = None) -> None:
+        self._upstream = upstream
+        self._locks = locks or SessionLocks()
+
+    async def write(
+        self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        if api is Api.V1:
+            return await self._write_v1(session_id, credentials, targets, confirm)
+        return await self._write_v2(session_id, credentials, targets, confirm)
+
+    async def _write_v1(
+        self, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        """Re-read, confirm and PATCH under the session's lock, so that no other proxy reads in between."""
+        async with self._locks.hold(session_id):
+            return await self._patch_v1(session_id, credentials, targets, confirm)
+
+    async def _patch_v1(
+        self, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        messages = await self._upstream.get(f"/session/{session_id}/message", credentials)
+        liveness = await confirm()
+        written = []
+        for message in messages:
+            settlement = settle(message, Api.V1, liveness)
+            if settlement is None:
+                continue
+            message_id = settlement.message["info"]["id"]
+            for change in settlement.changes:
+                if change.path[:1] != ("parts",) or not targeted(settlement.message, change, Api.V1, targets):
+                    continue
+                part = settlement.message["parts"][int(change.path[1])]
+                path = f"/session/{session_id}/message/{message_id}/part/{part['id']}"
+                await self._upstream.call("PATCH", path, credentials, json=part)
+                written.append(Written(Api.V1, session_id, message_id, part["id"], change.rule))
+        return written
+
+    async def _write_v2(
+        self, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        messages = [message async for message in self._v2_messages(session_id, credentials)]
+        calls = _open_calls(messages, await confirm(), targets)
+        if not calls:
+            return []
+        info = await self._upstream.get(f"/api/session/{session_id}", credentials)
+        directory = info["data"]["location"]["directory"]
+        event_log = await self._read_log(session_id, credentials)
+        written = []
+        for call in calls:
+            if await self._append_failure(session_id, directory, call, event_log, credentials):
+                written.append(
+                    Written(Api.V2, session_id, call.message_id, call.item["id"], OrphanedTool.name)
+                )
+        return written
+
+    async def _append_failure(
+        self, session_id: str, directory: str, call: _OpenCall, event_log: _Log, credentials: Credentials
+    ) -> bool:
+        for _ in range(_APPEND_ATTEMPTS):
+            if not event_log.call_open(call.item["id"]):
+                return False
+            event = _tool_failed(session_id, call, event_log.last_seq + 1)
+            try:
+                await self._upstream.call(
+                    "POST", "/sync/replay", credentials, json={"directory": directory, "events": [event]}
+                )
+            except UpstreamRefused as refusal:
+                log.info(
+                    "replay at seq %d refused (%s); re-reading the log of %s",
+                    event["seq"],
+                    refusal,
+                    session_id,
+                )
+                fresh = await self._read_log(session_id, credentials)
+                event_log.last_seq, event_log.events = fresh.last_seq, fresh.events
+                continue
+            event_log.last_seq += 1
+            event_log.events.append((event_log.last_seq, event_name(event["type"]), call.item["id"]))
+            return True
+        log.warning(
+            "gave up appending tool.failed for %s in %s: the log kept moving", call.item["id"], session_id
+        )
+        return False
+
+    async def _v2_messages(self, session_id: str, credentials: Credentials) -> AsyncIterator[Any]:
+        """Every message, newest first, following the list's cursor."""
+        params = {"limit": str(_PAGE)}
+        for _ in range(_MAX_PAGES):
+            page = await self._upstream.get(f"/api/session/{session_id}/message", credentials, **params)
+            for message in page["data"]:
+                yield message
+            cursor = (page.get("cursor") or {}).get("next")
+            if len(page["data"]) < _PAGE or not cursor:
+                return
+            params = {"limit": str(_PAGE), "cursor": cursor}
+
+    async def _read_log(self, session_id: str, credentials: Credentials) -> _Log:
+        """The session's log through `/sync/history`, the same view of it `/sync/replay` checks.
+
+        Measured on 1.18.33: the body maps the aggregates the caller knows to the last seq it
+        has, which must be 0 or more (-1 is refused with 400); a listed aggregate gets its
+        events after that seq, every other aggregate its whole history (dropped here). Seq 0
+        is the `session.created` every session starts with, so asking after it loses nothing
+        and an empty answer means the log ends at 0. The cheaper `/api/session/{id}/history`
+        cannot replace it: it shows only `session.next.*` events, while every event type
+        takes a seq (renaming a session appends `session.updated.1`).
+        """
+        rows = await self._upstream.call("POST", "/sync/history", credentials, json={session_id: 0})
+        events = [
+            (int(row["seq"]), event_name(row["type"]), (row.get("data") or {}).get("callID"))
+            for row in rows
+            if row.get("aggregate_id") == session_id
+        ]
+        return _Log(max((seq for seq, _, _ in events), default=0), events)
+
+
+def _open_calls(messages: list[Any], liveness: Liveness, targets: Collection[str]) -> list[_OpenCall]:
+    """The named calls open in `messages` that the reading vouches are orphaned."""
+    calls = []
+    for message in messages:
+        settlement = settle(message, Api.V2, liveness, rules=(OrphanedTool(),))
+        if settlement is None:
+            continue
+        for change in settlement.changes:
+            if targeted(settlement.message, change, Api.V2, targets):
+                calls.append(_OpenCall(message["id"], settlement.message["content"][int(change.path[1])]))
+    return calls
+
+
+def _tool_failed(session_id: str, call: _OpenCall, seq: int) -> JSONObject:
+    return {
+        "id": ascending_id("evt"),
+        "aggregateID": session_id,
+        "seq": seq,
+        "type": "session.next.tool.failed.1",
+        "data": tool_failed_data(session_id, call.message_id, call.item),
+    }

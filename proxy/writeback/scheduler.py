@@ -1,0 +1,118 @@
+"""Make a settlement durable, but only what a fetch found orphaned, and only on a reading that
+is later than what it writes.
+
+A fetch that settles a part is the first confirmation (a liveness reading taken after the
+body arrived), and names what it settled: the part (v1) or call (v2) ids, or a message's id
+for a change to the message itself. The write waits a grace period and hands the session to
+a writer, which re-reads the session, then takes the second reading, then writes only the
+named parts still open in the re-read that this reading vouches for (inactive, and taken well
+after their last sign of life, in the server's clock). A turn that starts in between is seen
+in the reading, and its new parts were never named. One write per session runs at a time;
+ids named while one is pending join it. The pass is idempotent, so a later fetch that
+schedules another finds nothing left to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from proxy.opencode.client import Credentials
+from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
+from proxy.relay.tasks import KeyedTasks
+from proxy.service.config import WriteBackMode
+from rules import Api, Change, Liveness, target_of
+
+log = logging.getLogger(__name__)
+
+Confirm = Callable[[], Awaitable[Liveness]]
+"""Takes the reading a write rests on; a writer calls it after its re-read, never before."""
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """One settled part (or message) made durable, for the log."""
+
+    api: Api
+    session_id: str
+    message_id: str
+    part: str | None
+    """The part (v1) or call (v2) written; None for a change to the message itself."""
+    rule: str
+
+
+class Writer(Protocol):
+    """Makes the settlements of one session durable: re-reads, then `confirm()`s, then writes
+    only `targets` that are still open and that the reading vouches for."""
+
+    @property
+    def mode(self) -> WriteBackMode: ...
+
+    async def write(
+        self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]: ...
+
+
+def targeted(message: Any, change: Change, api: Api, targets: Collection[str]) -> bool:
+    """Whether a change settles something the fetch named (its part or call, or its message)."""
+    target = target_of(message, change, api)
+    return (target.part or target.message) in targets
+
+
+class WriteBack:
+    """Schedules confirmations and writes; owns their tasks until `close()`."""
+
+    def __init__(self, probe: LivenessProbe, writer: Writer, grace: float) -> None:
+        self._probe = probe
+        self._writer = writer
+        self._grace = grace
+        self._pending: KeyedTasks[tuple[Api, str]] = KeyedTasks("write-back")
+        self._targets: dict[tuple[Api, str], set[str]] = {}
+
+    def schedule(self, api: Api, session_id: str, credentials: Credentials, targets: Iterable[str]) -> None:
+        """Confirm and write the named settlements of the session later (with any named while a
+        write of it is already pending)."""
+        self._targets.setdefault((api, session_id), set()).update(targets)
+        self._pending.start((api, session_id), lambda: self._confirm_and_write(api, session_id, credentials))
+
+    async def idle(self) -> None:
+        """Wait for every scheduled write (tests and the offline command use this)."""
+        await self._pending.idle()
+
+    async def close(self) -> None:
+        """Cancel what has not been written yet: an unconfirmed write is simply not made."""
+        await self._pending.close()
+
+    async def _confirm_and_write(self, api: Api, session_id: str, credentials: Credentials) -> None:
+        await asyncio.sleep(self._grace)
+        targets = self._targets.pop((api, session_id), set())
+
+        async def confirm() -> Liveness:
+            liveness = await self._probe.read(api, session_id, credentials)
+            if liveness.active:
+                log.info("write-back of %s skipped: the session became active", session_id)
+            return liveness
+
+        try:
+            written = await self._writer.write(api, session_id, credentials, targets, confirm)
+        except LivenessUnknown as error:
+            log.warning("write-back of %s skipped: liveness unknown (%s)", session_id, error)
+            return
+        except Exception:
+            log.exception(
+                "write-back of %s failed (mode=%s); nothing half-written", session_id, self._writer.mode
+            )
+            return
+        for item in written:
+            log.info(
+                "wrote back mode=%s api=%s session=%s message=%s part=%s rule=%s",
+                self._writer.mode,
+                item.api,
+                item.session_id,
+                item.message_id,
+                item.part or "-",
+                item.rule,
+            )
