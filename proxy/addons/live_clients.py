@@ -1,0 +1,113 @@
+"""The client event streams open through the proxy, for the live-settle addon.
+
+Each client stream (`/global/event`, or `/event` of one directory) gets a queue the relay
+slips events from; what the addon announces goes to every open stream now and, as state,
+to streams that open later, until the stream says something newer about the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+from aiohttp import web
+from prometheus_client import Counter
+
+from proxy.addons.live_memory import REMEMBERED, OpenPart
+from proxy.relay.hooks import Flow
+from proxy.relay.sse import event_frame
+from proxy.relay.upstream import opencode_path
+
+GLOBAL_STREAM = "/global/event"
+INSTANCE_STREAM = "/event"
+_DIRECTORY_HEADER = "x-opencode-directory"
+
+
+@dataclass(slots=True)
+class Subscriber:
+    """One client event stream: its queue, and which events it carries."""
+
+    queue: asyncio.Queue[bytes]
+    directory: str | None
+    """None: the global stream (every directory, events wrapped with their directory)."""
+
+
+@dataclass(slots=True)
+class Orphan:
+    """A part confirmed orphaned, with the events that tell a client so.
+
+    `state` says how things are, and is also sent to streams that connect later. `moment`
+    says something just happened (`session.idle`: the web UI plays a sound and notifies), so
+    it goes only to streams that were open at that moment.
+    """
+
+    part: OpenPart
+    state: list[dict[str, Any]] = field(default_factory=list)
+    moment: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ClientStreams:
+    """Open client streams, and per session its orphans (by key) to replay to later ones."""
+
+    def __init__(self, injected: Counter) -> None:
+        self._injected = injected
+        self._subscribers: dict[int, Subscriber] = {}
+        self._orphans: OrderedDict[str, dict[str, Orphan]] = OrderedDict()
+
+    def subscribe(self, flow: Flow) -> None:
+        """Take `flow` as a client stream if it is one: replay the known state, then inject."""
+        if flow.status != 200 or flow.request.method != "GET" or not flow.event_stream:
+            return
+        path = opencode_path(flow.request)
+        if path == GLOBAL_STREAM:
+            subscriber = Subscriber(asyncio.Queue(), None)
+        elif path == INSTANCE_STREAM and (directory := _requested_directory(flow.request)):
+            subscriber = Subscriber(asyncio.Queue(), directory)
+        else:
+            return
+        for orphans in self._orphans.values():
+            for orphan in orphans.values():
+                self._send(subscriber, orphan, live=False)
+        self._subscribers[id(flow)] = subscriber
+        flow.inject = subscriber.queue
+
+    def unsubscribe(self, flow: Flow) -> None:
+        self._subscribers.pop(id(flow), None)
+
+    def forget(self, session_id: str) -> None:
+        """The stream said something newer about the session: stop replaying its state."""
+        self._orphans.pop(session_id, None)
+
+    def publish(self, key: str, orphan: Orphan) -> None:
+        """Send `orphan` to every open stream, and keep it (under `key` in its session) for later ones."""
+        session_id = orphan.part.session_id
+        self._orphans.setdefault(session_id, {})[key] = orphan
+        self._orphans.move_to_end(session_id)
+        while len(self._orphans) > REMEMBERED:
+            self._orphans.popitem(last=False)
+        for subscriber in self._subscribers.values():
+            self._send(subscriber, orphan, live=True)
+
+    def _send(self, subscriber: Subscriber, orphan: Orphan, *, live: bool) -> None:
+        part = orphan.part
+        events = orphan.state + orphan.moment if live else orphan.state
+        if subscriber.directory is None:
+            envelope = {"directory": part.directory, **({"project": part.project} if part.project else {})}
+            frames = [event_frame({**envelope, "payload": event}) for event in events]
+        elif subscriber.directory == part.directory:
+            frames = [event_frame(event) for event in events]
+        else:
+            return
+        for frame in frames:
+            subscriber.queue.put_nowait(frame)
+        self._injected.inc(len(frames))
+
+
+def _requested_directory(request: web.Request) -> str | None:
+    if directory := request.query.get("directory"):
+        return directory
+    header = request.headers.get(_DIRECTORY_HEADER)
+    return unquote(header) if header else None

@@ -1,0 +1,114 @@
+"""What the followed event stream last showed open, for the live-settle addon.
+
+Kept from `/global/event` (bounded, the oldest forgotten first) so that when the stream
+comes back after a loss, or a session goes idle with a part still open, the addon knows
+what a client may still show running: v1 tool parts, busy sessions, unfinished assistant
+messages.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.opencode.tracker import GlobalEvent
+from rules import OPEN_STATUSES, Api
+
+_IDLE_KINDS = ("session.idle", "session.error")
+REMEMBERED = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class OpenPart:
+    """What the stream last showed open (a v1 tool part, or an assistant message), and where it lives."""
+
+    session_id: str
+    message_id: str
+    directory: str | None
+    project: str | None
+
+
+class StreamMemory:
+    """Open parts, busy sessions and unfinished messages, as the stream last showed them."""
+
+    def __init__(self) -> None:
+        self.parts: OrderedDict[str, OpenPart] = OrderedDict()
+        """Open v1 tool parts, by part id."""
+        self.busy: OrderedDict[str, OpenPart] = OrderedDict()
+        """Sessions the stream last showed busy (`message_id` empty), by session id."""
+        self.unfinished: OrderedDict[str, OpenPart] = OrderedDict()
+        """Assistant messages the stream last showed without `time.completed`, by message id."""
+
+    def observe(self, event: GlobalEvent) -> str | None:
+        """Remember what `event` shows; return the session it says went idle while one of its
+        parts is open (its parts must be confirmed), else None."""
+        if event.kind == "message.part.updated":
+            self._part_updated(event)
+        elif event.kind == "message.updated":
+            self._message_updated(event)
+        elif event.session_id is not None and _went_idle(event):
+            self.busy.pop(event.session_id, None)
+            return event.session_id if self.has_open(event.session_id) else None
+        elif event.session_id is not None and event.kind == "session.status":
+            remember(
+                self.busy, event.session_id, OpenPart(event.session_id, "", event.directory, event.project)
+            )
+        return None
+
+    def has_open(self, session_id: str) -> bool:
+        return any(part.session_id == session_id for part in self.parts.values())
+
+    def open_parts(self, session_id: str) -> list[tuple[str, OpenPart]]:
+        return [(part_id, part) for part_id, part in self.parts.items() if part.session_id == session_id]
+
+    def unfinished_messages(self, session_id: str) -> list[tuple[str, OpenPart]]:
+        return [(mid, m) for mid, m in self.unfinished.items() if m.session_id == session_id]
+
+    def sessions_with_parts(self) -> set[str]:
+        return {part.session_id for part in self.parts.values()}
+
+    def sessions_with_turns(self) -> set[str]:
+        """Sessions shown busy or with an unfinished message."""
+        return {m.session_id for m in self.unfinished.values()} | set(self.busy)
+
+    def _part_updated(self, event: GlobalEvent) -> None:
+        part = event.properties.get("part")
+        if not isinstance(part, dict) or part.get("type") != "tool" or not isinstance(part.get("id"), str):
+            return
+        state: dict[str, Any] = part["state"] if isinstance(part.get("state"), dict) else {}
+        if state.get("status") in OPEN_STATUSES[Api.V1]:
+            place = OpenPart(
+                str(part.get("sessionID")), str(part.get("messageID")), event.directory, event.project
+            )
+            remember(self.parts, part["id"], place)
+        else:
+            self.parts.pop(part["id"], None)
+
+    def _message_updated(self, event: GlobalEvent) -> None:
+        info = event.properties.get("info")
+        if (
+            not isinstance(info, dict)
+            or info.get("role") != "assistant"
+            or not isinstance(info.get("id"), str)
+        ):
+            return
+        if "completed" in (info.get("time") or {}):
+            self.unfinished.pop(info["id"], None)
+        else:
+            place = OpenPart(str(info.get("sessionID")), info["id"], event.directory, event.project)
+            remember(self.unfinished, info["id"], place)
+
+
+def remember(kept: OrderedDict[str, Any], key: str, value: Any) -> None:
+    """Keep `value` under `key` as the newest entry, forgetting the oldest beyond the bound."""
+    kept[key] = value
+    kept.move_to_end(key)
+    while len(kept) > REMEMBERED:
+        kept.popitem(last=False)
+
+
+def _went_idle(event: GlobalEvent) -> bool:
+    if event.kind == "session.status":
+        return (event.properties.get("status") or {}).get("type") == "idle"
+    return event.kind in _IDLE_KINDS

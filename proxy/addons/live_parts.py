@@ -1,0 +1,152 @@
+"""Confirming the v1 tool parts the stream left open, for the live-settle addon.
+
+When the stream comes back after a loss, or a session goes idle while one of its parts is
+still open, wait the grace period, confirm with a fresh reading and a fresh read of the
+message that the part is orphaned, then tell every client stream what the server would
+have sent had it settled the part itself, and schedule the write-back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from proxy.addons.context import SettleContext
+from proxy.addons.live_clients import ClientStreams, Orphan
+from proxy.addons.live_memory import OpenPart, StreamMemory
+from proxy.opencode.client import Credentials, UpstreamRefused
+from proxy.opencode.liveness import LivenessUnknown
+from proxy.relay.sse import opencode_event
+from proxy.relay.tasks import KeyedTasks
+from rules import OPEN_STATUSES, Api, Liveness, settle_view
+
+log = logging.getLogger(__name__)
+
+_READING_ATTEMPTS = 3
+
+
+class OpenParts:
+    """One confirmation at a time per session, of the parts the stream last showed open there."""
+
+    def __init__(
+        self, ctx: SettleContext, credentials: Credentials, memory: StreamMemory, clients: ClientStreams
+    ) -> None:
+        self._ctx = ctx
+        self._credentials = credentials
+        self._memory = memory
+        self._clients = clients
+        self._checks: KeyedTasks[str] = KeyedTasks("live-settle")
+
+    def schedule(self, session_id: str) -> None:
+        self._checks.start(session_id, lambda: self._confirm(session_id))
+
+    async def close(self) -> None:
+        await self._checks.close()
+
+    async def _confirm(self, session_id: str) -> None:
+        liveness = await self._reading_after_grace(session_id)
+        if liveness is None or liveness.active:
+            return
+        parts = self._memory.open_parts(session_id)
+        for message_id in dict.fromkeys(part.message_id for _, part in parts):
+            await self._settle_message(
+                session_id, message_id, [p for p in parts if p[1].message_id == message_id], liveness
+            )
+
+    async def _reading_after_grace(self, session_id: str) -> Liveness | None:
+        """A reading taken the grace period after the stream came back, asked again a few times
+        (after twice, then four times the pause) while it is unknown: a server that has just
+        restarted may not answer in time, and nothing else would make the proxy ask again."""
+        pause = self._ctx.grace
+        for attempt in range(1, _READING_ATTEMPTS + 1):
+            await asyncio.sleep(pause)
+            try:
+                return await self._ctx.probe.read(Api.V1, session_id, self._credentials)
+            except LivenessUnknown as error:
+                log.info(
+                    "live settle of %s: liveness unknown (%s), try %d of %d",
+                    session_id,
+                    error,
+                    attempt,
+                    _READING_ATTEMPTS,
+                )
+            pause *= 2
+        return None
+
+    async def _settle_message(
+        self, session_id: str, message_id: str, parts: list[tuple[str, OpenPart]], liveness: Liveness
+    ) -> None:
+        try:
+            message = await self._ctx.upstream.get(
+                f"/session/{session_id}/message/{message_id}", self._credentials
+            )
+        except (UpstreamRefused, OSError) as error:
+            log.info("live settle of %s: message %s unreadable (%s)", session_id, message_id, error)
+            return
+        view = settle_view(message, Api.V1, liveness, single=True)
+        document = view.document if view is not None else message
+        changed = set() if view is None else {_part_id(document, change.path) for change in view.changes}
+        current = {part["id"]: part for part in document["parts"]}
+        for part_id, part in parts:
+            now = current.get(part_id)
+            self._memory.parts.pop(part_id, None)
+            if now is not None and now.get("state", {}).get("status") not in OPEN_STATUSES[Api.V1]:
+                # Settled by the rules, or by the server while the stream was down: either way
+                # a client that saw the part open must be told its state now.
+                self._orphan(part_id, part, now, document["info"], settled_here=part_id in changed)
+
+    def _orphan(
+        self,
+        part_id: str,
+        part: OpenPart,
+        settled_part: dict[str, Any],
+        info: dict[str, Any],
+        *,
+        settled_here: bool,
+    ) -> None:
+        session: dict[str, object] = {"sessionID": part.session_id}
+        ended = (settled_part["state"].get("time") or {}).get("end")
+        state = [
+            opencode_event("message.part.updated", {**session, "part": settled_part, "time": ended}),
+            opencode_event("message.updated", {**session, "info": info}),
+            opencode_event("session.status", {**session, "status": {"type": "idle"}}),
+        ]
+        _log_orphan(part_id, part, settled_part, settled_here=settled_here, dry_run=self._ctx.dry_run)
+        if self._ctx.dry_run:
+            return
+        self._clients.publish(part_id, Orphan(part, state, [opencode_event("session.idle", session)]))
+        if settled_here and self._ctx.write_back is not None:
+            self._ctx.write_back.schedule(Api.V1, part.session_id, self._credentials, {part_id})
+
+
+def _log_orphan(
+    part_id: str, part: OpenPart, settled_part: dict[str, Any], *, settled_here: bool, dry_run: bool
+) -> None:
+    verb = "would settle" if dry_run else "settled"
+    what = "orphaned part in client streams" if settled_here else "part the server settled unseen, to clients"
+    why = "open when the server went away; inactive in two readings"
+    log.info(
+        "%s %s",
+        verb if settled_here else "relayed",
+        what,
+        extra={
+            "fields": {
+                "session": part.session_id,
+                "message": part.message_id,
+                "part": part_id,
+                "tool": settled_part.get("tool"),
+                "rule": "orphaned-tool" if settled_here else None,
+                "api": "v1",
+                "why": why if settled_here else "settled by the server while the event stream was down",
+            }
+        },
+    )
+
+
+def _part_id(document: dict[str, Any], path: tuple[str | int, ...]) -> str | None:
+    """The id of the part a change's path points at (None for the message itself)."""
+    if path[:1] != ("parts",):
+        return None
+    part_id = document["parts"][int(path[1])].get("id")
+    return part_id if isinstance(part_id, str) else None

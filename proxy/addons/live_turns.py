@@ -1,0 +1,139 @@
+"""Closing, in client streams, a turn that died before it called a tool, for the live-settle addon.
+
+The stream showed the session busy and its assistant message unfinished, and a client keeps
+its busy bar. When the stream comes back, wait the grace period, read each such message
+afresh, take a reading after that read, and if the session is inactive send the message as
+the rules close it (`message.updated`) and `session.status` idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from functools import partial
+from typing import Any
+
+from proxy.addons.context import SettleContext
+from proxy.addons.live_clients import ClientStreams, Orphan
+from proxy.addons.live_memory import OpenPart, StreamMemory
+from proxy.opencode.client import Credentials, UpstreamRefused
+from proxy.opencode.liveness import LivenessUnknown
+from proxy.relay.sse import opencode_event
+from proxy.relay.tasks import KeyedTasks
+from rules import Api, Liveness, UnexpectedShape, settle_view
+
+log = logging.getLogger(__name__)
+
+
+class DeadTurns:
+    """One confirmation at a time per session; any event about the session withdraws it."""
+
+    def __init__(
+        self, ctx: SettleContext, credentials: Credentials, memory: StreamMemory, clients: ClientStreams
+    ) -> None:
+        self._ctx = ctx
+        self._credentials = credentials
+        self._memory = memory
+        self._clients = clients
+        self._turns: KeyedTasks[str] = KeyedTasks("live-settle turns")
+        self._watched: dict[str, object] = {}
+        """Sessions whose turn is being confirmed; any event about one withdraws its token."""
+
+    def schedule(self, session_id: str) -> None:
+        self._turns.start(session_id, partial(self._confirm, session_id))
+
+    def heard(self, session_id: str) -> None:
+        """The stream spoke of the session: a confirmation under way must not announce."""
+        self._watched.pop(session_id, None)
+
+    async def close(self) -> None:
+        await self._turns.close()
+
+    async def _confirm(self, session_id: str) -> None:
+        token = self._watched[session_id] = object()
+        try:
+            await self._close_turn(session_id, token)
+        finally:
+            if self._watched.get(session_id) is token:
+                del self._watched[session_id]
+
+    async def _close_turn(self, session_id: str, token: object) -> None:
+        await asyncio.sleep(self._ctx.grace)
+        if self._memory.has_open(session_id):
+            return  # the parts' own confirmation tells the whole story
+        messages = self._memory.unfinished_messages(session_id)
+        busy = self._memory.busy.get(session_id)
+        try:
+            read = [
+                (
+                    place,
+                    await self._ctx.upstream.get(f"/session/{session_id}/message/{mid}", self._credentials),
+                )
+                for mid, place in messages
+            ]
+            liveness = await self._ctx.probe.read(Api.V1, session_id, self._credentials)
+        except (UpstreamRefused, OSError, LivenessUnknown) as error:
+            log.info("live settle of turn %s postponed: %s", session_id, error)
+            return
+        if liveness.active:
+            return
+        closed = self._closed(session_id, read, liveness)
+        if closed is None or self._watched.get(session_id) is not token or not (closed or busy):
+            return  # not vouched for, or the stream spoke of the session meanwhile: it knows better
+        self._memory.busy.pop(session_id, None)
+        self._tell(session_id, closed, busy)
+
+    def _closed(
+        self, session_id: str, read: list[tuple[OpenPart, Any]], liveness: Liveness
+    ) -> list[tuple[OpenPart, dict[str, Any]]] | None:
+        """Each message's info as the rules close it; None as soon as one is not vouched for
+        (too fresh, or another process): then the turn is left alone."""
+        closed = []
+        for place, message in read:
+            try:
+                view = settle_view(message, Api.V1, liveness, single=True)
+            except UnexpectedShape as error:
+                log.info("live settle of turn %s: %s", session_id, error)
+                return None
+            info = (view.document if view is not None else message)["info"]
+            if "completed" not in info["time"]:
+                return None
+            self._memory.unfinished.pop(place.message_id, None)
+            closed.append((place, info))
+        return closed
+
+    def _tell(
+        self, session_id: str, closed: list[tuple[OpenPart, dict[str, Any]]], busy: OpenPart | None
+    ) -> None:
+        for place, info in closed:
+            self._announce(
+                place, [opencode_event("message.updated", {"sessionID": session_id, "info": info})]
+            )
+            log.info(
+                "%s unfinished message in client streams",
+                "would close" if self._ctx.dry_run else "closed",
+                extra={
+                    "fields": {
+                        "session": session_id,
+                        "message": place.message_id,
+                        "rule": "unfinished-message",
+                        "api": "v1",
+                        "why": "unfinished when the server went away; inactive in a reading taken after it",
+                    }
+                },
+            )
+        if busy is not None or closed:
+            place = busy if busy is not None else closed[-1][0]
+            self._announce(
+                place,
+                [opencode_event("session.status", {"sessionID": session_id, "status": {"type": "idle"}})],
+            )
+
+    def _announce(self, place: OpenPart, state: list[dict[str, Any]]) -> None:
+        """Send `state` to every client stream now (with `session.idle` after an idle status),
+        and to streams that open later until the stream says something newer about the session."""
+        if self._ctx.dry_run:
+            return
+        idle = state[-1]["type"] == "session.status"
+        moment = [opencode_event("session.idle", {"sessionID": place.session_id})] if idle else []
+        self._clients.publish(place.message_id or "status", Orphan(place, state, moment))
