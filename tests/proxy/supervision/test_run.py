@@ -22,7 +22,7 @@ from proxy.supervision.server_command import ServerCommand, free_loopback_port
 from proxy.supervision.supervisor import ChildState, Restart, Supervisor
 from tests.integration.polling import poll
 
-FAKE_SERVER = str(Path(__file__).with_name("fake_server_command.py"))
+FAKE_SERVER = str(Path(__file__).parent.parent / "fake_server_command.py")
 
 
 @contextmanager
