@@ -12,18 +12,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from rules.models import JSONObject
+from rules.targets import Target
 
 Path = tuple[str | int, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One edit: `patch` merged into the object found at `path` inside a message."""
+    """One edit: `patch` merged into the object found at `path` inside a message.
+
+    `target` names what the edit touches; `path` is only for applying it (`apply_changes`,
+    `changed_object`), so no caller decodes it.
+    """
 
     rule: str
-    path: Path
+    target: Target
     patch: JSONObject
     reason: str
+    path: Path
+
+    @property
+    def on_tool(self) -> bool:
+        """Whether the change settles a tool item (rather than the message itself)."""
+        return self.target.part is not None
 
 
 def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> JSONObject:
@@ -46,6 +57,14 @@ def apply_changes(message: Mapping[str, Any], changes: Iterable[Change]) -> JSON
     for change in changes:
         result = _apply_at(result, change.path, change.patch)
     return result
+
+
+def changed_object(message: Mapping[str, Any], change: Change) -> Any:
+    """The object of `message` that `change` is aimed at: the item, or the message's header."""
+    node: Any = message
+    for key in change.path:
+        node = node[key]
+    return node
 
 
 def _apply_at(node: Any, path: Path, patch: JSONObject) -> Any:

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from rules.changes import Change, apply_changes
+from rules.changes import Change, apply_changes, changed_object
 from rules.liveness import Liveness
-from rules.models import Api, JSONObject, Message, V1Message, V2Message
+from rules.models import Api, JSONObject
 from rules.registry import DEFAULT_RULES
 from rules.rule import Rule
-from rules.tools import message_last_alive, needs_settling
+from rules.runtimes import UnexpectedShape, runtime_of
+from rules.tools import needs_settling
 
-
-class UnexpectedShape(ValueError):
-    """The message is not the shape the rules know; it must be passed on unchanged."""
+__all__ = ["Settlement", "UnexpectedShape", "settle"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,8 +28,10 @@ class Settlement:
     last_alive: int
     """The latest moment anything in the message is known to have been alive (epoch ms)."""
 
-
-_MODELS: Mapping[Api, type[Message]] = {Api.V1: V1Message, Api.V2: V2Message}
+    def settled(self, change: Change) -> JSONObject:
+        """The object `change` settled, as it is now: the tool item, or the message's header."""
+        found: JSONObject = changed_object(self.message, change)
+        return found
 
 
 def settle(
@@ -44,11 +45,12 @@ def settle(
     """
     if liveness.active or not needs_settling(raw_message, api):
         return None
+    runtime = runtime_of(api)
     try:
-        message = _MODELS[api].model_validate(raw_message)
+        message = runtime.model.model_validate(raw_message)
     except ValidationError as error:
         raise UnexpectedShape(f"{api} message does not validate: {error.error_count()} error(s)") from error
     changes = tuple(change for rule in rules for change in rule(message, liveness))
     if not changes:
         return None
-    return Settlement(apply_changes(raw_message, changes), changes, message_last_alive(message))
+    return Settlement(apply_changes(raw_message, changes), changes, runtime.last_alive(message))

@@ -1,7 +1,10 @@
 """`orphaned-tool`: a tool still open in a session that is not active was orphaned by a crash.
 
 The settled shape is the one opencode writes itself when a live turn is interrupted, so
-every client already knows how to render it.
+every client already knows how to render it (see each runtime's `settled_tool`). The server
+died at an unknown moment, so the end time written is derived from the part itself: the
+last moment it is known to have been alive. That keeps the rule pure and the value stable:
+every fetch, every proxy instance and a later write-back agree.
 """
 
 from __future__ import annotations
@@ -10,11 +13,10 @@ from typing import ClassVar
 
 from rules.changes import Change
 from rules.liveness import Liveness
-from rules.models import JSONObject, Message, V1Message
-from rules.tools import message_last_alive, open_tool_indexes, tool_settled_at
+from rules.models import Message
+from rules.runtimes import V1_ERROR, V2_ERROR, runtime_for
 
-V1_ERROR = "Tool execution aborted"
-V2_ERROR: JSONObject = {"type": "unknown", "message": "Tool execution interrupted"}
+__all__ = ["V1_ERROR", "V2_ERROR", "OrphanedTool"]
 
 
 class OrphanedTool:
@@ -27,26 +29,19 @@ class OrphanedTool:
     name: ClassVar[str] = "orphaned-tool"
 
     def __call__(self, message: Message, liveness: Liveness) -> list[Change]:
-        if not liveness.vouches_for(message_last_alive(message)):
+        runtime = runtime_for(message)
+        if not liveness.vouches_for(runtime.last_alive(message)):
             return []
-        return [self._settle(message, index) for index in open_tool_indexes(message)]
-
-    def _settle(self, message: Message, index: int) -> Change:
-        ended = tool_settled_at(message, index)
-        if isinstance(message, V1Message):
-            part = message.parts[index]
-            started = part.state.time.start if part.state and part.state.time else None
-            time = {"end": ended} if started is not None else {"start": ended, "end": ended}
-            # `metadata.interrupted` is how opencode itself marks an orphaned, interrupted call.
-            patch: JSONObject = {
-                "state": {
-                    "status": "error",
-                    "error": V1_ERROR,
-                    "metadata": {"interrupted": True},
-                    "time": time,
-                }
-            }
-            return Change(self.name, ("parts", index), patch, f"tool part {part.id} open in inactive session")
-        item = message.content[index]
-        patch = {"state": {"status": "error", "error": V2_ERROR}, "time": {"completed": ended}}
-        return Change(self.name, ("content", index), patch, f"tool call {item.id} open in inactive session")
+        changes = []
+        for index in runtime.open_tool_indexes(message):
+            target = runtime.target(message, index)
+            changes.append(
+                Change(
+                    self.name,
+                    target,
+                    runtime.settled_tool(message, index),
+                    f"tool {runtime.item_noun} {target.part} open in inactive session",
+                    (runtime.item_key, index),
+                )
+            )
+        return changes

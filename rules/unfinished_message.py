@@ -11,10 +11,10 @@ from typing import ClassVar
 
 from rules.changes import Change
 from rules.liveness import Liveness
-from rules.models import JSONObject, Message, V1Message
-from rules.tools import is_assistant, message_completed, message_last_alive
+from rules.models import Message
+from rules.runtimes import V1_ABORTED, runtime_for
 
-V1_ABORTED: JSONObject = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
+__all__ = ["V1_ABORTED", "UnfinishedMessage"]
 
 
 class UnfinishedMessage:
@@ -24,14 +24,14 @@ class UnfinishedMessage:
     name: ClassVar[str] = "unfinished-message"
 
     def __call__(self, message: Message, liveness: Liveness) -> list[Change]:
-        if not is_assistant(message) or message_completed(message):
+        runtime = runtime_for(message)
+        if not runtime.is_assistant(message) or runtime.completed(message):
             return []
-        last_alive = message_last_alive(message)
+        last_alive = runtime.last_alive(message)
         if not liveness.vouches_for(last_alive):
             return []
-        patch: JSONObject = {"time": {"completed": last_alive}}
-        if isinstance(message, V1Message):
-            if message.info.error is None:
-                patch["error"] = V1_ABORTED
-            return [Change(self.name, ("info",), patch, f"message {message.info.id} left unfinished")]
-        return [Change(self.name, (), patch, f"message {message.id} left unfinished")]
+        target = runtime.target(message)
+        patch = runtime.finished(message, last_alive)
+        return [
+            Change(self.name, target, patch, f"message {target.message} left unfinished", runtime.header_path)
+        ]

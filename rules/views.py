@@ -11,16 +11,17 @@ changed, with no I/O. The view shapes:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rules.changes import Change
-from rules.engine import Settlement, UnexpectedShape, settle
+from rules.engine import Settlement, settle
 from rules.liveness import Liveness
 from rules.models import Api
 from rules.registry import DEFAULT_RULES
 from rules.rule import Rule
+from rules.runtimes import runtime_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +42,7 @@ class SettledMessages:
     @property
     def settled_parts(self) -> int:
         """How many tool parts were settled (changes to messages themselves are not counted)."""
-        return sum(1 for change in self.changes if change.path[:1] in (("parts",), ("content",)))
+        return sum(1 for change in self.changes if change.on_tool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,31 +57,14 @@ class ViewSettlement:
         return self.messages.changes
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
-    """What a change touched, named the way a person looks it up."""
-
-    message: str
-    part: str | None
-    tool: str | None
-
-
 def messages_of(document: Any, api: Api, *, single: bool) -> list[Any]:
     """The messages of a view, in the view's order; `UnexpectedShape` if it is not a view."""
-    container = document.get("data") if api is Api.V2 and isinstance(document, dict) else document
-    if api is Api.V2 and not isinstance(document, dict):
-        container = None
-    if single and isinstance(container, dict):
-        return [container]
-    if not single and isinstance(container, list):
-        return list(container)
-    raise UnexpectedShape(f"{api} {'message' if single else 'message list'} has an unexpected shape")
+    return runtime_of(api).messages_of(document, single=single)
 
 
 def with_messages(document: Any, api: Api, messages: list[Any], *, single: bool) -> Any:
     """`document` with its messages replaced; every other field kept in place."""
-    container: Any = messages[0] if single else messages
-    return {**document, "data": container} if api is Api.V2 else container
+    return runtime_of(api).with_messages(document, messages, single=single)
 
 
 def settle_view(
@@ -103,12 +87,3 @@ def settle_view(
     for index, found in settled:
         messages[index] = found.message
     return ViewSettlement(with_messages(document, api, messages, single=single), SettledMessages(settled))
-
-
-def target_of(message: Mapping[str, Any], change: Change, api: Api) -> Target:
-    """The message, part and tool a change applies to."""
-    message_id = str(message["info"]["id"] if api is Api.V1 else message["id"])
-    if change.path[:1] not in (("parts",), ("content",)):
-        return Target(message_id, None, None)
-    item = message[str(change.path[0])][int(change.path[1])]
-    return Target(message_id, item.get("id"), item.get("tool" if api is Api.V1 else "name"))

@@ -86,7 +86,7 @@ class OpenParts:
             return
         view = settle_view(message, Api.V1, liveness, single=True)
         document = view.document if view is not None else message
-        changed = set() if view is None else {_part_id(document, change.path) for change in view.changes}
+        changed = set() if view is None else {change.target.part for change in view.changes}
         current = {part["id"]: part for part in document["parts"]}
         for part_id, part in parts:
             now = current.get(part_id)
@@ -142,11 +142,3 @@ def _log_orphan(
             }
         },
     )
-
-
-def _part_id(document: dict[str, Any], path: tuple[str | int, ...]) -> str | None:
-    """The id of the part a change's path points at (None for the message itself)."""
-    if path[:1] != ("parts",):
-        return None
-    part_id = document["parts"][int(path[1])].get("id")
-    return part_id if isinstance(part_id, str) else None

@@ -41,7 +41,7 @@ from proxy.relay.hooks import Addon, Flow
 from proxy.relay.sse import event_frame
 from proxy.relay.tasks import KeyedTasks
 from proxy.relay.upstream import opencode_path
-from rules import Api, Change, UnexpectedShape, settle_view
+from rules import Api, Change, Settlement, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class SessionStreamSettle(Addon, StreamListener):
             call.call_id: call
             for _, settlement in view.messages.settled
             for change in settlement.changes
-            if (call := _failed_call(session_id, settlement.message, change)) is not None
+            if (call := _failed_call(session_id, settlement, change)) is not None
         }
         self._report(session_id, calls)
         if self._ctx.dry_run:
@@ -172,13 +172,13 @@ class FailedCall:
         return str(self.event["data"]["callID"])
 
 
-def _failed_call(session_id: str, message: Any, change: Change) -> FailedCall | None:
-    """The failure a change to a tool item of `message` stands for (None for any other change)."""
-    if change.path[:1] != ("content",) or len(change.path) < 2:
+def _failed_call(session_id: str, settlement: Settlement, change: Change) -> FailedCall | None:
+    """The failure a change to a tool item stands for (None for any other change)."""
+    if not change.on_tool:
         return None
-    item = message["content"][int(change.path[1])]
+    item = settlement.settled(change)
     if item.get("type") != "tool":
         return None
-    data = tool_failed_data(session_id, message["id"], item)
+    data = tool_failed_data(session_id, change.target.message, item)
     event = {"id": ascending_id("evt"), "type": TOOL_FAILED, "data": data}
-    return FailedCall(event, item.get("name"), change.rule)
+    return FailedCall(event, change.target.tool, change.rule)

@@ -30,7 +30,7 @@ from proxy.relay.hooks import Addon, Flow
 from proxy.relay.upstream import opencode_path
 from proxy.service.metrics import Metrics
 from proxy.writeback.scheduler import WriteBack
-from rules import DEFAULT_RULES, Liveness, Rule, UnexpectedShape, target_of
+from rules import DEFAULT_RULES, Liveness, Rule, UnexpectedShape
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class Settle(Addon):
             dict.fromkeys(c.rule for c in rewritten.messages.changes)
         )
         if self._write_back is not None:
-            self._write_back.schedule(route.api, route.session_id, credentials, _targets(rewritten, route))
+            self._write_back.schedule(route.api, route.session_id, credentials, _targets(rewritten))
 
     def _decoded(self, route: MessageRoute, flow: Flow) -> bytes | None:
         """The body with its content codings undone, or None (logged) when they do not decode."""
@@ -170,7 +170,7 @@ class Settle(Addon):
         verb = "would settle" if self._dry_run else "settled"
         for _, settlement in rewritten.messages.settled:
             for change in settlement.changes:
-                target = target_of(settlement.message, change, route.api)
+                target = change.target
                 fields = {
                     "session": route.session_id,
                     "message": target.message,
@@ -191,15 +191,10 @@ class Settle(Addon):
             log.warning("session %s: %s; body passed on unchanged", route.session_id, problem)
 
 
-def _targets(rewritten: Rewritten, route: MessageRoute) -> set[str]:
+def _targets(rewritten: Rewritten) -> set[str]:
     """What the write-back may touch: each part or call settled here (or message, for a change
     to the message itself)."""
-    found = set()
-    for _, settlement in rewritten.messages.settled:
-        for change in settlement.changes:
-            target = target_of(settlement.message, change, route.api)
-            found.add(target.part or target.message)
-    return found
+    return {change.target.key for change in rewritten.messages.changes}
 
 
 def _codings(flow: Flow) -> list[str]:

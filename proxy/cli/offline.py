@@ -37,9 +37,9 @@ from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
 from proxy.opencode.other_processes import OtherProcesses, mark_this_process
 from proxy.service.config import DEFAULT_USERNAME, Settings, basic_authorization
 from proxy.system.holders import can_see_holders, holders
-from proxy.writeback.database import OpencodeDatabase, OpenTool, default_path
+from proxy.writeback.database import OpencodeDatabase, default_path
 from proxy.writeback.scheduler import Confirm, Written
-from rules import Api, Liveness
+from rules import Api, Liveness, OpenTool
 
 
 class Exit(IntEnum):
@@ -159,7 +159,7 @@ async def _apart_from_other_processes(
             file=sys.stderr,
         )
     bound = around.bound
-    elsewhere = [tool for tool in tools if bound is not None and tool.since >= bound]
+    elsewhere = [tool for tool in tools if bound is not None and (tool.since or 0) >= bound]
     if elsewhere:
         console.print(f"{len(elsewhere)} tool call(s) left alone: another process may run them")
     return [tool for tool in tools if tool not in elsewhere], elsewhere
@@ -188,7 +188,7 @@ def show(plan_: Plan, console: Console) -> None:
         *((t, "another process may run it: leave") for t in plan_.elsewhere),
     ]
     for tool, action in rows:
-        since = datetime.fromtimestamp(tool.since / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        since = datetime.fromtimestamp((tool.since or 0) / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         table.add_row(tool.session_id, tool.api, tool.directory, tool.message_id, tool.tool, since, action)
     console.print(table)
 

@@ -51,7 +51,7 @@ from proxy.opencode.ids import ascending_id
 from proxy.service.config import WriteBackMode
 from proxy.writeback.locks import SessionLocks
 from proxy.writeback.scheduler import Confirm, Written, targeted
-from rules import Api, Liveness, settle
+from rules import Api, Change, Liveness, Target, settle
 from rules.models import JSONObject
 from rules.orphaned_tool import OrphanedTool
 
@@ -60,13 +60,6 @@ log = logging.getLogger(__name__)
 _APPEND_ATTEMPTS = 3
 _PAGE = 200
 _MAX_PAGES = 100
-
-
-@dataclass(frozen=True, slots=True)
-class _OpenCall:
-    message_id: str
-    item: JSONObject
-    """The tool item as settled by the rule (its `time.completed` is the failure time)."""
 
 
 @dataclass(slots=True)
@@ -116,14 +109,13 @@ class ApiWriter:
             settlement = settle(message, Api.V1, liveness)
             if settlement is None:
                 continue
-            message_id = settlement.message["info"]["id"]
             for change in settlement.changes:
-                if change.path[:1] != ("parts",) or not targeted(settlement.message, change, Api.V1, targets):
+                target = change.target
+                if not change.on_tool or not targeted(change, targets):
                     continue
-                part = settlement.message["parts"][int(change.path[1])]
-                path = f"/session/{session_id}/message/{message_id}/part/{part['id']}"
-                await self._upstream.call("PATCH", path, credentials, json=part)
-                written.append(Written(Api.V1, session_id, message_id, part["id"], change.rule))
+                path = f"/session/{session_id}/message/{target.message}/part/{target.part}"
+                await self._upstream.call("PATCH", path, credentials, json=settlement.settled(change))
+                written.append(Written(Api.V1, session_id, target.message, target.part, change.rule))
         return written
 
     async def _write_v2(
@@ -137,20 +129,29 @@ class ApiWriter:
         directory = info["data"]["location"]["directory"]
         event_log = await self._read_log(session_id, credentials)
         written = []
-        for call in calls:
-            if await self._append_failure(session_id, directory, call, event_log, credentials):
-                written.append(
-                    Written(Api.V2, session_id, call.message_id, call.item["id"], OrphanedTool.name)
-                )
+        for change, item in calls:
+            call = change.target
+            if await self._append_failure(
+                session_id, directory, call, item, event_log=event_log, credentials=credentials
+            ):
+                written.append(Written(Api.V2, session_id, call.message, call.part, change.rule))
         return written
 
     async def _append_failure(
-        self, session_id: str, directory: str, call: _OpenCall, event_log: _Log, credentials: Credentials
+        self,
+        session_id: str,
+        directory: str,
+        call: Target,
+        item: JSONObject,
+        *,
+        event_log: _Log,
+        credentials: Credentials,
     ) -> bool:
+        """Append `tool.failed` for the settled `item` while the log still shows `call` open."""
         for _ in range(_APPEND_ATTEMPTS):
-            if not event_log.call_open(call.item["id"]):
+            if not event_log.call_open(str(call.call)):
                 return False
-            event = _tool_failed(session_id, call, event_log.last_seq + 1)
+            event = _tool_failed(session_id, call.message, item, event_log.last_seq + 1)
             try:
                 await self._upstream.call(
                     "POST", "/sync/replay", credentials, json={"directory": directory, "events": [event]}
@@ -166,11 +167,9 @@ class ApiWriter:
                 event_log.last_seq, event_log.events = fresh.last_seq, fresh.events
                 continue
             event_log.last_seq += 1
-            event_log.events.append((event_log.last_seq, event_name(event["type"]), call.item["id"]))
+            event_log.events.append((event_log.last_seq, event_name(event["type"]), call.call))
             return True
-        log.warning(
-            "gave up appending tool.failed for %s in %s: the log kept moving", call.item["id"], session_id
-        )
+        log.warning("gave up appending tool.failed for %s in %s: the log kept moving", call.call, session_id)
         return False
 
     async def _v2_messages(self, session_id: str, credentials: Credentials) -> AsyncIterator[Any]:
@@ -205,24 +204,27 @@ class ApiWriter:
         return _Log(max((seq for seq, _, _ in events), default=0), events)
 
 
-def _open_calls(messages: list[Any], liveness: Liveness, targets: Collection[str]) -> list[_OpenCall]:
-    """The named calls open in `messages` that the reading vouches are orphaned."""
+def _open_calls(
+    messages: list[Any], liveness: Liveness, targets: Collection[str]
+) -> list[tuple[Change, JSONObject]]:
+    """The named calls open in `messages` that the reading vouches are orphaned, each with its
+    item as the rule settled it (its `time.completed` is the failure time)."""
     calls = []
     for message in messages:
         settlement = settle(message, Api.V2, liveness, rules=(OrphanedTool(),))
         if settlement is None:
             continue
-        for change in settlement.changes:
-            if targeted(settlement.message, change, Api.V2, targets):
-                calls.append(_OpenCall(message["id"], settlement.message["content"][int(change.path[1])]))
+        calls += [
+            (change, settlement.settled(change)) for change in settlement.changes if targeted(change, targets)
+        ]
     return calls
 
 
-def _tool_failed(session_id: str, call: _OpenCall, seq: int) -> JSONObject:
+def _tool_failed(session_id: str, message_id: str, item: JSONObject, seq: int) -> JSONObject:
     return {
         "id": ascending_id("evt"),
         "aggregateID": session_id,
         "seq": seq,
         "type": "session.next.tool.failed.1",
-        "data": tool_failed_data(session_id, call.message_id, call.item),
+        "data": tool_failed_data(session_id, message_id, item),
     }

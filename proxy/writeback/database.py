@@ -23,7 +23,6 @@ import os
 import time
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from proxy.opencode import jsonio
 from proxy.opencode.event_log import PROMPT_ADMITTED, call_left_open, tool_failed_data
 from proxy.opencode.ids import ascending_id
 from proxy.writeback.scheduler import Confirm, Written, targeted
-from rules import OPEN_STATUSES, Api, Change, Liveness, settle
+from rules import OPEN_STATUSES, Api, Change, Liveness, OpenTool, apply_changes, settle
 from rules.models import JSONObject
 from rules.orphaned_tool import OrphanedTool
 
@@ -48,19 +47,6 @@ def default_path() -> Path:
     """Where opencode keeps its database: `$XDG_DATA_HOME/opencode/opencode.db`."""
     data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(data_home) / "opencode" / "opencode.db"
-
-
-@dataclass(frozen=True, slots=True)
-class OpenTool:
-    """A tool call storage still records as open: one row of `settle --dry-run`."""
-
-    api: Api
-    session_id: str
-    directory: str
-    message_id: str
-    part: str
-    tool: str
-    since: int
 
 
 class OpencodeDatabase:
@@ -81,11 +67,12 @@ class OpencodeDatabase:
 
     async def open_tools(self) -> list[OpenTool]:
         """Every tool call recorded as open, of both runtimes, oldest first."""
-        rows = [*await self._rows(_OPEN_V1_SQL, *OPEN_STATUSES[Api.V1])]
-        found = [OpenTool(Api.V1, *row) for row in rows]
-        rows = [*await self._rows(_OPEN_V2_SQL, *OPEN_STATUSES[Api.V2])]
-        found += [OpenTool(Api.V2, *row) for row in rows]
-        return sorted(found, key=lambda tool: tool.since)
+        found = [
+            OpenTool(api, session, message, part, tool, since, directory)
+            for api, sql in ((Api.V1, _OPEN_V1_SQL), (Api.V2, _OPEN_V2_SQL))
+            for session, directory, message, part, tool, since in await self._rows(sql, *OPEN_STATUSES[api])
+        ]
+        return sorted(found, key=lambda tool: tool.since or 0)
 
     async def settle_session(
         self, api: Api, session_id: str, targets: Collection[str], confirm: Confirm
@@ -151,28 +138,26 @@ class OpencodeDatabase:
             settlement = settle(view, Api.V1, liveness)
             if settlement is None:
                 continue
-            message_id = view["info"]["id"]
             now = _now_ms()
             for change in settlement.changes:
-                if not targeted(settlement.message, change, Api.V1, targets):
+                if not targeted(change, targets):
                     continue
-                if change.path[:1] == ("parts",):
-                    part = settlement.message["parts"][int(change.path[1])]
-                    await self._update("part", part["id"], _without(part, _V1_IDS), now)
+                target = change.target
+                if change.on_tool:
+                    part = settlement.settled(change)
+                    await self._update("part", str(target.part), _without(part, _V1_IDS), now)
                     await self._append(
                         session_id,
                         "message.part.updated.1",
                         {"sessionID": session_id, "part": part, "time": now},
                     )
                 else:
-                    info = settlement.message["info"]
-                    await self._update("message", message_id, _without(info, _V1_IDS), now)
+                    info = settlement.settled(change)
+                    await self._update("message", target.message, _without(info, _V1_IDS), now)
                     await self._append(
                         session_id, "message.updated.1", {"sessionID": session_id, "info": info}
                     )
-                written.append(
-                    Written(Api.V1, session_id, message_id, _target(settlement.message, change), change.rule)
-                )
+                written.append(Written(Api.V1, session_id, target.message, target.part, change.rule))
         return written
 
     async def _settle_v2(
@@ -187,24 +172,21 @@ class OpencodeDatabase:
             changes = [
                 change
                 for change in settlement.changes
-                if targeted(settlement.message, change, Api.V2, targets)
-                and await self._still_open(session_id, view, change)
+                if targeted(change, targets) and await self._still_open(session_id, change)
             ]
             if not changes:
                 continue
-            message_id = view["id"]
+            message_id = changes[0].target.message
             for change in changes:
-                item = settlement.message["content"][int(change.path[1])]
-                await self._append(
-                    session_id, "session.next.tool.failed.1", tool_failed_data(session_id, message_id, item)
-                )
-                written.append(Written(Api.V2, session_id, message_id, item["id"], change.rule))
-            settled = _apply_only(view, settlement.message, changes)
+                data = tool_failed_data(session_id, message_id, settlement.settled(change))
+                await self._append(session_id, "session.next.tool.failed.1", data)
+                written.append(Written(Api.V2, session_id, message_id, change.target.part, change.rule))
+            settled = apply_changes(view, changes)
             await self._update("session_message", message_id, _without(settled, _V2_IDS), _now_ms())
         return written
 
-    async def _still_open(self, session_id: str, view: JSONObject, change: Change) -> bool:
-        call = view["content"][int(change.path[1])]["id"]
+    async def _still_open(self, session_id: str, change: Change) -> bool:
+        call = change.target.call
         call_events = [
             (int(seq), kind) for seq, kind in await self._rows(_V2_CALL_EVENTS_SQL, session_id, call)
         ]
@@ -248,20 +230,6 @@ class OpencodeDatabase:
     async def _rows(self, sql: str, *parameters: Any) -> Sequence[Any]:
         async with self._db.execute(sql, parameters) as cursor:
             return list(await cursor.fetchall())
-
-
-def _apply_only(view: JSONObject, settled: JSONObject, changes: list[Change]) -> JSONObject:
-    content = list(view["content"])
-    for change in changes:
-        index = int(change.path[1])
-        content[index] = settled["content"][index]
-    return {**view, "content": content}
-
-
-def _target(message: JSONObject, change: Change) -> str | None:
-    if change.path[:1] == ("parts",):
-        return str(message["parts"][int(change.path[1])]["id"])
-    return None
 
 
 def _without(document: JSONObject, keys: tuple[str, ...]) -> JSONObject:

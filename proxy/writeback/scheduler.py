@@ -18,13 +18,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from proxy.opencode.client import Credentials
 from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
 from proxy.relay.tasks import KeyedTasks
 from proxy.service.config import WriteBackMode
-from rules import Api, Change, Liveness, target_of
+from rules import Api, Change, Liveness
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +56,9 @@ class Writer(Protocol):
     ) -> list[Written]: ...
 
 
-def targeted(message: Any, change: Change, api: Api, targets: Collection[str]) -> bool:
+def targeted(change: Change, targets: Collection[str]) -> bool:
     """Whether a change settles something the fetch named (its part or call, or its message)."""
-    target = target_of(message, change, api)
-    return (target.part or target.message) in targets
+    return change.target.key in targets
 
 
 class WriteBack:

@@ -1,6 +1,16 @@
 import pytest
 
-from rules import Api, Change, Liveness, UnexpectedShape, apply_changes, merge_patch, settle
+from rules import (
+    Api,
+    Change,
+    Liveness,
+    Target,
+    UnexpectedShape,
+    apply_changes,
+    changed_object,
+    merge_patch,
+    settle,
+)
 
 
 def test_merge_patch_replaces_in_place_appends_new_and_removes_null() -> None:
@@ -14,10 +24,12 @@ def test_merge_patch_replaces_in_place_appends_new_and_removes_null() -> None:
 
 def test_apply_changes_does_not_modify_its_input() -> None:
     original = {"parts": [{"x": 1}, {"y": {"z": 1}}]}
-    changed = apply_changes(original, [Change("r", ("parts", 1), {"y": {"z": 2}}, "why")])
+    change = Change("r", Target("m", "p"), {"y": {"z": 2}}, "why", ("parts", 1))
+    changed = apply_changes(original, [change])
     assert original == {"parts": [{"x": 1}, {"y": {"z": 1}}]}
     assert changed == {"parts": [{"x": 1}, {"y": {"z": 2}}]}
     assert changed["parts"][0] is original["parts"][0]
+    assert changed_object(changed, change) == {"y": {"z": 2}}
 
 
 def test_engine_reports_unexpected_shapes() -> None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rules import Api, Liveness, UnexpectedShape, settle_view, target_of
+from rules import Api, Liveness, UnexpectedShape, settle_view
 from tests.fixtures import load
 
 INACTIVE = Liveness("ses_x", active=False)
@@ -18,10 +18,10 @@ def test_v2_list_view() -> None:
     assert document["data"][0]["content"][0]["state"]["status"] == "running", "the input is not modified"
     ((index, settlement),) = view.messages.settled
     assert index == 0
-    targets = [target_of(settlement.message, change, Api.V2) for change in settlement.changes]
-    assert [(t.message, t.part, t.tool) for t in targets] == [
-        ("msg_22942f8cd001S0O0R7RZWGCalD", "call_mock_1", "bash"),
-        ("msg_22942f8cd001S0O0R7RZWGCalD", None, None),
+    targets = [change.target for change in settlement.changes]
+    assert [(t.message, t.part, t.call, t.tool) for t in targets] == [
+        ("msg_22942f8cd001S0O0R7RZWGCalD", "call_mock_1", "call_mock_1", "bash"),
+        ("msg_22942f8cd001S0O0R7RZWGCalD", None, None, None),
     ]
 
 
