@@ -73,6 +73,15 @@ class LiveSettle(Addon, StreamListener):
     async def done(self, flow: Flow) -> None:
         self._clients.unsubscribe(flow)
 
+    @property
+    def busy(self) -> bool:
+        return self._parts.busy or self._turns.busy
+
+    async def idle(self) -> None:
+        """Wait until no confirmation runs (a part's or a turn's)."""
+        await self._parts.idle()
+        await self._turns.idle()
+
     async def close(self) -> None:
         """Cancel pending confirmations (application cleanup)."""
         await self._parts.close()

@@ -41,6 +41,13 @@ class OpenParts:
     def schedule(self, session_id: str) -> None:
         self._checks.start(session_id, lambda: self._confirm(session_id))
 
+    @property
+    def busy(self) -> bool:
+        return self._checks.busy
+
+    async def idle(self) -> None:
+        await self._checks.idle()
+
     async def close(self) -> None:
         await self._checks.close()
 

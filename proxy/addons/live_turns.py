@@ -46,6 +46,13 @@ class DeadTurns:
         """The stream spoke of the session: a confirmation under way must not announce."""
         self._watched.pop(session_id, None)
 
+    @property
+    def busy(self) -> bool:
+        return self._turns.busy
+
+    async def idle(self) -> None:
+        await self._turns.idle()
+
     async def close(self) -> None:
         await self._turns.close()
 

@@ -107,6 +107,14 @@ class SessionStreamSettle(Addon, StreamListener):
     async def done(self, flow: Flow) -> None:
         self._streams.pop(id(flow), None)
 
+    @property
+    def busy(self) -> bool:
+        return self._checks.busy
+
+    async def idle(self) -> None:
+        """Wait until no confirmation runs."""
+        await self._checks.idle()
+
     async def close(self) -> None:
         """Cancel pending confirmations (application cleanup)."""
         await self._checks.close()

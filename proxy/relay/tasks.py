@@ -1,12 +1,24 @@
-"""Background work keyed by what it is about: at most one task per key, all owned until closed."""
+"""Background work keyed by what it is about: at most one task per key, all owned until closed;
+and the one place an application's background work can be waited for."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Hashable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
+
+from aiohttp import web
 
 K = TypeVar("K", bound=Hashable)
+
+
+class Idles(Protocol):
+    """An owner of background tasks that can say whether any runs, and wait until none does."""
+
+    @property
+    def busy(self) -> bool: ...
+
+    async def idle(self) -> None: ...
 
 
 class KeyedTasks(Generic[K]):
@@ -25,6 +37,10 @@ class KeyedTasks(Generic[K]):
         self._tasks[key] = task
         task.add_done_callback(lambda _: self._tasks.pop(key, None))
 
+    @property
+    def busy(self) -> bool:
+        return bool(self._tasks)
+
     async def idle(self) -> None:
         """Wait until no task runs (tests and the offline command use this)."""
         while self._tasks:
@@ -35,3 +51,29 @@ class KeyedTasks(Generic[K]):
         for task in self._tasks.values():
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+
+class Background:
+    """Every owner of an application's background tasks, to be waited for as one.
+
+    Tests wait here instead of sleeping. One owner's task can start another's (a confirmation
+    schedules a write-back), so waiting goes on until no owner is busy.
+    """
+
+    def __init__(self) -> None:
+        self._owners: list[Idles] = []
+
+    def add(self, owner: Idles) -> None:
+        self._owners.append(owner)
+
+    @property
+    def busy(self) -> bool:
+        return any(owner.busy for owner in self._owners)
+
+    async def idle(self) -> None:
+        while self.busy:
+            for owner in self._owners:
+                await owner.idle()
+
+
+BACKGROUND = web.AppKey("background", Background)

@@ -22,6 +22,7 @@ from proxy.opencode.tracker import TRACKER, LivenessTracker
 from proxy.relay.forward import ADDONS, forward
 from proxy.relay.headers import MountedLinks, drop_invented_headers
 from proxy.relay.hooks import Addon, Addons
+from proxy.relay.tasks import BACKGROUND, Background
 from proxy.relay.upstream import MOUNT_PREFIX, SETTINGS, UPSTREAM, upstream_session
 from proxy.service import health
 from proxy.service.auth import require_basic_auth
@@ -55,17 +56,21 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
     mark_this_process()
     elsewhere = app[OTHER_PROCESSES] = OtherProcesses(settings.upstream)
     probe = LivenessProbe(upstream, settings, elsewhere)
+    background = app[BACKGROUND] = Background()
     async with AsyncExitStack() as stack:
         writer = await _writer(settings, upstream, stack)
         write_back = None
         if writer is not None and not settings.dry_run:
             write_back = app[WRITE_BACK] = WriteBack(probe, CountingWriter(writer, metrics), settings.grace)
             stack.push_async_callback(write_back.close)
+            background.add(write_back)
         ctx = SettleContext(probe, upstream, metrics, settings.grace, write_back, settings.dry_run)
         live = LiveSettle(ctx, Credentials.configured(settings.authorization))
         stack.push_async_callback(live.close)
         session_streams = SessionStreamSettle(ctx, Credentials.configured(settings.authorization))
         stack.push_async_callback(session_streams.close)
+        background.add(live)
+        background.add(session_streams)
         tracker = app[TRACKER] = LivenessTracker(app[UPSTREAM], settings, probe.clock)
         tracker.listeners += (live, session_streams)
         if (watcher := await _tool_processes(app, stack)) is not None:

@@ -77,6 +77,10 @@ class WriteBack:
         self._targets.setdefault((api, session_id), set()).update(targets)
         self._pending.start((api, session_id), lambda: self._confirm_and_write(api, session_id, credentials))
 
+    @property
+    def busy(self) -> bool:
+        return self._pending.busy
+
     async def idle(self) -> None:
         """Wait for every scheduled write (tests and the offline command use this)."""
         await self._pending.idle()
