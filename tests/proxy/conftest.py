@@ -1,5 +1,5 @@
-import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -9,6 +9,7 @@ from yarl import URL
 from proxy.opencode.tracker import TRACKER, StreamState
 from proxy.service.app import create_app
 from proxy.service.config import Settings
+from proxy.testing import hearing, refollowing
 from tests.proxy.fake_opencode import FakeOpencode
 
 ProxyClient = TestClient[web.Request, web.Application]
@@ -35,8 +36,21 @@ async def proxy(
 
 async def following(proxy: ProxyClient) -> None:
     """Wait (bounded) until the proxy follows the fake's `/global/event`."""
-    for _ in range(300):
-        if proxy.app[TRACKER].state is StreamState.FOLLOWING:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the proxy never followed /global/event")
+    if proxy.app[TRACKER].state is not StreamState.FOLLOWING:
+        async with refollowing(proxy.app):
+            pass
+
+
+async def publish(
+    proxy: ProxyClient, fake: FakeOpencode, kind: str, session_id: str, **properties: Any
+) -> None:
+    """Send an event on the fake's `/global/event` and wait until the proxy's listeners have it."""
+    async with hearing(proxy.app, kind, session_id):
+        fake.publish(kind, session_id, **properties)
+
+
+async def crash(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    """End the fake's `/global/event` streams, as a crashing server does, and wait until the
+    proxy follows it again."""
+    async with refollowing(proxy.app):
+        fake.drop_streams()

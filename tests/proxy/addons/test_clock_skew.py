@@ -11,7 +11,7 @@ import pytest
 from proxy.addons.settle import SETTLED_HEADER
 from proxy.opencode.server_clock import parse_date
 from tests.fixtures import load
-from tests.proxy.conftest import ProxyClient, following
+from tests.proxy.conftest import ProxyClient, following, publish
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
@@ -55,8 +55,7 @@ async def test_kept_reading_is_timed_by_the_streams_date(
 ) -> None:
     fake.clock_skew_ms = skew
     await following(proxy)
-    fake.publish("session.status", V1, status={"type": "idle"})
-    await asyncio.sleep(0.05)
+    await publish(proxy, fake, "session.status", V1, status={"type": "idle"})
     fake.bodies[PATH] = v1_last_alive_at(server_now(fake) - 500)
     assert not await settled(proxy)
     fake.bodies[PATH] = v1_last_alive_at(server_now(fake) - 10_000)

@@ -15,8 +15,9 @@ from yarl import URL
 
 from proxy.service.app import create_app
 from proxy.service.config import Settings
+from proxy.testing import idle
 from tests.fixtures import js_json, load
-from tests.proxy.conftest import ProxyClient, following
+from tests.proxy.conftest import ProxyClient, crash, following, publish
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
@@ -44,18 +45,15 @@ async def next_kinds(stream: AsyncIterator[Any], count: int) -> list[Any]:
 
 
 async def crash_with_part_open(proxy: ProxyClient, fake: FakeOpencode) -> None:
-    fake.publish("message.part.updated", V1, part=PART, time=1)
-    await asyncio.sleep(0.05)
-    fake.drop_streams()
-    await asyncio.sleep(0.05)
-    await following(proxy)
+    await publish(proxy, fake, "message.part.updated", V1, part=PART, time=1)
+    await crash(proxy, fake)
 
 
 async def test_a_stream_opened_after_the_crash_gets_the_settlement(
     proxy: ProxyClient, fake: FakeOpencode
 ) -> None:
     await crash_with_part_open(proxy, fake)
-    await asyncio.sleep(0.3)  # the grace period and the confirmation
+    await idle(proxy.app)  # the grace period and the confirmation
     response = await proxy.get("/global/event")
     stream = events(response)
     connected, part, message, status = await next_kinds(stream, 4)
@@ -104,8 +102,14 @@ async def test_nothing_is_said_of_a_part_the_server_settled_itself(
     proxy: ProxyClient, fake: FakeOpencode
 ) -> None:
     await crash_with_part_open(proxy, fake)
-    fake.publish("message.part.updated", V1, part={**PART, "state": {**PART["state"], "status": "completed"}})
-    await asyncio.sleep(0.3)
+    await publish(
+        proxy,
+        fake,
+        "message.part.updated",
+        V1,
+        part={**PART, "state": {**PART["state"], "status": "completed"}},
+    )
+    await idle(proxy.app)
     await proxy.get("/global/event")
     assert await injected(proxy) == 0
 
@@ -113,7 +117,7 @@ async def test_nothing_is_said_of_a_part_the_server_settled_itself(
 async def test_nothing_is_said_while_the_session_is_busy(proxy: ProxyClient, fake: FakeOpencode) -> None:
     fake.v1_busy["/cwd"] = {V1}
     await crash_with_part_open(proxy, fake)
-    await asyncio.sleep(0.3)
+    await idle(proxy.app)
     await proxy.get("/global/event")
     assert await injected(proxy) == 0
 
@@ -122,7 +126,7 @@ async def test_instance_streams_get_the_events_of_their_directory_only(
     proxy: ProxyClient, fake: FakeOpencode
 ) -> None:
     await crash_with_part_open(proxy, fake)
-    await asyncio.sleep(0.3)
+    await idle(proxy.app)
     elsewhere = await proxy.get("/event", params={"directory": "/elsewhere"})
     own = await proxy.get("/event", headers={"x-opencode-directory": "%2Fcwd"})
     connected, part = await next_kinds(events(own), 2)
@@ -159,11 +163,9 @@ async def test_a_part_cut_inside_an_emoji_is_settled_live(proxy: ProxyClient, fa
     message = copy.deepcopy(MESSAGE)
     message["parts"][1]["state"]["metadata"]["output"] = "hello \ud83d"
     fake.bodies[f"/session/{V1}/message/{MESSAGE['info']['id']}"] = js_json(message)
-    fake.publish("message.part.updated", V1, part=message["parts"][1], time=1)
-    await asyncio.sleep(0.05)
-    fake.drop_streams()
-    await following(proxy)
-    await asyncio.sleep(0.3)
+    await publish(proxy, fake, "message.part.updated", V1, part=message["parts"][1], time=1)
+    await crash(proxy, fake)
+    await idle(proxy.app)
     response = await proxy.get("/global/event")
     lines = [await asyncio.wait_for(response.content.readline(), 5) for _ in range(4)]
     part = next(line for line in lines if b"message.part.updated" in line)
@@ -185,10 +187,9 @@ async def test_the_replay_ends_when_the_stream_says_anything_newer_about_the_ses
     proxy: ProxyClient, fake: FakeOpencode, kind: str, properties: dict[str, Any]
 ) -> None:
     await crash_with_part_open(proxy, fake)
-    await asyncio.sleep(0.3)
+    await idle(proxy.app)
     assert await injected(proxy) == 0  # no client stream yet: nothing sent
-    fake.publish(kind, V1, **properties)  # e.g. a new turn: the session is busy again
-    await asyncio.sleep(0.1)
+    await publish(proxy, fake, kind, V1, **properties)  # e.g. a new turn: the session is busy again
     response = await proxy.get("/global/event")
     first = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 5)
     assert b"server.connected" in first
@@ -204,12 +205,9 @@ WRITING: dict[str, Any] = {"info": WRITING_INFO, "parts": []}
 
 async def crash_while_writing(proxy: ProxyClient, fake: FakeOpencode) -> None:
     fake.bodies[f"/session/{V1}/message/msg_writing"] = orjson.dumps(WRITING)
-    fake.publish("session.status", V1, status={"type": "busy"})
-    fake.publish("message.updated", V1, info=WRITING_INFO)
-    await asyncio.sleep(0.05)
-    fake.drop_streams()
-    await asyncio.sleep(0.05)
-    await following(proxy)
+    await publish(proxy, fake, "session.status", V1, status={"type": "busy"})
+    await publish(proxy, fake, "message.updated", V1, info=WRITING_INFO)
+    await crash(proxy, fake)
 
 
 async def test_a_turn_cut_before_any_tool_is_closed_in_streams_open_through_the_crash(
@@ -241,23 +239,20 @@ async def test_nothing_is_said_of_a_turn_still_running_after_the_stream_came_bac
 ) -> None:
     fake.v1_busy["/cwd"] = {V1}
     await crash_while_writing(proxy, fake)
-    await asyncio.sleep(0.3)
+    await idle(proxy.app)
     await proxy.get("/global/event")
     assert await injected(proxy) == 0
 
 
 async def test_nothing_is_said_of_a_turn_the_stream_saw_end(proxy: ProxyClient, fake: FakeOpencode) -> None:
     fake.bodies[f"/session/{V1}/message/msg_writing"] = orjson.dumps(WRITING)
-    fake.publish("session.status", V1, status={"type": "busy"})
-    fake.publish("message.updated", V1, info=WRITING_INFO)
+    await publish(proxy, fake, "session.status", V1, status={"type": "busy"})
+    await publish(proxy, fake, "message.updated", V1, info=WRITING_INFO)
     done = {**WRITING_INFO, "time": {**WRITING_INFO["time"], "completed": 2}}
-    fake.publish("message.updated", V1, info=done)
-    fake.publish("session.status", V1, status={"type": "idle"})
-    await asyncio.sleep(0.05)
-    fake.drop_streams()
-    await asyncio.sleep(0.05)
-    await following(proxy)
-    await asyncio.sleep(0.3)
+    await publish(proxy, fake, "message.updated", V1, info=done)
+    await publish(proxy, fake, "session.status", V1, status={"type": "idle"})
+    await crash(proxy, fake)
+    await idle(proxy.app)
     await proxy.get("/global/event")
     assert await injected(proxy) == 0
     assert not [r for r in fake.seen if r.path.endswith("/msg_writing")]
@@ -269,8 +264,8 @@ async def test_news_of_the_session_during_the_confirmation_withdraws_it(
     """A new turn announced while the turn is being confirmed: whatever the reading says, the
     stream knows better, and nothing is said."""
     await crash_while_writing(proxy, fake)
-    fake.publish("session.status", V1, status={"type": "busy"})  # within the grace period
-    await asyncio.sleep(0.3)
+    await publish(proxy, fake, "session.status", V1, status={"type": "busy"})  # within the grace period
+    await idle(proxy.app)
     await proxy.get("/global/event")
     assert await injected(proxy) == 0
 
@@ -280,12 +275,8 @@ async def test_a_reading_that_fails_after_the_restart_is_asked_again(
 ) -> None:
     """A server that has just restarted may not answer the first look-up; the settlement still comes."""
     fake.liveness_fails = True
+    fake.on_serve["/session/status"] = [lambda: None, lambda: setattr(fake, "liveness_fails", False)]
     await crash_with_part_open(proxy, fake)
-    for _ in range(200):
-        if fake.liveness_requests:
-            break
-        await asyncio.sleep(0.01)
-    fake.liveness_fails = False
     response = await proxy.get("/global/event")
     _, part, _, status = await next_kinds(events(response), 4)
     assert part["payload"]["properties"]["part"]["state"]["status"] == "error"

@@ -1,6 +1,5 @@
 """The settle addon end to end: fake upstream → proxy → client."""
 
-import asyncio
 import json
 from typing import Any
 
@@ -9,7 +8,7 @@ import pytest
 
 from proxy.addons.settle import SETTLED_HEADER
 from tests.fixtures import compact, js_json, load, raw
-from tests.proxy.conftest import ProxyClient
+from tests.proxy.conftest import ProxyClient, following, publish
 from tests.proxy.fake_opencode import FakeOpencode
 
 V2 = "ses_dd6bd0f33ffejRStwdnQDIkDom"
@@ -94,14 +93,14 @@ async def test_active_session_passes_byte_for_byte(proxy: ProxyClient, fake: Fak
 
 
 async def test_v1_liveness_is_asked_in_the_sessions_directory(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    await following(proxy)
     fake.bodies[f"/session/{V1}/message"] = original = compact("v1-message-stale-running.json")
     fake.directories[V1] = "/elsewhere"
     fake.v1_busy["/elsewhere"] = {V1}
     _, body, _ = await fetch(proxy, f"/session/{V1}/message")
     assert body == original
     fake.v1_busy["/elsewhere"] = set()
-    fake.publish("session.status", V1, status={"type": "idle"})
-    await asyncio.sleep(0.05)
+    await publish(proxy, fake, "session.status", V1, status={"type": "idle"})
     document, _, _ = await fetch(proxy, f"/session/{V1}/message")
     assert document[1]["parts"][1]["state"]["status"] == "error"
 

@@ -1,6 +1,5 @@
 """Other processes on the upstream's database, surveyed from a fake `/proc` tree."""
 
-import asyncio
 import os
 import socket
 import sqlite3
@@ -24,7 +23,7 @@ from proxy.opencode import other_processes as processes
 from proxy.opencode.other_processes import START_MARGIN_MS, OtherProcess, Survey, survey
 from tests.fixtures import compact, load
 from tests.fixtures.stale_db import DIRECTORY, V1_SESSION, V2_SESSION, build_stale_db
-from tests.proxy.conftest import ProxyClient, following
+from tests.proxy.conftest import ProxyClient, following, publish
 from tests.proxy.fake_opencode import FakeOpencode
 
 BOOT_S = 1_795_900_000
@@ -257,8 +256,7 @@ async def test_a_reading_kept_from_the_event_stream_is_bounded_too(
     fake.bodies[f"/session/{V1}/message"] = original = compact("v1-message-stale-running.json")
     other_server.process(200, DB, started_at=V1_CREATED - 60_000)
     await following(proxy)
-    fake.publish("session.status", V1, status={"type": "idle"})
-    await asyncio.sleep(0.05)
+    await publish(proxy, fake, "session.status", V1, status={"type": "idle"})
     response = await proxy.get(f"/session/{V1}/message")
     assert await response.read() == original
     assert fake.liveness_requests == 0

@@ -1,6 +1,5 @@
 """Liveness kept from the event stream: no extra upstream request once warm, never a guess."""
 
-import asyncio
 import time
 
 import orjson
@@ -9,7 +8,7 @@ import pytest
 from proxy.opencode.tracker import TRACKER, liveness_meaning, parse_event
 from rules import Api
 from tests.fixtures import OPENCODE, compact
-from tests.proxy.conftest import ProxyClient, following
+from tests.proxy.conftest import ProxyClient, crash, following, publish
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
@@ -37,8 +36,7 @@ async def test_an_event_about_the_session_sends_the_proxy_back_to_asking(
     fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
     assert await settled_count(proxy, f"/api/session/{V2}/message") == "1"
     fake.v2_active.add(V2)
-    fake.publish("session.next.prompt.admitted", V2)
-    await asyncio.sleep(0.05)
+    await publish(proxy, fake, "session.next.prompt.admitted", V2)
     assert await settled_count(proxy, f"/api/session/{V2}/message") is None
     assert fake.liveness_requests == 2
 
@@ -46,11 +44,9 @@ async def test_an_event_about_the_session_sends_the_proxy_back_to_asking(
 async def test_v1_status_events_are_readings(proxy: ProxyClient, fake: FakeOpencode) -> None:
     await following(proxy)
     fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
-    fake.publish("session.status", V1, status={"type": "busy"})
-    await asyncio.sleep(0.05)
+    await publish(proxy, fake, "session.status", V1, status={"type": "busy"})
     assert await settled_count(proxy, f"/session/{V1}/message") is None
-    fake.publish("session.status", V1, status={"type": "idle"})
-    await asyncio.sleep(0.05)
+    await publish(proxy, fake, "session.status", V1, status={"type": "idle"})
     # The part started long ago (fixture), so the kept "idle" is trusted without asking.
     assert await settled_count(proxy, f"/session/{V1}/message") == "1"
     assert fake.liveness_requests == 0
@@ -61,8 +57,7 @@ async def test_a_tool_alive_moments_ago_gets_a_fresh_reading(proxy: ProxyClient,
     messages = orjson.loads(compact("v1-message-stale-running.json"))
     messages[1]["parts"][1]["state"]["time"]["start"] = int(time.time() * 1000)
     fake.bodies[f"/session/{V1}/message"] = orjson.dumps(messages)
-    fake.publish("session.status", V1, status={"type": "idle"})
-    await asyncio.sleep(0.05)
+    await publish(proxy, fake, "session.status", V1, status={"type": "idle"})
     fake.v1_busy["/cwd"] = {V1}  # the upstream knows better than the kept reading
     assert await settled_count(proxy, f"/session/{V1}/message") is None
     assert fake.liveness_requests == 1
@@ -72,9 +67,7 @@ async def test_a_lost_stream_drops_every_reading(proxy: ProxyClient, fake: FakeO
     await following(proxy)
     fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
     await settled_count(proxy, f"/api/session/{V2}/message")
-    fake.drop_streams()
-    await asyncio.sleep(0.05)
-    await following(proxy)
+    await crash(proxy, fake)
     await settled_count(proxy, f"/api/session/{V2}/message")
     assert fake.liveness_requests == 2
     assert fake.subscribers == 2
@@ -131,7 +124,6 @@ async def test_a_clean_view_streams_through_unread_until_its_session_moves(
     assert (
         await settled_count(proxy, path) is None
     )  # so a stale mark may only skip a settlement, never invent one
-    fake.publish("session.next.prompt.admitted", V2)
-    await asyncio.sleep(0.05)
+    await publish(proxy, fake, "session.next.prompt.admitted", V2)
     assert not tracker.known_clean(V2, path)
     assert await settled_count(proxy, path) == "1"

@@ -3,7 +3,6 @@ plays the server: the processes it starts are its children)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -69,7 +68,7 @@ async def test_each_process_is_tied_to_the_call_whose_command_it_runs(
     tools.start("sleep", "601")
     tools.start("/bin/sh", "-c", "sleep 602")
     tools.start("sleep", "603")  # no call runs this
-    await asyncio.sleep(0.5)
+    await watcher.flush()  # its look for the processes (soon after each call started)
     watcher.event(v1_part("prt_1", "completed", "echo hello && sleep 601"))
     progress = {"sessionID": "ses_b", "callID": "call_2", "structured": {}}
     watcher.event(GlobalEvent("/d", None, "session.next.tool.progress", progress))  # still running
@@ -84,7 +83,7 @@ async def test_a_process_two_calls_could_run_is_tied_to_neither(tools: Tools, wa
     watcher.event(v1_part("prt_1", "running", "sleep 604"))
     watcher.event(v1_part("prt_2", "running", "true && sleep 604"))
     tools.start("sleep", "604")
-    await asyncio.sleep(0.5)
+    await watcher.flush()  # its look for the processes (soon after each call started)
     (orphan,) = watcher.orphans([tools[0].pid])
     assert orphan.call is None
 
@@ -94,7 +93,7 @@ async def test_a_recycled_pid_is_not_the_process_that_was_recorded(
 ) -> None:
     watcher.event(v1_part("prt_1", "running", "sleep 605"))
     tools.start("sleep", "605")
-    await asyncio.sleep(0.5)
+    await watcher.flush()  # its look for the processes (soon after each call started)
     (recorded,) = list(watcher._processes)
     monkeypatch.setattr(
         tool_processes.Identity, "of", classmethod(lambda cls, pid: cls(pid, recorded.started + 1))
@@ -110,6 +109,6 @@ async def test_the_same_command_in_both_runtimes_is_told_apart_by_how_it_runs(
     watcher.event(v2_called("call_2", "echo hello && sleep 606"))
     tools.start("sleep", "606")
     tools.start("/bin/sh", "-c", "echo hello && sleep 606")
-    await asyncio.sleep(0.5)
+    await watcher.flush()  # its look for the processes (soon after each call started)
     found = {orphan.pid: orphan.as_json()["part"] for orphan in watcher.orphans([tool.pid for tool in tools])}
     assert [found[tool.pid] for tool in tools] == ["prt_1", "call_2"]

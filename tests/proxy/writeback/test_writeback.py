@@ -1,6 +1,5 @@
 """Write-back through the API against the fake upstream: what is sent, and when nothing is."""
 
-import asyncio
 import copy
 import json
 import time
@@ -13,10 +12,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from yarl import URL
 
-from proxy.service.app import WRITE_BACK, create_app
+from proxy.service.app import create_app
 from proxy.service.config import Settings, WriteBackMode
+from proxy.testing import idle
 from tests.fixtures import compact, js_json, load
-from tests.proxy.conftest import ProxyClient, following
+from tests.proxy.conftest import ProxyClient, crash, following
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
@@ -32,14 +32,10 @@ async def proxy(
     return await aiohttp_client(create_app(settings))
 
 
-async def write_backs_done(proxy: ProxyClient) -> None:
-    await proxy.app[WRITE_BACK].idle()
-
-
 async def fetch_and_write_back(proxy: ProxyClient, path: str) -> Any:
     response = await proxy.get(path)
     document = await response.json()
-    await write_backs_done(proxy)
+    await idle(proxy.app)
     return document
 
 
@@ -124,7 +120,7 @@ async def test_nothing_is_written_when_the_second_reading_finds_the_session_acti
     response = await proxy.get(f"/session/{V1}/message")
     assert (await response.json())[1]["parts"][1]["state"]["status"] == "error"
     fake.v1_busy["/cwd"] = {V1}
-    await write_backs_done(proxy)
+    await idle(proxy.app)
     assert fake.patches == []
 
 
@@ -224,11 +220,7 @@ async def test_calls_the_followed_stream_left_open_are_written_once_it_is_back(
     await following(proxy)
     # One queue carries both: the event reaches the proxy before the stream ends.
     fake.publish("session.next.tool.called", V2, callID=CALL, tool="bash", input={"command": "sleep 600"})
-    fake.drop_streams()
-    for _ in range(500):
-        if fake.replays:
-            break
-        await asyncio.sleep(0.01)
-    await write_backs_done(proxy)
+    await crash(proxy, fake)
+    await idle(proxy.app)
     ((seq, event),) = fake.replays
     assert (seq, event["type"], event["data"]["callID"]) == (7, "session.next.tool.failed.1", CALL)
