@@ -17,13 +17,14 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from proxy.service.app import create_app, mount
-    from proxy.service.config import Settings, WriteBackMode
+    from proxy.service.config import Settings
+    from proxy.writeback.scheduler import WriteBackMode
 
 _PUBLIC = {
     "create_app": "proxy.service.app",
     "mount": "proxy.service.app",
     "Settings": "proxy.service.config",
-    "WriteBackMode": "proxy.service.config",
+    "WriteBackMode": "proxy.writeback.scheduler",
 }
 __all__ = ["Settings", "WriteBackMode", "__version__", "create_app", "mount"]
 

@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client import Counter
 
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
-from proxy.service.metrics import Metrics
 from proxy.writeback.scheduler import WriteBack
+
+
+class SettleMetrics(Protocol):
+    """The counters the settling addons add to; the service's `Metrics` has them (and more)."""
+
+    @property
+    def rewrites(self) -> Counter: ...
+
+    @property
+    def liveness_requests(self) -> Counter: ...
+
+    @property
+    def injected_events(self) -> Counter: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +35,7 @@ class SettleContext:
 
     probe: LivenessProbe
     upstream: UpstreamApi
-    metrics: Metrics
+    metrics: SettleMetrics
     grace: float
     write_back: WriteBack | None = None
     dry_run: bool = False

@@ -20,6 +20,7 @@ from typing import ClassVar
 
 from aiohttp import hdrs
 
+from proxy.addons.context import SettleMetrics
 from proxy.addons.rewrite import RecentRewrites, Rewritten, mentions_open_status, rewrite
 from proxy.opencode.client import Credentials
 from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
@@ -28,7 +29,6 @@ from proxy.opencode.tracker import LivenessTracker
 from proxy.relay import codings
 from proxy.relay.hooks import Addon, Flow
 from proxy.relay.upstream import opencode_path
-from proxy.service.metrics import Metrics
 from proxy.writeback.scheduler import WriteBack
 from rules import DEFAULT_RULES, Liveness, Rule, UnexpectedShape
 
@@ -53,7 +53,7 @@ class Settle(Addon):
         self,
         probe: LivenessProbe,
         tracker: LivenessTracker,
-        metrics: Metrics,
+        metrics: SettleMetrics,
         *,
         rules: Sequence[Rule] = DEFAULT_RULES,
         write_back: WriteBack | None = None,

@@ -32,12 +32,12 @@ from rich.table import Table
 from yarl import URL
 
 from proxy.cli.arguments import UPSTREAM, OneLineParser
+from proxy.cli.options import Environ, add_database_option, opencode_authorization
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
 from proxy.opencode.other_processes import OtherProcesses, mark_this_process
-from proxy.service.config import DEFAULT_USERNAME, Settings, basic_authorization
 from proxy.system.holders import can_see_holders, holders
-from proxy.writeback.database import OpencodeDatabase, default_path
+from proxy.writeback.database import OpencodeDatabase
 from proxy.writeback.scheduler import Confirm, Written
 from rules import Api, Liveness, OpenTool
 
@@ -73,19 +73,14 @@ class Plan:
     """Open tools that started after another process on the database did: they may run there."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(environ: Environ = os.environ) -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="settle-proxy settle",
         description=__doc__,
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--db",
-        type=Path,
-        default=Path(os.environ.get("SETTLE_DB", default_path())),
-        help="opencode's database [SETTLE_DB, default %(default)s]",
-    )
+    add_database_option(parser, "opencode's database", environ)
     parser.add_argument("--dry-run", action="store_true", help="print what would be settled; write nothing")
     parser.add_argument(
         "--upstream",
@@ -102,9 +97,12 @@ Read = Callable[[Api, str], Awaitable[Liveness]]
 
 
 @asynccontextmanager
-async def readings(db_path: Path, upstream: URL | None, others: OtherProcesses | None) -> AsyncIterator[Read]:
-    """Where readings come from: the server at `--upstream` (bounded by the `others` on the
-    database), or, when no process has the database open, the certainty that nothing runs on it."""
+async def readings(
+    db_path: Path, upstream: URL | None, others: OtherProcesses | None, authorization: str | None
+) -> AsyncIterator[Read]:
+    """Where readings come from: the server at `--upstream` (asked with `authorization`, bounded by
+    the `others` on the database), or, when no process has the database open, the certainty that
+    nothing runs on it."""
     if upstream is None:
         _refuse_if_in_use(db_path)
 
@@ -113,14 +111,9 @@ async def readings(db_path: Path, upstream: URL | None, others: OtherProcesses |
 
         yield nothing_runs
         return
-    password = os.environ.get("OPENCODE_SERVER_PASSWORD")
-    username = os.environ.get("OPENCODE_SERVER_USERNAME") or DEFAULT_USERNAME
-    settings = Settings(
-        upstream=upstream, authorization=basic_authorization(username, password) if password else None
-    )
-    credentials = Credentials.configured(settings.authorization)
+    credentials = Credentials.configured(authorization)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        probe = LivenessProbe(UpstreamApi(session, settings), settings, others)
+        probe = LivenessProbe(UpstreamApi(session, upstream), authorization=authorization, elsewhere=others)
 
         async def ask(api: Api, session_id: str) -> Liveness:
             try:
@@ -233,7 +226,9 @@ def _recording(read: Read, api: Api, session_id: str, taken: list[Liveness]) -> 
     return confirm
 
 
-async def run(args: argparse.Namespace, console: Console) -> Exit:
+async def run(args: argparse.Namespace, console: Console, authorization: str | None = None) -> Exit:
+    """Settle (or with --dry-run, list) what `args` asks; an `--upstream` is asked with
+    `authorization`."""
     mark_this_process()
     async with OpencodeDatabase.open(args.db) as database:
         tools = await database.open_tools()
@@ -242,7 +237,7 @@ async def run(args: argparse.Namespace, console: Console) -> Exit:
             return Exit.NOTHING_TO_DO
         others = OtherProcesses(args.upstream, database=args.db) if args.upstream is not None else None
         tools, elsewhere = await _apart_from_other_processes(tools, others, console)
-        async with readings(args.db, args.upstream, others) as read:
+        async with readings(args.db, args.upstream, others, authorization) as read:
             if args.dry_run:
                 found = dataclasses.replace(await plan(tools, read), elsewhere=elsewhere)
                 if not found.settle:
@@ -271,7 +266,7 @@ def main(argv: Sequence[str]) -> None:
     # Piped into a file or another program, rows keep whole ids rather than folding them.
     console = Console() if sys.stdout.isatty() else Console(width=200)
     try:
-        code = asyncio.run(run(args, console))
+        code = asyncio.run(run(args, console, opencode_authorization()))
     except Refused as refusal:
         print(f"settle-proxy settle: refused: {refusal}", file=sys.stderr)
         code = Exit.REFUSED

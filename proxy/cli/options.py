@@ -1,7 +1,10 @@
-"""The proxy's command-line options, shared by `settle-proxy` and `settle-proxy run`.
+"""The proxy's command-line options, shared by `settle-proxy` and `settle-proxy run`, and what
+the other commands share with them.
 
-Defaults come from the environment (`SETTLE_*`), and opencode's own credentials from
-`OPENCODE_SERVER_PASSWORD` / `OPENCODE_SERVER_USERNAME`; they are read here and nowhere else.
+This is the one module that reads the environment: the flags' defaults (`SETTLE_*`), opencode's
+own credentials (`OPENCODE_SERVER_PASSWORD` / `OPENCODE_SERVER_USERNAME`) and the default
+locations (`XDG_*`); every other module is handed values. Each reader takes the environment as a
+mapping, `os.environ` unless a caller (a test) hands it another.
 """
 
 from __future__ import annotations
@@ -9,7 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from proxy import __version__
 from proxy.cli.arguments import UPSTREAM, OneLineParser, typed
@@ -20,11 +25,11 @@ from proxy.service.config import (
     DEFAULT_UPSTREAM,
     DEFAULT_USERNAME,
     Settings,
-    WriteBackMode,
     basic_authorization,
 )
 from proxy.supervision import process_records
-from proxy.writeback.database import default_path
+from proxy.writeback.database import default_path as opencode_database_path
+from proxy.writeback.scheduler import WriteBackMode
 
 DESCRIPTION = """\
 A reverse proxy for `opencode serve`. Everything is forwarded unchanged, except that in
@@ -44,8 +49,31 @@ starts the server itself: `settle-proxy run [options] -- opencode serve [server 
 """
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name, default)
+Environ = Mapping[str, str]
+"""The environment the command line reads (`os.environ` unless a test hands it another)."""
+
+
+def opencode_authorization(environ: Environ = os.environ) -> str | None:
+    """The proxy's own `Authorization` for opencode: OPENCODE_SERVER_PASSWORD, as user
+    OPENCODE_SERVER_USERNAME (default "opencode"); None without a password."""
+    password = environ.get("OPENCODE_SERVER_PASSWORD")
+    username = environ.get("OPENCODE_SERVER_USERNAME") or DEFAULT_USERNAME
+    return basic_authorization(username, password) if password else None
+
+
+def state_path(environ: Environ = os.environ) -> Path:
+    """Where `settle-proxy run` and a proxy record tool processes, and `orphans` reads them."""
+    return process_records.default_path(environ)
+
+
+def add_database_option(parser: argparse.ArgumentParser, help: str, environ: Environ = os.environ) -> None:
+    """`--db`, opencode's database: the proxy's for `--write-back db`, the offline command's to settle."""
+    parser.add_argument(
+        "--db",
+        type=Path,
+        default=environ.get("SETTLE_DB", str(opencode_database_path(environ))),
+        help=f"{help} [SETTLE_DB, default %(default)s]",
+    )
 
 
 def _port(text: str) -> int:
@@ -55,72 +83,83 @@ def _port(text: str) -> int:
     return port
 
 
-def build_parser(prog: str = "settle-proxy", description: str = DESCRIPTION) -> argparse.ArgumentParser:
-    """The command-line interface; defaults come from the environment."""
+class _Flags:
+    """Adds flags whose default comes from an environment variable, which their help names."""
+
+    def __init__(self, parser: argparse.ArgumentParser, environ: Environ) -> None:
+        self._parser = parser
+        self._environ = environ
+
+    def add(
+        self, flag: str, variable: str, default: str, help: str, *, shown: bool = True, **kwargs: Any
+    ) -> None:
+        """`flag`, defaulting to `$variable` or else `default`; `shown=False` keeps the default out of
+        --help (where it says nothing useful)."""
+        suffix = f"[{variable}, default %(default)s]" if shown else f"[{variable}]"
+        self._parser.add_argument(
+            flag, default=self._environ.get(variable, default), help=f"{help} {suffix}", **kwargs
+        )
+
+    def seconds(self, flag: str, variable: str, default: str, help: str, *, shown: bool = True) -> None:
+        self.add(flag, variable, default, help, shown=shown, type=typed(float, "a number of seconds"))
+
+
+def build_parser(
+    prog: str = "settle-proxy", description: str = DESCRIPTION, environ: Environ = os.environ
+) -> argparse.ArgumentParser:
+    """The command-line interface; defaults come from `environ`."""
     parser = OneLineParser(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument(
-        "--upstream",
-        type=UPSTREAM,
-        default=_env("SETTLE_UPSTREAM", DEFAULT_UPSTREAM),
-        help="the opencode server to proxy [SETTLE_UPSTREAM, default %(default)s]",
+    flags = _Flags(parser, environ)
+    flags.add(
+        "--upstream", "SETTLE_UPSTREAM", DEFAULT_UPSTREAM, "the opencode server to proxy", type=UPSTREAM
     )
-    parser.add_argument(
-        "--host",
-        default=_env("SETTLE_HOST", DEFAULT_HOST),
-        help="address to listen on; anything but loopback is warned about [SETTLE_HOST, default %(default)s]",
+    flags.add(
+        "--host", "SETTLE_HOST", DEFAULT_HOST, "address to listen on; anything but loopback is warned about"
     )
-    parser.add_argument(
+    flags.add(
         "--port",
+        "SETTLE_PORT",
+        str(DEFAULT_PORT),
+        "port to listen on",
         type=typed(_port, "a port number from 0 to 65535"),
-        default=_env("SETTLE_PORT", str(DEFAULT_PORT)),
-        help="port to listen on [SETTLE_PORT, default %(default)s]",
     )
-    parser.add_argument(
+    flags.seconds(
         "--connect-timeout",
-        type=typed(float, "a number of seconds"),
-        default=_env("SETTLE_CONNECT_TIMEOUT", "10"),
-        help="seconds to connect upstream before answering 502 [SETTLE_CONNECT_TIMEOUT, default %(default)s]",
+        "SETTLE_CONNECT_TIMEOUT",
+        "10",
+        "seconds to connect upstream before answering 502",
     )
-    parser.add_argument(
+    flags.seconds(
         "--response-timeout",
-        type=typed(float, "a number of seconds"),
-        default=_env("SETTLE_RESPONSE_TIMEOUT", "0"),
-        help="seconds a plain request may wait on the upstream (headers, then each piece of the body) "
+        "SETTLE_RESPONSE_TIMEOUT",
+        "0",
+        "seconds a plain request may wait on the upstream (headers, then each piece of the body) "
         "before a 504; 0 for no limit, the default, as opencode's synchronous prompt answers only when "
-        "the turn ends. Never applied to event streams or PTYs [SETTLE_RESPONSE_TIMEOUT]",
+        "the turn ends. Never applied to event streams or PTYs",
+        shown=False,
     )
-    parser.add_argument(
+    flags.seconds(
         "--liveness-timeout",
-        type=typed(float, "a number of seconds"),
-        default=_env("SETTLE_LIVENESS_TIMEOUT", "5"),
-        help="seconds a liveness look-up may take before a body is passed on unchanged "
-        "[SETTLE_LIVENESS_TIMEOUT, default %(default)s]",
+        "SETTLE_LIVENESS_TIMEOUT",
+        "5",
+        "seconds a liveness look-up may take before a body is passed on unchanged",
     )
-    parser.add_argument(
+    flags.add(
         "--write-back",
-        choices=[mode.value for mode in WriteBackMode],
-        default=_env("SETTLE_WRITE_BACK", WriteBackMode.OFF.value),
-        help="make settlements durable: `api` through the server (every client is told; v1 parts and v2 "
+        "SETTLE_WRITE_BACK",
+        WriteBackMode.OFF.value,
+        "make settlements durable: `api` through the server (every client is told; v1 parts and v2 "
         "tools), `db` straight into opencode.db (also closes v1 messages; for a server you cannot reach), "
-        "`off` to only rewrite views. Only parts inactive in two readings --grace apart are written "
-        "[SETTLE_WRITE_BACK, default %(default)s]",
+        "`off` to only rewrite views. Only parts inactive in two readings --grace apart are written",
+        choices=[mode.value for mode in WriteBackMode],
     )
-    parser.add_argument(
-        "--grace",
-        type=typed(float, "a number of seconds"),
-        default=_env("SETTLE_GRACE", "2"),
-        help="seconds between the two liveness readings before a write-back "
-        "[SETTLE_GRACE, default %(default)s]",
+    flags.seconds(
+        "--grace", "SETTLE_GRACE", "2", "seconds between the two liveness readings before a write-back"
     )
-    parser.add_argument(
-        "--db",
-        type=Path,
-        default=_env("SETTLE_DB", str(default_path())),
-        help="opencode's database, for --write-back db [SETTLE_DB, default %(default)s]",
-    )
+    add_database_option(parser, "opencode's database, for --write-back db", environ)
     parser.add_argument(
         "--auth",
         metavar="USER:PASSWORD",
@@ -132,34 +171,34 @@ def build_parser(prog: str = "settle-proxy", description: str = DESCRIPTION) -> 
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        default=_env("SETTLE_DRY_RUN", "") not in ("", "0", "false"),
+        default=environ.get("SETTLE_DRY_RUN", "") not in ("", "0", "false"),
         help="log and count what would be settled, but change no response and write nothing [SETTLE_DRY_RUN]",
     )
-    parser.add_argument(
+    flags.add(
         "--log-format",
+        "SETTLE_LOG_FORMAT",
+        "text",
+        "text for people, json (one object per line) for log pipelines",
         choices=("text", "json"),
-        default=_env("SETTLE_LOG_FORMAT", "text"),
-        help="text for people, json (one object per line) for log pipelines "
-        "[SETTLE_LOG_FORMAT, default %(default)s]",
     )
-    parser.add_argument(
+    flags.add(
         "--log-level",
+        "SETTLE_LOG_LEVEL",
+        "info",
+        "how much to log",
         choices=("debug", "info", "warning", "error"),
-        default=_env("SETTLE_LOG_LEVEL", "info"),
-        help="how much to log [SETTLE_LOG_LEVEL, default %(default)s]",
     )
     return parser
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    """Settings from parsed flags and the opencode credentials in the environment."""
-    password = os.environ.get("OPENCODE_SERVER_PASSWORD")
-    username = os.environ.get("OPENCODE_SERVER_USERNAME") or DEFAULT_USERNAME
+def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Settings:
+    """Settings from parsed flags and, from `environ`, opencode's credentials, the proxy's own
+    login (SETTLE_AUTH) and where tool processes are recorded."""
     return Settings(
         upstream=args.upstream,
         host=args.host,
         port=args.port,
-        authorization=basic_authorization(username, password) if password else None,
+        authorization=opencode_authorization(environ),
         connect_timeout=args.connect_timeout,
         liveness_timeout=args.liveness_timeout,
         response_timeout=args.response_timeout or None,
@@ -167,14 +206,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
         grace=args.grace,
         db_path=Path(args.db),
         dry_run=args.dry_run,
-        state_db=process_records.default_path(),
-        auth=args.auth or _auth_from_environment(),
+        state_db=state_path(environ),
+        auth=args.auth or _auth_from(environ),
     )
 
 
-def _auth_from_environment() -> tuple[str, str] | None:
+def _auth_from(environ: Environ) -> tuple[str, str] | None:
     """SETTLE_AUTH is read here, not as a flag default, so that --help never prints it."""
-    text = os.environ.get("SETTLE_AUTH")
+    text = environ.get("SETTLE_AUTH")
     if not text:
         return None
     try:

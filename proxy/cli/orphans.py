@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from proxy.cli.arguments import OneLineParser
-from proxy.supervision import process_records
+from proxy.cli.options import state_path
 from proxy.supervision.process_records import ProcessRecords, Recorded
 from proxy.system.reaper import end_groups
 
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--state",
         type=Path,
-        default=process_records.default_path(),
+        default=state_path(),
         help="the state database settle-proxy run keeps (default %(default)s)",
     )
     parser.add_argument(

@@ -15,7 +15,6 @@ from yarl import URL
 
 from proxy.cli.options import DESCRIPTION, build_parser, settings_from
 from proxy.service.config import Settings
-from proxy.supervision import process_records
 from proxy.supervision.server_command import LOOPBACK, ServerCommand, free_loopback_port
 from proxy.supervision.supervisor import Orphans, Restart, Supervisor
 
@@ -78,6 +77,6 @@ def parse(arguments: Sequence[str]) -> tuple[argparse.Namespace, Settings, Super
         server_port,
         Restart(args.restart),
         Orphans(args.orphans),
-        records=process_records.default_path(),
+        records=settings.state_db,
     )
     return args, settings, supervisor

@@ -11,9 +11,9 @@ from typing import Any
 
 import aiohttp
 from aiohttp import hdrs, web
+from yarl import URL
 
 from proxy.opencode import jsonio
-from proxy.service.config import Settings
 
 AUTH_TOKEN_PARAM = "auth_token"
 
@@ -47,11 +47,12 @@ class Credentials:
 
 
 class UpstreamApi:
-    """A thin JSON client over the application's one upstream session."""
+    """A thin JSON client over the application's one upstream session, to the server at `origin`
+    (only its scheme, host and port count)."""
 
-    def __init__(self, session: aiohttp.ClientSession, settings: Settings) -> None:
+    def __init__(self, session: aiohttp.ClientSession, origin: URL) -> None:
         self._session = session
-        self._settings = settings
+        self._origin = origin.origin()
 
     async def call(
         self,
@@ -83,7 +84,7 @@ class UpstreamApi:
         params: dict[str, str] | None = None,
         json: Any = None,
     ) -> tuple[Any, str | None]:
-        url = self._settings.upstream_origin.with_path(path)
+        url = self._origin.with_path(path)
         query = {**credentials.params, **(params or {})}
         headers = {**credentials.headers, hdrs.ACCEPT_ENCODING: "identity"}
         body = None

@@ -24,7 +24,6 @@ from aiohttp import web
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
 from proxy.opencode.other_processes import OtherProcesses
 from proxy.opencode.server_clock import ServerClock
-from proxy.service.config import Settings
 from rules import Api, Liveness
 
 log = logging.getLogger(__name__)
@@ -59,30 +58,38 @@ class DirectoryCache:
 
 
 class LivenessProbe:
-    """Reads liveness from the upstream on demand, timed by the server's clock."""
+    """Reads liveness from the upstream on demand, timed by the server's clock.
+
+    `authorization` is what look-ups send when the client they serve sent no credentials;
+    `timeout` bounds one reading; `elsewhere`, when known, the other processes on the server's
+    database whose tools the server cannot vouch for.
+    """
 
     def __init__(
         self,
         upstream: UpstreamApi,
-        settings: Settings,
+        *,
+        authorization: str | None = None,
+        timeout: float = 5.0,
         elsewhere: OtherProcesses | None = None,
         clock: ServerClock | None = None,
     ) -> None:
         self._upstream = upstream
-        self._settings = settings
+        self._authorization = authorization
+        self._timeout = timeout
         self._directories = DirectoryCache()
         self._elsewhere = elsewhere
         self.clock = clock or ServerClock()
 
     def credentials(self, request: web.Request) -> Credentials:
         """What look-ups made on behalf of `request` authenticate with."""
-        return Credentials.for_request(request, self._settings.authorization)
+        return Credentials.for_request(request, self._authorization)
 
     async def read(self, api: Api, session_id: str, credentials: Credentials) -> Liveness:
         """A fresh reading for one session, with the server's time of it; raises
         `LivenessUnknown` when in doubt."""
         try:
-            async with asyncio.timeout(self._settings.liveness_timeout):
+            async with asyncio.timeout(self._timeout):
                 if api is Api.V2:
                     active, date = await self._active_v2(session_id, credentials)
                 else:

@@ -23,10 +23,10 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 from aiohttp import hdrs, web
+from yarl import URL
 
 from proxy.opencode import jsonio
 from proxy.opencode.server_clock import ServerClock
-from proxy.service.config import Settings
 from rules import Api, Liveness
 
 log = logging.getLogger(__name__)
@@ -90,13 +90,23 @@ class KeptReading:
 
 
 class LivenessTracker:
-    """Keeps readings fresh from the event stream; `run()` follows it until cancelled."""
+    """Keeps readings fresh from the event stream of the server at `origin`; `run()` follows it
+    until cancelled. The stream is asked with `authorization` (the proxy's own credentials, if
+    any), and must start answering within `connect_timeout` (at most STREAM_START_TIMEOUT_S)."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, settings: Settings, clock: ServerClock | None = None
+        self,
+        session: aiohttp.ClientSession,
+        origin: URL,
+        *,
+        authorization: str | None = None,
+        connect_timeout: float = 10.0,
+        clock: ServerClock | None = None,
     ) -> None:
         self._session = session
-        self._settings = settings
+        self._url = origin.origin().with_path(EVENTS_PATH)
+        self._authorization = authorization
+        self._connect_timeout = connect_timeout
         self._clock = clock or ServerClock()
         self._readings: dict[tuple[Api, str], KeptReading] = {}
         self._clean: dict[str, set[str]] = {}
@@ -163,14 +173,13 @@ class LivenessTracker:
 
     async def _follow(self) -> AsyncIterator[GlobalEvent]:
         headers = {hdrs.ACCEPT: "text/event-stream", hdrs.ACCEPT_ENCODING: "identity"}
-        if self._settings.authorization:
-            headers[hdrs.AUTHORIZATION] = self._settings.authorization
-        url = self._settings.upstream_origin.with_path(EVENTS_PATH)
+        if self._authorization:
+            headers[hdrs.AUTHORIZATION] = self._authorization
         # A request sent the instant the server's port opens can go unanswered (measured on 1.18.33:
         # 20 s and more): the answer must start within the connect timeout, or it is asked again.
-        async with asyncio.timeout(min(self._settings.connect_timeout, STREAM_START_TIMEOUT_S)):
+        async with asyncio.timeout(min(self._connect_timeout, STREAM_START_TIMEOUT_S)):
             response = await self._session.get(
-                url, headers=headers, timeout=aiohttp.ClientTimeout(total=None)
+                self._url, headers=headers, timeout=aiohttp.ClientTimeout(total=None)
             )
         async with response as stream:
             if stream.status != 200:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -26,15 +27,15 @@ from proxy.relay.tasks import BACKGROUND, Background
 from proxy.relay.upstream import MOUNT_PREFIX, SETTINGS, UPSTREAM, upstream_session
 from proxy.service import health
 from proxy.service.auth import require_basic_auth
-from proxy.service.config import Settings, WriteBackMode
-from proxy.service.metrics import METRICS, CountingWriter, Metrics
+from proxy.service.config import Settings
+from proxy.service.metrics import METRICS, Metrics
 from proxy.supervision.process_records import ProcessRecords
 from proxy.supervision.supervisor import SUPERVISOR
 from proxy.supervision.tool_processes import TOOL_PROCESSES, ToolProcesses
 from proxy.writeback.api_writer import ApiWriter
 from proxy.writeback.database import OpencodeDatabase, default_path
 from proxy.writeback.db_writer import DbWriter
-from proxy.writeback.scheduler import WriteBack, Writer
+from proxy.writeback.scheduler import CountingWriter, WriteBack, WriteBackMode, Writer
 
 WRITE_BACK = web.AppKey("write_back", WriteBack)
 log = logging.getLogger(__name__)
@@ -44,7 +45,9 @@ async def _writer(settings: Settings, upstream: UpstreamApi, stack: AsyncExitSta
     if settings.write_back is WriteBackMode.API:
         return ApiWriter(upstream)
     if settings.write_back is WriteBackMode.DB:
-        database = await stack.enter_async_context(OpencodeDatabase.open(settings.db_path or default_path()))
+        database = await stack.enter_async_context(
+            OpencodeDatabase.open(settings.db_path or default_path(os.environ))
+        )
         return DbWriter(database)
     return None
 
@@ -52,16 +55,20 @@ async def _writer(settings: Settings, upstream: UpstreamApi, stack: AsyncExitSta
 async def _addons(app: web.Application) -> AsyncIterator[None]:
     """`cleanup_ctx` entry: the addons a stand-alone proxy runs, and what they own."""
     settings, metrics = app[SETTINGS], app[METRICS]
-    upstream = UpstreamApi(app[UPSTREAM], settings)
+    upstream = UpstreamApi(app[UPSTREAM], settings.upstream)
     mark_this_process()
     elsewhere = app[OTHER_PROCESSES] = OtherProcesses(settings.upstream)
-    probe = LivenessProbe(upstream, settings, elsewhere)
+    probe = LivenessProbe(
+        upstream, authorization=settings.authorization, timeout=settings.liveness_timeout, elsewhere=elsewhere
+    )
     background = app[BACKGROUND] = Background()
     async with AsyncExitStack() as stack:
         writer = await _writer(settings, upstream, stack)
         write_back = None
         if writer is not None and not settings.dry_run:
-            write_back = app[WRITE_BACK] = WriteBack(probe, CountingWriter(writer, metrics), settings.grace)
+            write_back = app[WRITE_BACK] = WriteBack(
+                probe, CountingWriter(writer, metrics.write_backs), settings.grace
+            )
             stack.push_async_callback(write_back.close)
             background.add(write_back)
         ctx = SettleContext(probe, upstream, metrics, settings.grace, write_back, settings.dry_run)
@@ -71,7 +78,13 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         stack.push_async_callback(session_streams.close)
         background.add(live)
         background.add(session_streams)
-        tracker = app[TRACKER] = LivenessTracker(app[UPSTREAM], settings, probe.clock)
+        tracker = app[TRACKER] = LivenessTracker(
+            app[UPSTREAM],
+            settings.upstream,
+            authorization=settings.authorization,
+            connect_timeout=settings.connect_timeout,
+            clock=probe.clock,
+        )
         tracker.listeners += (live, session_streams)
         if (watcher := await _tool_processes(app, stack)) is not None:
             tracker.listeners.append(watcher)

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
 from yarl import URL
+
+from proxy.writeback.scheduler import WriteBackMode
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "DEFAULT_UPSTREAM",
+    "DEFAULT_USERNAME",
+    "Settings",
+    "WriteBackMode",
+    "basic_authorization",
+]
 
 DEFAULT_UPSTREAM = "http://127.0.0.1:4096"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4097
 DEFAULT_USERNAME = "opencode"
-
-
-class WriteBackMode(StrEnum):
-    """Where settlements are made durable: nowhere, through the server's API, or in its database."""
-
-    OFF = "off"
-    API = "api"
-    DB = "db"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +49,8 @@ class Settings:
     grace: float = 2.0
     """Seconds between the two liveness readings that must both find a session inactive."""
     db_path: Path | None = None
-    """opencode's database for `write_back="db"`; None means the default location."""
+    """opencode's database for `write_back="db"`; None means its default location in this
+    process's environment (for embedding apps: the command line always says where)."""
     dry_run: bool = False
     """Decide, log and count settlements, but change no response and write nothing."""
     state_db: Path | None = None

@@ -6,18 +6,11 @@ its escaping and histogram buckets are its job, not ours).
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from proxy.opencode.client import Credentials
-from proxy.service.config import WriteBackMode
-from proxy.writeback.scheduler import Confirm, Writer, Written
-from rules import Api
-
-__all__ = ["CONTENT_TYPE_LATEST", "METRICS", "CountingWriter", "Metrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "METRICS", "Metrics"]
 
 
 class Metrics:
@@ -82,26 +75,3 @@ class Metrics:
 
 
 METRICS = web.AppKey("metrics", Metrics)
-
-
-class CountingWriter:
-    """A writer that counts what the writer it wraps achieved."""
-
-    def __init__(self, writer: Writer, metrics: Metrics) -> None:
-        self._writer = writer
-        self._metrics = metrics
-
-    @property
-    def mode(self) -> WriteBackMode:
-        return self._writer.mode
-
-    async def write(
-        self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
-    ) -> list[Written]:
-        outcome = "failed"
-        try:
-            written = await self._writer.write(api, session_id, credentials, targets, confirm)
-            outcome = "written" if written else "nothing"
-            return written
-        finally:
-            self._metrics.write_backs.labels(self.mode, outcome).inc()

@@ -48,9 +48,8 @@ from typing import Any
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
 from proxy.opencode.event_log import PROMPT_ADMITTED, call_left_open, event_name, tool_failed_data
 from proxy.opencode.ids import ascending_id
-from proxy.service.config import WriteBackMode
 from proxy.writeback.locks import SessionLocks
-from proxy.writeback.scheduler import Confirm, Written, targeted
+from proxy.writeback.scheduler import Confirm, WriteBackMode, Written, targeted
 from rules import Api, Change, Liveness, Target, settle
 from rules.models import JSONObject
 from rules.orphaned_tool import OrphanedTool

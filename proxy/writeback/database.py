@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -43,9 +42,9 @@ _V1_IDS = ("id", "sessionID", "messageID")
 _V2_IDS = ("id", "type")
 
 
-def default_path() -> Path:
-    """Where opencode keeps its database: `$XDG_DATA_HOME/opencode/opencode.db`."""
-    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+def default_path(environ: Mapping[str, str]) -> Path:
+    """Where opencode keeps its database in `environ`: `$XDG_DATA_HOME/opencode/opencode.db`."""
+    data_home = environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(data_home) / "opencode" / "opencode.db"
 
 

@@ -6,9 +6,8 @@ import asyncio
 from collections.abc import Collection
 
 from proxy.opencode.client import Credentials
-from proxy.service.config import WriteBackMode
 from proxy.writeback.database import OpencodeDatabase
-from proxy.writeback.scheduler import Confirm, Written
+from proxy.writeback.scheduler import Confirm, WriteBackMode, Written
 from rules import Api
 
 

@@ -18,15 +18,26 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
+
+from prometheus_client import Counter
 
 from proxy.opencode.client import Credentials
 from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
 from proxy.relay.tasks import KeyedTasks
-from proxy.service.config import WriteBackMode
 from rules import Api, Change, Liveness
 
 log = logging.getLogger(__name__)
+
+
+class WriteBackMode(StrEnum):
+    """Where settlements are made durable: nowhere, through the server's API, or in its database."""
+
+    OFF = "off"
+    API = "api"
+    DB = "db"
+
 
 Confirm = Callable[[], Awaitable[Liveness]]
 """Takes the reading a write rests on; a writer calls it after its re-read, never before."""
@@ -54,6 +65,29 @@ class Writer(Protocol):
     async def write(
         self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
     ) -> list[Written]: ...
+
+
+class CountingWriter:
+    """A writer that counts what the writer it wraps achieved, by mode and outcome."""
+
+    def __init__(self, writer: Writer, write_backs: Counter) -> None:
+        self._writer = writer
+        self._write_backs = write_backs
+
+    @property
+    def mode(self) -> WriteBackMode:
+        return self._writer.mode
+
+    async def write(
+        self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        outcome = "failed"
+        try:
+            written = await self._writer.write(api, session_id, credentials, targets, confirm)
+            outcome = "written" if written else "nothing"
+            return written
+        finally:
+            self._write_backs.labels(self.mode, outcome).inc()
 
 
 def targeted(change: Change, targets: Collection[str]) -> bool:

@@ -61,7 +61,6 @@ import pytest
 from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
-from proxy.service.config import Settings
 from proxy.writeback.api_writer import ApiWriter
 from proxy.writeback.scheduler import Confirm, Written
 from rules import Api, Liveness
@@ -375,8 +374,8 @@ class _PromptFirst(UpstreamApi):
     """The upstream as the API writer sees it, except that a prompt reaches the session right
     before the writer's first `/sync/replay`: the server appends between the read and the append."""
 
-    def __init__(self, session: aiohttp.ClientSession, settings: Settings, observed: Observed) -> None:
-        super().__init__(session, settings)
+    def __init__(self, session: aiohttp.ClientSession, origin: URL, observed: Observed) -> None:
+        super().__init__(session, origin)
         self._observed = observed
         self.admitted_seq: int | None = None
         self.replays: list[tuple[int, int]] = []
@@ -410,9 +409,9 @@ class _PromptFirst(UpstreamApi):
 
 
 async def _race(server: OpencodeServer, observed: Observed) -> Race:
-    settings = Settings(upstream=URL(server.url))
+    origin = URL(server.url)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        upstream = _PromptFirst(session, settings, observed)
+        upstream = _PromptFirst(session, origin, observed)
         liveness = Liveness(observed.session_id, active=False)
         outcome: list[Written] | str
         try:

@@ -69,7 +69,6 @@ import pytest
 from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi
-from proxy.service.config import Settings
 from proxy.writeback.api_writer import ApiWriter
 from proxy.writeback.locks import SessionLocks
 from rules import Api, Liveness
@@ -731,8 +730,8 @@ class _PatchTogether(UpstreamApi):
     PATCH_MEET_TIMEOUT_S) until the other writer has reached its PATCH too: the race of two
     proxies that both read the part before either writes, made certain."""
 
-    def __init__(self, session: aiohttp.ClientSession, settings: Settings, meeting: _Meeting) -> None:
-        super().__init__(session, settings)
+    def __init__(self, session: aiohttp.ClientSession, origin: URL, meeting: _Meeting) -> None:
+        super().__init__(session, origin)
         self._meeting = meeting
 
     async def call(
@@ -772,7 +771,7 @@ async def _forced_race(
     before = crashed.before[stale.session_id]
     _restale(server.database, stale, before)
     baseline = _stored(server.database, [stale])[stale.session_id]
-    settings = Settings(upstream=URL(server.url))
+    origin = URL(server.url)
     meeting = _Meeting()
     liveness = Liveness(stale.session_id, active=False)
 
@@ -782,7 +781,7 @@ async def _forced_race(
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as session:
         writers = [
             ApiWriter(
-                _PatchTogether(session, settings, meeting),
+                _PatchTogether(session, origin, meeting),
                 SessionLocks(locks / ("shared" if shared else f"own-{n}")),
             )
             for n in range(2)
