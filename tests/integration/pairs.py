@@ -1,0 +1,228 @@
+"""Two writers at once in front of one server: fetches through two proxies released by one
+barrier, and the v1 PATCH race of two in-process API writers forced (the measurements: the
+docstring of tests/integration/test_write_back_faults.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from proxy.opencode.client import Credentials, UpstreamApi
+from proxy.writeback.api_writer import ApiWriter
+from proxy.writeback.locks import SessionLocks
+from rules import Api, Liveness
+
+from .faults import (
+    PASS_TIMEOUT_S,
+    REQUEST_TIMEOUT_S,
+    Crashed,
+    Key,
+    fetch_messages,
+    part_state_of,
+    read_stored,
+    restale,
+    state_of,
+    written_counts,
+)
+from .http_client import Reply, request
+from .opencode_server import OpencodeServer
+from .polling import poll
+from .proxy_process import ProxyProcess
+from .turns import Observed, Turn
+
+PATCH_MEET_TIMEOUT_S = 1.0
+"""How long a forced-race writer waits at its PATCH for the other writer to arrive there too."""
+WRITE_BACKS_METRIC = "settle_proxy_write_backs_total{"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One session fetched through two write-back proxies at once: events appended about its tool."""
+
+    key: Key
+    counts: dict[str, int]
+    state: str
+    racing: int
+    """How many of the two proxies went for the tool (settled their view and scheduled a
+    write): 2 is a real race, 1 means the other fetched after the write."""
+
+
+@dataclass(frozen=True)
+class ForcedRace:
+    """Two in-process API writers that both read a v1 part before either PATCHes."""
+
+    patches: int
+    """PATCHes the two writers sent."""
+    written: list[int]
+    """How many parts each writer reported written."""
+    part_events: int
+    """`message.part.updated.1` events the server stored for the part."""
+
+
+def _fetch_all_at_once(requests: Sequence[tuple[str, Turn]]) -> list[Reply]:
+    """Every (proxy, session) fetch released by one barrier, so that the proxies read together."""
+    barrier = threading.Barrier(len(requests))
+
+    def fetch(base_url: str, turn: Turn) -> Reply:
+        barrier.wait(timeout=REQUEST_TIMEOUT_S)
+        return fetch_messages(base_url, turn)
+
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        running = [pool.submit(fetch, base_url, turn) for base_url, turn in requests]
+        return [future.result() for future in running]
+
+
+def _write_back_passes(proxy: ProxyProcess) -> float:
+    """Write-back passes the proxy has finished (any outcome), from its metrics."""
+    reply = request("GET", f"{proxy.url}/_settle/metrics", timeout=REQUEST_TIMEOUT_S)
+    assert reply.status == 200, reply.status
+    lines = reply.body.decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(WRITE_BACKS_METRIC))
+
+
+def fetch_and_wait_written(proxies: Sequence[ProxyProcess], turns: Sequence[Turn]) -> dict[str, int]:
+    """Fetch every session through every proxy at once; return when each proxy has finished a
+    write-back pass for each response it settled (each one scheduled one). Returns how many
+    proxies went for each session (settled its view, so scheduled a write)."""
+    passes = {proxy.url: _write_back_passes(proxy) for proxy in proxies}
+    fetches = [(proxy.url, turn) for turn in turns for proxy in proxies]
+    scheduled = dict.fromkeys(passes, 0)
+    racing = {turn.session_id: 0 for turn in turns}
+    for (proxy_url, turn), reply in zip(fetches, _fetch_all_at_once(fetches), strict=True):
+        assert reply.status == 200, reply.body[:300]
+        went = reply.headers.get("x-settle-settled") is not None
+        scheduled[proxy_url] += went
+        racing[turn.session_id] += went
+
+    def all_done() -> bool | None:
+        done = all(_write_back_passes(p) >= passes[p.url] + scheduled[p.url] for p in proxies)
+        return True if done else None
+
+    poll(all_done, what="the write-back passes of both proxies", timeout=PASS_TIMEOUT_S, interval=0.05)
+    return racing
+
+
+@contextlib.contextmanager
+def two_proxies(server: OpencodeServer, logs: Path, args: Sequence[str]) -> Iterator[list[ProxyProcess]]:
+    """Two proxy processes with the same flags in front of the server, stopped at the end."""
+    proxies = [ProxyProcess(server.url, Path(f"{logs}-{n}.log"), args) for n in range(2)]
+    try:
+        for proxy in proxies:
+            proxy.start()
+        yield proxies
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+
+
+def run_trials(
+    server: OpencodeServer,
+    crashed: Crashed,
+    proxies: Sequence[ProxyProcess],
+    keys: Sequence[Key],
+    *,
+    since_now: bool = False,
+    part_only: bool = False,
+) -> list[Trial]:
+    """Fetch the sessions through all proxies at once, wait for their passes, count the events
+    appended since the crash (or, for a session made stale again, since just now). With
+    `part_only` (api v1: the API cannot close the message) only the part row is judged."""
+    sessions = crashed.sessions(keys)
+    baseline = read_stored(server.database, sessions) if since_now else crashed.before
+    racing = fetch_and_wait_written(proxies, [stale.turn for stale in sessions])
+    after = read_stored(server.database, sessions)
+    return [
+        Trial(
+            key,
+            written_counts(stale, baseline[stale.session_id], after[stale.session_id]),
+            (part_state_of if part_only else state_of)(
+                stale, crashed.before[stale.session_id], after[stale.session_id]
+            ),
+            racing[stale.session_id],
+        )
+        for key, stale in zip(keys, sessions, strict=True)
+    ]
+
+
+class _PatchTogether(UpstreamApi):
+    """The upstream as one of two API writers sees it, except that a v1 PATCH waits (up to
+    PATCH_MEET_TIMEOUT_S) until the other writer has reached its PATCH too: the race of two
+    proxies that both read the part before either writes, made certain."""
+
+    def __init__(self, session: aiohttp.ClientSession, origin: URL, meeting: _Meeting) -> None:
+        super().__init__(session, origin)
+        self._meeting = meeting
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        credentials: Credentials,
+        *,
+        params: dict[str, str] | None = None,
+        json: Any = None,
+    ) -> Any:
+        if method == "PATCH":
+            await self._meeting.arrive()
+        return await super().call(method, path, credentials, params=params, json=json)
+
+
+class _Meeting:
+    """Where the two writers' PATCHes wait for each other; counts who arrived."""
+
+    def __init__(self) -> None:
+        self.arrived = 0
+        self._both = asyncio.Event()
+
+    async def arrive(self) -> None:
+        self.arrived += 1
+        if self.arrived >= 2:
+            self._both.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._both.wait(), PATCH_MEET_TIMEOUT_S)
+
+
+async def forced_race(
+    server: OpencodeServer, crashed: Crashed, stale: Observed, *, shared: bool, locks: Path
+) -> ForcedRace:
+    """Make the part stale again, then let two API writers write it at once: with one lock
+    directory (two proxies on one host), or with one each (no lock in common)."""
+    before = crashed.before[stale.session_id]
+    restale(server.database, stale, before)
+    baseline = read_stored(server.database, [stale])[stale.session_id]
+    origin = URL(server.url)
+    meeting = _Meeting()
+    liveness = Liveness(stale.session_id, active=False)
+
+    async def confirm() -> Liveness:
+        return liveness
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as session:
+        writers = [
+            ApiWriter(
+                _PatchTogether(session, origin, meeting),
+                SessionLocks(locks / ("shared" if shared else f"own-{n}")),
+            )
+            for n in range(2)
+        ]
+        results = await asyncio.gather(
+            *(
+                writer.write(Api.V1, stale.session_id, Credentials(), {stale.tool_id}, confirm)
+                for writer in writers
+            )
+        )
+    after = read_stored(server.database, [stale])[stale.session_id]
+    return ForcedRace(
+        patches=meeting.arrived,
+        written=[len(result) for result in results],
+        part_events=written_counts(stale, baseline, after)["part"],
+    )
