@@ -13,7 +13,6 @@ from proxy.addons.settle import SETTLED_HEADER, Settle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.tracker import LivenessTracker
-from proxy.service.config import Settings
 from proxy.service.metrics import Metrics
 from tests.fixtures import compact
 from tests.proxy.fake_opencode import FakeOpencode
@@ -27,10 +26,10 @@ STALE = compact("v1-message-stale-running.json")
 async def settle(upstream: TestServer) -> AsyncIterator[Settle]:
     """The addon as the application builds it, asking the fake upstream for liveness (the
     tracker never follows a stream here, so every reading is asked)."""
-    settings = Settings(upstream=URL(str(upstream.make_url("/"))))
+    origin = URL(str(upstream.make_url("/")))
     async with aiohttp.ClientSession() as session:
-        probe = LivenessProbe(UpstreamApi(session, settings), settings, None)
-        yield Settle(probe, LivenessTracker(session, settings), Metrics())
+        probe = LivenessProbe(UpstreamApi(session, origin))
+        yield Settle(probe, LivenessTracker(session, origin), Metrics())
 
 
 async def test_a_stale_view_of_an_idle_session_is_settled(settle: Settle) -> None:
