@@ -17,6 +17,7 @@ from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import OpenPart, StreamMemory
 from proxy.opencode.client import Credentials, UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
+from proxy.opencode.runtimes import V1_HTTP
 from proxy.relay.sse import opencode_event
 from proxy.relay.tasks import KeyedTasks
 from rules import OPEN_STATUSES, Api, Liveness, settle_view
@@ -86,7 +87,7 @@ class OpenParts:
     ) -> None:
         try:
             message = await self._ctx.upstream.get(
-                f"/session/{session_id}/message/{message_id}", self._credentials
+                V1_HTTP.messages_path(session_id, message_id), self._credentials
             )
         except (UpstreamRefused, OSError) as error:
             log.info("live settle of %s: message %s unreadable (%s)", session_id, message_id, error)

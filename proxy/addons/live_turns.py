@@ -18,6 +18,7 @@ from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import OpenPart, StreamMemory
 from proxy.opencode.client import Credentials, UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
+from proxy.opencode.runtimes import V1_HTTP
 from proxy.relay.sse import opencode_event
 from proxy.relay.tasks import KeyedTasks
 from rules import Api, Liveness, UnexpectedShape, settle_view
@@ -74,7 +75,7 @@ class DeadTurns:
             read = [
                 (
                     place,
-                    await self._ctx.upstream.get(f"/session/{session_id}/message/{mid}", self._credentials),
+                    await self._ctx.upstream.get(V1_HTTP.messages_path(session_id, mid), self._credentials),
                 )
                 for mid, place in messages
             ]

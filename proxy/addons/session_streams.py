@@ -36,6 +36,7 @@ from proxy.opencode.event_log import CALL_ENDED, CALL_STARTED, tool_failed_data
 from proxy.opencode.ids import ascending_id
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.routes import SESSION_STREAM
+from proxy.opencode.runtimes import V2_HTTP
 from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.relay.hooks import Addon, Flow
 from proxy.relay.sse import event_frame
@@ -122,7 +123,7 @@ class SessionStreamSettle(Addon, StreamListener):
     async def _confirm(self, session_id: str, credentials: Credentials) -> None:
         await asyncio.sleep(self._ctx.grace)
         try:
-            document = await self._ctx.upstream.get(f"/api/session/{session_id}/message", credentials)
+            document = await self._ctx.upstream.get(V2_HTTP.messages_path(session_id), credentials)
             liveness = await self._ctx.probe.read(Api.V2, session_id, credentials)
             view = None if liveness.active else settle_view(document, Api.V2, liveness)
         except (UpstreamRefused, OSError, LivenessUnknown, UnexpectedShape) as error:

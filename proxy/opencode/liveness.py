@@ -23,6 +23,7 @@ from aiohttp import web
 
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
 from proxy.opencode.other_processes import OtherProcesses
+from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
 from proxy.opencode.server_clock import ServerClock
 from rules import Api, Liveness
 
@@ -80,6 +81,7 @@ class LivenessProbe:
         self._directories = DirectoryCache()
         self._elsewhere = elsewhere
         self.clock = clock or ServerClock()
+        self._readers = {V1_HTTP.api: self._busy_v1, V2_HTTP.api: self._active_v2}
 
     def credentials(self, request: web.Request) -> Credentials:
         """What look-ups made on behalf of `request` authenticate with."""
@@ -90,10 +92,7 @@ class LivenessProbe:
         `LivenessUnknown` when in doubt."""
         try:
             async with asyncio.timeout(self._timeout):
-                if api is Api.V2:
-                    active, date = await self._active_v2(session_id, credentials)
-                else:
-                    active, date = await self._busy_v1(session_id, credentials)
+                active, date = await self._readers[api](session_id, credentials)
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, UpstreamRefused) as error:
             raise LivenessUnknown(f"{type(error).__name__}: {error}") from error
         taken_at = self.clock.observe(date)
@@ -108,10 +107,10 @@ class LivenessProbe:
         return dataclasses.replace(liveness, elsewhere_since=await self._elsewhere.bound())
 
     async def _active_v2(self, session_id: str, credentials: Credentials) -> tuple[bool, str | None]:
-        answer, date = await self._upstream.dated_get("/api/session/active", credentials)
+        answer, date = await self._upstream.dated_get(V2_HTTP.liveness_path, credentials)
         data = answer.get("data") if isinstance(answer, dict) else None
         if not isinstance(data, dict):
-            raise LivenessUnknown("/api/session/active: no `data` object")
+            raise LivenessUnknown(f"{V2_HTTP.liveness_path}: no `data` object")
         return session_id in data, date
 
     async def _busy_v1(self, session_id: str, credentials: Credentials) -> tuple[bool, str | None]:
@@ -119,9 +118,11 @@ class LivenessProbe:
         meanwhile was asked about in the wrong instance, and is asked again where it is now."""
         directory = self._directories.get(session_id) or await self._directory(session_id, credentials)
         for _ in range(_MOVES):
-            answer, date = await self._upstream.dated_get("/session/status", credentials, directory=directory)
+            answer, date = await self._upstream.dated_get(
+                V1_HTTP.liveness_path, credentials, directory=directory
+            )
             if not isinstance(answer, dict):
-                raise LivenessUnknown("/session/status: not an object")
+                raise LivenessUnknown(f"{V1_HTTP.liveness_path}: not an object")
             current = await self._directory(session_id, credentials)
             if current == directory:
                 return session_id in answer and _is_busy(answer[session_id]), date

@@ -6,12 +6,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
 from rules import Api
 
-_MESSAGE_ROUTES = (
-    (Api.V2, re.compile(r"^/api/session/(?P<session>[^/]+)/(?:context|message(?:/(?P<message>[^/]+))?)/?$")),
-    (Api.V1, re.compile(r"^/session/(?P<session>[^/]+)/message(?:/(?P<message>[^/]+))?/?$")),
-)
+_MESSAGE_ROUTES = tuple((runtime.api, runtime.message_views) for runtime in (V2_HTTP, V1_HTTP))
 
 
 @dataclass(frozen=True, slots=True)

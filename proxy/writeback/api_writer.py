@@ -48,6 +48,7 @@ from typing import Any
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
 from proxy.opencode.event_log import PROMPT_ADMITTED, call_left_open, event_name, tool_failed_data
 from proxy.opencode.ids import ascending_id
+from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
 from proxy.writeback.locks import SessionLocks
 from proxy.writeback.scheduler import Confirm, WriteBackMode, Written, targeted
 from rules import Api, Change, Liveness, Target, settle
@@ -83,13 +84,12 @@ class ApiWriter:
     def __init__(self, upstream: UpstreamApi, locks: SessionLocks | None = None) -> None:
         self._upstream = upstream
         self._locks = locks or SessionLocks()
+        self._writers = {V1_HTTP.api: self._write_v1, V2_HTTP.api: self._write_v2}
 
     async def write(
         self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
     ) -> list[Written]:
-        if api is Api.V1:
-            return await self._write_v1(session_id, credentials, targets, confirm)
-        return await self._write_v2(session_id, credentials, targets, confirm)
+        return await self._writers[api](session_id, credentials, targets, confirm)
 
     async def _write_v1(
         self, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
@@ -101,20 +101,20 @@ class ApiWriter:
     async def _patch_v1(
         self, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
     ) -> list[Written]:
-        messages = await self._upstream.get(f"/session/{session_id}/message", credentials)
+        messages = await self._upstream.get(V1_HTTP.messages_path(session_id), credentials)
         liveness = await confirm()
         written = []
         for message in messages:
-            settlement = settle(message, Api.V1, liveness)
+            settlement = settle(message, V1_HTTP.api, liveness)
             if settlement is None:
                 continue
             for change in settlement.changes:
                 target = change.target
                 if not change.on_tool or not targeted(change, targets):
                     continue
-                path = f"/session/{session_id}/message/{target.message}/part/{target.part}"
+                path = f"{V1_HTTP.messages_path(session_id, target.message)}/part/{target.part}"
                 await self._upstream.call("PATCH", path, credentials, json=settlement.settled(change))
-                written.append(Written(Api.V1, session_id, target.message, target.part, change.rule))
+                written.append(Written(V1_HTTP.api, session_id, target.message, target.part, change.rule))
         return written
 
     async def _write_v2(
@@ -133,7 +133,7 @@ class ApiWriter:
             if await self._append_failure(
                 session_id, directory, call, item, event_log=event_log, credentials=credentials
             ):
-                written.append(Written(Api.V2, session_id, call.message, call.part, change.rule))
+                written.append(Written(V2_HTTP.api, session_id, call.message, call.part, change.rule))
         return written
 
     async def _append_failure(
@@ -175,7 +175,7 @@ class ApiWriter:
         """Every message, newest first, following the list's cursor."""
         params = {"limit": str(_PAGE)}
         for _ in range(_MAX_PAGES):
-            page = await self._upstream.get(f"/api/session/{session_id}/message", credentials, **params)
+            page = await self._upstream.get(V2_HTTP.messages_path(session_id), credentials, **params)
             for message in page["data"]:
                 yield message
             cursor = (page.get("cursor") or {}).get("next")
@@ -210,7 +210,7 @@ def _open_calls(
     item as the rule settled it (its `time.completed` is the failure time)."""
     calls = []
     for message in messages:
-        settlement = settle(message, Api.V2, liveness, rules=(OrphanedTool(),))
+        settlement = settle(message, V2_HTTP.api, liveness, rules=(OrphanedTool(),))
         if settlement is None:
             continue
         calls += [
