@@ -1,0 +1,58 @@
+"""Background work: one task per key, and an application's owners waited for as one."""
+
+import asyncio
+
+from proxy.relay.tasks import Background, KeyedTasks
+
+
+async def test_a_key_whose_task_runs_starts_nothing_more() -> None:
+    tasks: KeyedTasks[str] = KeyedTasks("test")
+    release, runs = asyncio.Event(), []
+
+    async def work() -> None:
+        runs.append(1)
+        await release.wait()
+
+    tasks.start("a", work)
+    tasks.start("a", work)
+    await asyncio.sleep(0)  # the point: let the one task start
+    assert tasks.busy
+    release.set()
+    await tasks.idle()
+    assert not tasks.busy
+    assert runs == [1]
+    tasks.start("a", work)  # done, so the key is free again
+    await tasks.idle()
+    assert runs == [1, 1]
+
+
+async def test_close_cancels_what_has_not_finished() -> None:
+    tasks: KeyedTasks[str] = KeyedTasks("test")
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    tasks.start("a", forever)
+    await tasks.close()
+    await tasks.idle()
+    assert not tasks.busy
+
+
+async def test_background_waits_until_no_owner_is_busy_even_when_one_starts_anothers_work() -> None:
+    first: KeyedTasks[str] = KeyedTasks("first")
+    second: KeyedTasks[str] = KeyedTasks("second")
+    done = []
+
+    async def write() -> None:
+        done.append("written")
+
+    async def confirm() -> None:
+        second.start("s", write)  # a confirmation that schedules a write
+
+    background = Background()
+    background.add(second)
+    background.add(first)
+    first.start("s", confirm)
+    await background.idle()
+    assert done == ["written"]
+    assert not background.busy
