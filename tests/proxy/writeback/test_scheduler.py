@@ -1,0 +1,92 @@
+"""The write-back scheduler: after the grace period, one write per session with every id named
+meanwhile, resting on a reading the writer takes; a failing write is logged, never raised."""
+
+from collections.abc import AsyncIterator, Collection
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+from yarl import URL
+
+from proxy.opencode.client import Credentials, UpstreamApi
+from proxy.opencode.liveness import LivenessProbe
+from proxy.writeback.scheduler import Confirm, WriteBack, WriteBackMode, Written
+from rules import Api, Liveness
+from tests.proxy.fake_opencode import FakeOpencode
+
+V2 = "ses_v2"
+
+
+class Recording:
+    """A writer that takes the reading and records what it was asked to write."""
+
+    def __init__(self, *, fails: bool = False) -> None:
+        self.calls: list[tuple[str, set[str], Liveness | None]] = []
+        self._fails = fails
+
+    @property
+    def mode(self) -> WriteBackMode:
+        return WriteBackMode.API
+
+    async def write(
+        self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        liveness = None
+        try:
+            liveness = await confirm()
+        finally:
+            self.calls.append((session_id, set(targets), liveness))
+        if self._fails:
+            raise RuntimeError("disk full")
+        return [Written(api, session_id, "msg_1", target, "orphaned-tool") for target in targets]
+
+
+@pytest.fixture
+async def probe(upstream: TestServer) -> AsyncIterator[LivenessProbe]:
+    async with aiohttp.ClientSession() as session:
+        yield LivenessProbe(UpstreamApi(session, URL(str(upstream.make_url("/")))))
+
+
+async def test_ids_named_while_a_write_is_pending_join_it(probe: LivenessProbe) -> None:
+    writer = Recording()
+    write_back = WriteBack(probe, writer, grace=0.01)
+    write_back.schedule(Api.V2, V2, Credentials(), {"call_1"})
+    write_back.schedule(Api.V2, V2, Credentials(), {"call_2"})
+    assert write_back.busy
+    await write_back.idle()
+    ((session, targets, liveness),) = writer.calls
+    assert (session, targets) == (V2, {"call_1", "call_2"})
+    assert liveness is not None
+    assert not liveness.active
+
+
+async def test_an_active_session_is_read_as_such(probe: LivenessProbe, fake: FakeOpencode) -> None:
+    fake.v2_active.add(V2)
+    writer = Recording()
+    write_back = WriteBack(probe, writer, grace=0)
+    write_back.schedule(Api.V2, V2, Credentials(), {"call_1"})
+    await write_back.idle()
+    ((_, _, liveness),) = writer.calls
+    assert liveness is not None
+    assert liveness.active
+
+
+@pytest.mark.parametrize("liveness_fails", [False, True])
+async def test_a_failed_write_or_reading_is_logged_not_raised(
+    probe: LivenessProbe, fake: FakeOpencode, caplog: pytest.LogCaptureFixture, liveness_fails: bool
+) -> None:
+    fake.liveness_fails = liveness_fails
+    write_back = WriteBack(probe, Recording(fails=True), grace=0)
+    write_back.schedule(Api.V2, V2, Credentials(), {"call_1"})
+    await write_back.idle()
+    expected = "liveness unknown" if liveness_fails else "failed (mode=api); nothing half-written"
+    assert expected in caplog.text
+
+
+async def test_close_cancels_an_unconfirmed_write(probe: LivenessProbe) -> None:
+    writer = Recording()
+    write_back = WriteBack(probe, writer, grace=60)
+    write_back.schedule(Api.V2, V2, Credentials(), {"call_1"})
+    await write_back.close()
+    assert writer.calls == []
+    assert not write_back.busy
