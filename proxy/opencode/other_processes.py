@@ -26,14 +26,15 @@ import ipaddress
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from yarl import URL
 
-from proxy.system.procfs import PROC, program_name
+from proxy.system.open_files import OpenFiles, boot_time_ms, listening_sockets, open_files, started_at_ms
+from proxy.system.procfs import PROC, command_line, program_name
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,6 @@ START_MARGIN_MS = 1_000
 wall-clock steps made since boot, and an early bound can only hold back, never settle wrongly."""
 MAX_AGE_S = 1.0
 """How long a survey is reused. Folding its time into the bound keeps a reused one exact."""
-_LISTEN = "0A"
-_PF_KTHREAD = 0x00200000
 _marker_fd: int | None = None
 
 
@@ -109,15 +108,6 @@ class Survey:
         return body
 
 
-@dataclass(slots=True)
-class _Seen:
-    """What one process's fd table says, reduced to what a survey needs."""
-
-    sockets: set[str] = field(default_factory=set)
-    databases: set[str] = field(default_factory=set)
-    marked: bool = False
-
-
 def survey(
     upstream: URL,
     *,
@@ -135,9 +125,8 @@ def survey(
     """
     scanned_at = int(time.time() * 1000) if now_ms is None else now_ms
     proc = PROC if proc is None else proc
-    own = os.getpid() if own_pid is None else own_pid
     try:
-        boot_ms = _boot_time_ms(proc)
+        boot_ms = boot_time_ms(proc)
     except (OSError, ValueError):
         return Survey(scanned_at, unknown=f"no readable {proc}/stat: not Linux, or /proc is not mounted")
     if database is None and not _on_loopback(upstream):
@@ -146,160 +135,75 @@ def survey(
             unknown=f"the upstream {upstream.origin()} is not on this host's loopback "
             "(another host or container?)",
         )
-    seen, not_inspected = _fd_tables(proc)
+    seen, not_inspected = open_files(proc, f"/memfd:{MARKER} (deleted)")
     held = {socket for process in seen.values() for socket in process.sockets}
     # Reading the socket tables costs more than the whole fd pass: the last answer holds while
     # its socket is still open.
-    listening = set(listeners) & held or _listening_sockets(proc, upstream)
+    listening = set(listeners) & held or _listening(proc, upstream)
     if database is None and not listening:
         return Survey(
             scanned_at,
             unknown=f"the upstream {upstream.origin()} listens in no socket seen here (another container?)",
         )
     upstream_pids = tuple(sorted(pid for pid, process in seen.items() if process.sockets & listening))
-    if database is not None:
-        databases = {str(database.resolve())}
-    elif not upstream_pids:
-        why = "(another user's?)" if not_inspected else "(another container?)"
-        return Survey(
-            scanned_at,
-            unknown=f"the process listening on {upstream.origin()} is not among those readable here {why}",
-            not_inspected=not_inspected,
-        )
-    else:
-        databases = {
-            path
-            for pid in upstream_pids
-            for path in seen[pid].databases
-            if os.path.basename(path).startswith("opencode")
-        }
-        if not databases:
-            return Survey(
-                scanned_at,
-                unknown=f"the process listening on {upstream.origin()} "
-                f"(pid {', '.join(map(str, upstream_pids))}) holds no opencode database open",
-                upstream_pids=upstream_pids,
-                not_inspected=not_inspected,
-            )
+    found = _databases(upstream, database, seen, upstream_pids, not_inspected)
+    if isinstance(found, str):
+        return Survey(scanned_at, unknown=found, upstream_pids=upstream_pids, not_inspected=not_inspected)
+    own = os.getpid() if own_pid is None else own_pid
     others = []
     for pid, process in sorted(seen.items()):
-        if pid == own or pid in upstream_pids or process.marked or not process.databases & databases:
+        if pid == own or pid in upstream_pids or process.marked or not process.databases & found:
             continue
-        started = _started_at(proc, pid, boot_ms)
+        started = started_at_ms(proc, pid, boot_ms)
         if started is not None:
-            others.append(OtherProcess(pid, started, _command(proc / str(pid))))
+            others.append(OtherProcess(pid, started - START_MARGIN_MS, command_line(pid, proc)))
     return Survey(
         scanned_at,
         upstream_pids=upstream_pids,
-        databases=tuple(sorted(databases)),
+        databases=tuple(sorted(found)),
         listeners=tuple(sorted(listening)),
         others=tuple(others),
         not_inspected=not_inspected,
     )
 
 
-def _boot_time_ms(proc: Path) -> int:
-    for line in (proc / "stat").read_text().splitlines():
-        if line.startswith("btime "):
-            return int(line.split()[1]) * 1000
-    raise ValueError("no btime")
+def _databases(
+    upstream: URL,
+    database: Path | None,
+    seen: dict[int, OpenFiles],
+    upstream_pids: tuple[int, ...],
+    not_inspected: int,
+) -> set[str] | str:
+    """The database files the survey is about: `database`, else the opencode databases the
+    upstream's process holds open; or why they cannot be known."""
+    if database is not None:
+        return {str(database.resolve())}
+    if not upstream_pids:
+        why = "(another user's?)" if not_inspected else "(another container?)"
+        return f"the process listening on {upstream.origin()} is not among those readable here {why}"
+    databases = {
+        path
+        for pid in upstream_pids
+        for path in seen[pid].databases
+        if os.path.basename(path).startswith("opencode")
+    }
+    if not databases:
+        return (
+            f"the process listening on {upstream.origin()} "
+            f"(pid {', '.join(map(str, upstream_pids))}) holds no opencode database open"
+        )
+    return databases
 
 
 def _on_loopback(upstream: URL) -> bool:
     return _is_loopback(upstream.host or "") and upstream.port is not None
 
 
-def _listening_sockets(proc: Path, upstream: URL) -> set[str]:
+def _listening(proc: Path, upstream: URL) -> set[str]:
     """Inodes of the sockets listening on the upstream's port (none unless it is on loopback)."""
-    inodes: set[str] = set()
-    if not _on_loopback(upstream):
-        return inodes
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = (proc / "net" / table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        port = f":{upstream.port:04X}"
-        for line in lines:
-            if f"{port} " not in line:  # most lines, cheaply
-                continue
-            fields = line.split()
-            if len(fields) > 9 and fields[3] == _LISTEN and fields[1].endswith(port):
-                inodes.add(fields[9])
-    return inodes
-
-
-def _fd_tables(proc: Path) -> tuple[dict[int, _Seen], int]:
-    """Every readable process's sockets, `*.db` files and marker; and how many could not be read."""
-    seen: dict[int, _Seen] = {}
-    not_inspected = 0
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        links = _links(entry / "fd")
-        if links is None:
-            not_inspected += not _gone_or_kernel(entry)
-            continue
-        process = seen[int(entry.name)] = _Seen()
-        for link in links:
-            if link.startswith("socket:["):
-                process.sockets.add(link[8:-1])
-            elif link.endswith(".db"):
-                process.databases.add(link)
-            elif link == f"/memfd:{MARKER} (deleted)":
-                process.marked = True
-    return seen, not_inspected
-
-
-def _links(fd_dir: Path) -> list[str] | None:
-    """Where the descriptors point; None when they cannot be read (gone, or another user's).
-
-    Read relative to the open directory: building a path per descriptor cost more than reading it.
-    """
-    try:
-        directory = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return None
-    try:
-        links = []
-        for name in os.listdir(directory):
-            with contextlib.suppress(OSError):  # closed meanwhile
-                links.append(os.readlink(name, dir_fd=directory))
-        return links
-    except OSError:
-        return None
-    finally:
-        os.close(directory)
-
-
-def _gone_or_kernel(process: Path) -> bool:
-    """A process that ended meanwhile, or a kernel thread (no files): nothing hidden there."""
-    fields = _stat_fields(process)
-    return fields is None or bool(int(fields[6]) & _PF_KTHREAD)
-
-
-def _stat_fields(process: Path) -> list[str] | None:
-    """`/proc/PID/stat` from field 3 on (the command name may hold spaces and parentheses)."""
-    try:
-        text = (process / "stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 1 :].split()
-
-
-def _started_at(proc: Path, pid: int, boot_ms: int) -> int | None:
-    fields = _stat_fields(proc / str(pid))
-    if fields is None:
-        return None
-    ticks = int(fields[19])
-    return boot_ms + ticks * 1000 // os.sysconf("SC_CLK_TCK") - START_MARGIN_MS
-
-
-def _command(process: Path) -> str:
-    try:
-        return (process / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "?"
+    if not _on_loopback(upstream) or upstream.port is None:
+        return set()
+    return listening_sockets(proc, upstream.port)
 
 
 def _is_loopback(host: str) -> bool:

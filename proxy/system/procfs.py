@@ -23,22 +23,25 @@ class Stat:
     group: int
     started: int
     """Start time in clock ticks since boot: with the pid, it names one process for good."""
+    flags: int
+    """The kernel's `PF_*` flags: `PF_KTHREAD` marks a kernel thread."""
 
 
-def stat(pid: int) -> Stat | None:
+def stat(pid: int, proc: Path = PROC) -> Stat | None:
+    """The process's stat line, from `proc` (a test's fake tree, else /proc)."""
     try:
-        text = (PROC / str(pid) / "stat").read_text()
+        text = (proc / str(pid) / "stat").read_text()
     except OSError:
         return None
     fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
-    return Stat(fields[0], int(fields[1]), int(fields[2]), int(fields[19]))
+    return Stat(fields[0], int(fields[1]), int(fields[2]), int(fields[19]), int(fields[6]))
 
 
-def command_line(pid: int) -> str:
+def command_line(pid: int, proc: Path = PROC) -> str:
     """The process's command line as one string ("?" when it cannot be read)."""
     try:
         return (
-            (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            (proc / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         )
     except OSError:
         return "?"
