@@ -68,7 +68,7 @@ class LiveSettle(Addon, StreamListener):
     # Client streams.
 
     async def response_headers(self, flow: Flow) -> None:
-        self._clients.subscribe(flow)
+        self._clients.subscribe(flow, by=self.name)
 
     async def done(self, flow: Flow) -> None:
         self._clients.unsubscribe(flow)

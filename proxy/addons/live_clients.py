@@ -17,22 +17,24 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from proxy.addons.live_memory import REMEMBERED, OpenPart
-from proxy.relay.hooks import Flow
+from proxy.addons.routing import route_of
+from proxy.opencode.routes import EventStream
+from proxy.relay.hooks import Flow, FlowKey
 from proxy.relay.sse import event_frame
-from proxy.relay.upstream import opencode_path
 
-GLOBAL_STREAM = "/global/event"
-INSTANCE_STREAM = "/event"
 _DIRECTORY_HEADER = "x-opencode-directory"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Subscriber:
     """One client event stream: its queue, and which events it carries."""
 
     queue: asyncio.Queue[bytes]
     directory: str | None
     """None: the global stream (every directory, events wrapped with their directory)."""
+
+
+SUBSCRIBER = FlowKey[Subscriber]("live-settle subscriber")
 
 
 @dataclass(slots=True)
@@ -54,28 +56,31 @@ class ClientStreams:
 
     def __init__(self, injected: Counter) -> None:
         self._injected = injected
-        self._subscribers: dict[int, Subscriber] = {}
+        self._subscribers: dict[Subscriber, None] = {}
+        """An ordered set: each is also kept in its flow (`SUBSCRIBER`)."""
         self._orphans: OrderedDict[str, dict[str, Orphan]] = OrderedDict()
 
-    def subscribe(self, flow: Flow) -> None:
+    def subscribe(self, flow: Flow, *, by: str) -> None:
         """Take `flow` as a client stream if it is one: replay the known state, then inject."""
         if flow.status != 200 or flow.request.method != "GET" or not flow.event_stream:
             return
-        path = opencode_path(flow.request)
-        if path == GLOBAL_STREAM:
+        stream = route_of(flow).stream
+        if stream is EventStream.GLOBAL:
             subscriber = Subscriber(asyncio.Queue(), None)
-        elif path == INSTANCE_STREAM and (directory := _requested_directory(flow.request)):
+        elif stream is EventStream.INSTANCE and (directory := _requested_directory(flow.request)):
             subscriber = Subscriber(asyncio.Queue(), directory)
         else:
             return
+        flow.inject(subscriber.queue, by=by)
         for orphans in self._orphans.values():
             for orphan in orphans.values():
                 self._send(subscriber, orphan, live=False)
-        self._subscribers[id(flow)] = subscriber
-        flow.inject = subscriber.queue
+        self._subscribers[subscriber] = None
+        flow[SUBSCRIBER] = subscriber
 
     def unsubscribe(self, flow: Flow) -> None:
-        self._subscribers.pop(id(flow), None)
+        if (subscriber := flow.get(SUBSCRIBER)) is not None:
+            self._subscribers.pop(subscriber, None)
 
     def forget(self, session_id: str) -> None:
         """The stream said something newer about the session: stop replaying its state."""
@@ -88,7 +93,7 @@ class ClientStreams:
         self._orphans.move_to_end(session_id)
         while len(self._orphans) > REMEMBERED:
             self._orphans.popitem(last=False)
-        for subscriber in self._subscribers.values():
+        for subscriber in self._subscribers:
             self._send(subscriber, orphan, live=True)
 
     def _send(self, subscriber: Subscriber, orphan: Orphan, *, live: bool) -> None:

@@ -31,17 +31,17 @@ from functools import partial
 from typing import Any, ClassVar
 
 from proxy.addons.context import SettleContext
+from proxy.addons.routing import route_of
 from proxy.opencode.client import Credentials, UpstreamRefused
 from proxy.opencode.event_log import CALL_ENDED, CALL_STARTED, tool_failed_data
 from proxy.opencode.ids import ascending_id
 from proxy.opencode.liveness import LivenessUnknown
-from proxy.opencode.routes import SESSION_STREAM
+from proxy.opencode.routes import EventStream
 from proxy.opencode.runtimes import V2_HTTP
 from proxy.opencode.tracker import GlobalEvent, StreamListener
-from proxy.relay.hooks import Addon, Flow
+from proxy.relay.hooks import Addon, Flow, FlowKey
 from proxy.relay.sse import event_frame
 from proxy.relay.tasks import KeyedTasks
-from proxy.relay.upstream import opencode_path
 from rules import Api, Change, Settlement, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
@@ -50,13 +50,16 @@ TOOL_FAILED = "session.next.tool.failed"
 _REMEMBERED = 10_000
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class SessionStream:
     """One client's stream of one session, and the calls it has been told are settled."""
 
     session_id: str
     queue: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
     told: set[str] = field(default_factory=set)
+
+
+STREAM = FlowKey[SessionStream]("session stream")
 
 
 class SessionStreamSettle(Addon, StreamListener):
@@ -68,7 +71,8 @@ class SessionStreamSettle(Addon, StreamListener):
     def __init__(self, ctx: SettleContext, credentials: Credentials) -> None:
         self._ctx = ctx
         self._credentials = credentials
-        self._streams: dict[int, SessionStream] = {}
+        self._streams: dict[SessionStream, None] = {}
+        """An ordered set: each is also kept in its flow (`STREAM`)."""
         self._checks: KeyedTasks[str] = KeyedTasks(self.name)
         self._open: dict[str, set[str]] = {}
         """Per session, the v2 calls the followed stream showed open (a `StreamListener`)."""
@@ -97,16 +101,19 @@ class SessionStreamSettle(Addon, StreamListener):
     async def response_headers(self, flow: Flow) -> None:
         if flow.status != 200 or flow.request.method != "GET" or not flow.event_stream:
             return
-        match = SESSION_STREAM.match(opencode_path(flow.request))
-        if match is None:
+        route = route_of(flow)
+        if route.stream is not EventStream.SESSION or route.stream_session is None:
             return
-        stream = self._streams[id(flow)] = SessionStream(match["session"])
-        flow.inject = stream.queue
+        stream = SessionStream(route.stream_session)
+        flow.inject(stream.queue, by=self.name)
+        self._streams[stream] = None
+        flow[STREAM] = stream
         credentials = self._ctx.probe.credentials(flow.request)
         self._checks.start(stream.session_id, lambda: self._confirm(stream.session_id, credentials))
 
     async def done(self, flow: Flow) -> None:
-        self._streams.pop(id(flow), None)
+        if (stream := flow.get(STREAM)) is not None:
+            self._streams.pop(stream, None)
 
     @property
     def busy(self) -> bool:
@@ -140,7 +147,7 @@ class SessionStreamSettle(Addon, StreamListener):
         self._report(session_id, calls)
         if self._ctx.dry_run:
             return
-        for stream in self._streams.values():
+        for stream in self._streams:
             if stream.session_id == session_id:
                 self._tell(stream, calls)
         if self._ctx.write_back is not None:

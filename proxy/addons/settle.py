@@ -22,13 +22,13 @@ from aiohttp import hdrs
 
 from proxy.addons.context import SettleMetrics
 from proxy.addons.rewrite import RecentRewrites, Rewritten, mentions_open_status, rewrite
+from proxy.addons.routing import route_of
 from proxy.opencode.client import Credentials
 from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
-from proxy.opencode.routes import MessageRoute, match_message_route
+from proxy.opencode.routes import MessageRoute
 from proxy.opencode.tracker import LivenessTracker
 from proxy.relay import codings
 from proxy.relay.hooks import Addon, Flow
-from proxy.relay.upstream import opencode_path
 from proxy.writeback.scheduler import WriteBack
 from rules import DEFAULT_RULES, Liveness, Rule, UnexpectedShape
 
@@ -88,7 +88,8 @@ class Settle(Addon):
                 route.session_id,
                 ", ".join(absent),
             )
-        flow.read_body = is_json and not absent and not relayed
+        if is_json and not absent and not relayed:
+            flow.read_whole(by=self.name)
 
     def _known_unchanged(self, route: MessageRoute, flow: Flow) -> bool:
         """Whether the stream vouches there is nothing to settle, so the body goes out unscanned:
@@ -220,4 +221,4 @@ def _send(flow: Flow, body: bytes) -> None:
 
 
 def _route(flow: Flow) -> MessageRoute | None:
-    return match_message_route(flow.request.method, opencode_path(flow.request))
+    return route_of(flow).messages

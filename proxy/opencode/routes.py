@@ -1,10 +1,11 @@
 """Which upstream routes are which: message views the rules check (and how their bodies are
-shaped), and opencode's event streams."""
+shaped), and opencode's event streams (and how long one may take to start)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 
 from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
 from rules import Api
@@ -37,8 +38,57 @@ def match_message_route(method: str, path: str) -> MessageRoute | None:
     return None
 
 
-EVENT_STREAMS = re.compile(r"^/(?:event|global/event|api/event)$")
-"""Event streams that open with an event at once (`server.connected`)."""
-SESSION_STREAM = re.compile(r"^/api/session/(?P<session>[^/]+)/event$")
-"""A v2 session's event stream: its history, then what follows. It sends nothing, not even its
-response headers, until it has an event after the `after` a client asked for (1.18.33)."""
+STREAM_START_TIMEOUT_S = 5.0
+"""How long an event stream that opens at once may take to start (see `Route.start_timeout`)."""
+_EVENT_STREAMS = re.compile(r"^/(?:event|global/event|api/event)$")
+_SESSION_STREAM = re.compile(r"^/api/session/(?P<session>[^/]+)/event$")
+
+
+class EventStream(StrEnum):
+    """opencode's event streams, by path."""
+
+    GLOBAL = "/global/event"
+    """Every directory instance's events, each wrapped with its directory."""
+    INSTANCE = "/event"
+    """One directory's events (the directory in the query or the `x-opencode-directory` header)."""
+    V2 = "/api/event"
+    SESSION = "/api/session/{session}/event"
+    """A v2 session's event stream: its history, then what follows. It sends nothing, not even
+    its response headers, until it has an event after the `after` a client asked for (1.18.33)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What a request is to opencode: a message view, an event stream, or neither (both None)."""
+
+    messages: MessageRoute | None = None
+    stream: EventStream | None = None
+    stream_session: str | None = None
+    """The session a `SESSION` stream follows."""
+
+    def start_timeout(self, timeout: float | None) -> float | None:
+        """How long the upstream may take to start answering, given the proxy's `timeout`.
+
+        opencode's event streams answer at once when it is healthy, but a subscription sent the
+        instant its port opens after a restart can go unanswered for 20 s and more (measured on
+        1.18.33), and a client waiting on it misses everything meanwhile. So a stream must start
+        within `STREAM_START_TIMEOUT_S`, or the client gets a 504 and reconnects. A session's
+        stream starts with its next event, however long that takes, so it is never timed; nor is
+        any stream once open.
+        """
+        if self.stream is EventStream.SESSION:
+            return None
+        if self.stream is not None:
+            return STREAM_START_TIMEOUT_S if timeout is None else min(timeout, STREAM_START_TIMEOUT_S)
+        return timeout
+
+
+def match_route(method: str, path: str) -> Route:
+    """What `path` (decoded, as opencode routes it) names for a `method` request."""
+    if method != "GET":
+        return Route()
+    if _EVENT_STREAMS.match(path):
+        return Route(stream=EventStream(path))
+    if found := _SESSION_STREAM.match(path):
+        return Route(stream=EventStream.SESSION, stream_session=found["session"])
+    return Route(messages=match_message_route(method, path))

@@ -26,6 +26,7 @@ from aiohttp import hdrs, web
 from yarl import URL
 
 from proxy.opencode import jsonio
+from proxy.opencode.routes import STREAM_START_TIMEOUT_S
 from proxy.opencode.server_clock import ServerClock
 from rules import Api, Liveness
 
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 
 EVENTS_PATH = "/global/event"
 SILENCE_LIMIT_S = 35.0
-STREAM_START_TIMEOUT_S = 5.0
 _RETRY_SECONDS = (0.0, 0.25, 1.0, 2.0, 5.0)
 _V1_BUSY = ("busy", "retry")
 

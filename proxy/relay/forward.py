@@ -17,8 +17,6 @@ import aiohttp
 from aiohttp import hdrs, web
 from yarl import URL
 
-from proxy.opencode.routes import EVENT_STREAMS, SESSION_STREAM
-from proxy.opencode.tracker import STREAM_START_TIMEOUT_S
 from proxy.relay.errors import bad_gateway, gateway_timeout, transfer_coding_refused
 from proxy.relay.headers import (
     UPSTREAM_HEADERS,
@@ -28,7 +26,7 @@ from proxy.relay.headers import (
 )
 from proxy.relay.hooks import Addons, Flow
 from proxy.relay.sse import relay_with_injection
-from proxy.relay.upstream import SETTINGS, UPSTREAM, opencode_path, upstream_path
+from proxy.relay.upstream import SETTINGS, UPSTREAM, upstream_path
 from proxy.relay.websocket import is_websocket_upgrade, relay_websocket
 from proxy.service.metrics import METRICS
 
@@ -50,7 +48,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if is_websocket_upgrade(request):
         return await relay_websocket(request, upstream_url(request))
     addons = request.app[ADDONS]
-    flow = Flow(request, upstream_request_headers(request))
+    flow = Flow(request, upstream_request_headers(request), request.app[SETTINGS].response_timeout)
     try:
         return await _exchange(flow, addons)
     finally:
@@ -71,12 +69,12 @@ async def _exchange(flow: Flow, addons: Addons) -> web.StreamResponse:
                 data=request.content if request.body_exists else None,
                 allow_redirects=False,
             ),
-            _start_timeout(request, timeout),
+            flow.start_timeout,
         )
     except (aiohttp.ClientError, TimeoutError) as error:
         # Unreachable, or an answer aiohttp cannot parse (bad status line, invalid header):
         # either way the client gets JSON it can show, never a bare 500.
-        failure = _failure(request, error, _start_timeout(request, timeout))
+        failure = _failure(request, error, flow.start_timeout)
         metrics.requests.labels(request.method, str(failure.status)).inc()
         return failure
     metrics.upstream_seconds.observe(time.perf_counter() - started)
@@ -103,25 +101,6 @@ async def _respond(
         with request.app[METRICS].open_streams.track_inprogress():
             return await _stream(request, flow, upstream, None)  # a quiet stream is not a stuck one
     return await _stream(request, flow, upstream, max_wait)
-
-
-def _start_timeout(request: web.Request, timeout: float | None) -> float | None:
-    """How long the upstream may take to start answering.
-
-    opencode's event streams answer at once when it is healthy, but a subscription sent the
-    instant its port opens after a restart can go unanswered for 20 s and more (measured on
-    1.18.33), and a client waiting on it misses everything meanwhile. So a stream must start
-    within `STREAM_START_TIMEOUT_S`, or the client gets a 504 and reconnects. A session's stream
-    starts with its next event, however long that takes, so it is never timed; nor is any
-    stream once open.
-    """
-    if request.method == "GET":
-        path = opencode_path(request)
-        if EVENT_STREAMS.match(path):
-            return STREAM_START_TIMEOUT_S if timeout is None else min(timeout, STREAM_START_TIMEOUT_S)
-        if SESSION_STREAM.match(path):
-            return None
-    return timeout
 
 
 def is_event_stream(response: aiohttp.ClientResponse) -> bool:
@@ -168,7 +147,7 @@ async def _stream(
     request: web.Request, flow: Flow, upstream: aiohttp.ClientResponse, max_wait: float | None
 ) -> web.StreamResponse:
     pieces = _pieces(upstream, max_wait)
-    if flow.inject is None and not is_event_stream(upstream):
+    if flow.injected is None and not is_event_stream(upstream):
         try:
             first = await anext(pieces, b"")
         except (aiohttp.ClientError, TimeoutError) as error:
@@ -182,8 +161,8 @@ async def _stream(
         response.content_length = upstream.content_length
     await response.prepare(request)
     try:
-        if flow.inject is not None:
-            await relay_with_injection(response, upstream, flow.inject)
+        if flow.injected is not None:
+            await relay_with_injection(response, upstream, flow.injected)
         else:
             async for piece in pieces:
                 await response.write(piece)

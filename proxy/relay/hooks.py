@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar, final
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -19,29 +19,88 @@ from prometheus_client import Counter
 
 log = logging.getLogger(__name__)
 Hook = Literal["request_headers", "response_headers", "response", "done"]
+T = TypeVar("T")
+
+
+@final
+class FlowKey(Generic[T]):
+    """A typed key for an addon's state in a flow, as aiohttp's `AppKey` is for an application's:
+    `flow[KEY]` reads back with the key's type, and two keys never collide, whatever their names."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<FlowKey {self.name}>"
+
+
+class ClaimedTwice(RuntimeError):
+    """Two addons claimed what only one may own in a flow (its injected events)."""
 
 
 @dataclass(slots=True)
 class Flow:
-    """One request/response exchange as addons see it."""
+    """One request/response exchange as addons see it.
+
+    Per-flow addon state lives in the flow itself (`flow[KEY]`, with a `FlowKey` the addon owns),
+    so it goes when the flow goes and a failed hook's changes to it are undone with the rest.
+    """
 
     request: web.Request
     upstream_headers: CIMultiDict[str]
     """The headers about to be sent upstream; `request_headers` hooks may edit them."""
+    start_timeout: float | None = None
+    """How long the upstream may take to start answering (None: forever); `request_headers`
+    hooks may change it for the routes whose policy they own."""
     status: int = 0
     response_headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
     content_length: int | None = None
     """The upstream body's announced length, if it announced one."""
-    read_body: bool = False
-    """Set by a `response_headers` hook to receive the whole body in `response`."""
     body: bytes = b""
-    inject: asyncio.Queue[bytes] | None = None
-    """Set by a `response_headers` hook on an event stream: events to slip in between the upstream's."""
+    readers: set[str] = field(default_factory=set)
+    """The addons that asked, in `response_headers`, to receive the whole body in `response`."""
+    metadata: dict[FlowKey[Any], Any] = field(default_factory=dict)
+    _injected: asyncio.Queue[bytes] | None = field(default=None, init=False)
+    _injector: str | None = field(default=None, init=False)
+
+    def __getitem__(self, key: FlowKey[T]) -> T:
+        value: T = self.metadata[key]
+        return value
+
+    def __setitem__(self, key: FlowKey[T], value: T) -> None:
+        self.metadata[key] = value
+
+    def get(self, key: FlowKey[T]) -> T | None:
+        value: T | None = self.metadata.get(key)
+        return value
 
     @property
     def event_stream(self) -> bool:
         """Whether the response is a server-sent event stream (known once its headers are)."""
         return self.response_headers.get("Content-Type", "").startswith("text/event-stream")
+
+    @property
+    def read_body(self) -> bool:
+        """Whether some addon asked for the whole body."""
+        return bool(self.readers)
+
+    def read_whole(self, *, by: str) -> None:
+        """Ask, in `response_headers`, for the whole body in `response` (several addons may)."""
+        self.readers.add(by)
+
+    @property
+    def injected(self) -> asyncio.Queue[bytes] | None:
+        """Events to slip in between the upstream's, if an addon asked to (`inject`)."""
+        return self._injected
+
+    def inject(self, events: asyncio.Queue[bytes], *, by: str) -> None:
+        """Slip `events` in between an event stream's own, from `response_headers`. One addon
+        only: a second would interleave its events with the first's, so it is refused."""
+        if self._injector is not None:
+            raise ClaimedTwice(f"{by} cannot inject into {self.request.path}: {self._injector} does")
+        self._injected, self._injector = events, by
 
 
 class Addon:
@@ -67,27 +126,32 @@ class _Snapshot:
     """What a hook may change in a flow, taken before the hook runs, to undo a failed one."""
 
     upstream_headers: CIMultiDict[str]
+    start_timeout: float | None
     status: int
     response_headers: CIMultiDict[str]
-    read_body: bool
     body: bytes
-    inject: asyncio.Queue[bytes] | None
+    readers: frozenset[str]
+    metadata: dict[FlowKey[Any], Any]
+    injected: tuple[asyncio.Queue[bytes] | None, str | None]
 
     @classmethod
     def of(cls, flow: Flow) -> _Snapshot:
         return cls(
             flow.upstream_headers.copy(),
+            flow.start_timeout,
             flow.status,
             flow.response_headers.copy(),
-            flow.read_body,
             flow.body,
-            flow.inject,
+            frozenset(flow.readers),
+            dict(flow.metadata),
+            (flow._injected, flow._injector),
         )
 
     def restore(self, flow: Flow) -> None:
-        flow.upstream_headers = self.upstream_headers
-        flow.status, flow.response_headers = self.status, self.response_headers
-        flow.read_body, flow.body, flow.inject = self.read_body, self.body, self.inject
+        flow.upstream_headers, flow.start_timeout = self.upstream_headers, self.start_timeout
+        flow.status, flow.response_headers, flow.body = self.status, self.response_headers, self.body
+        flow.readers, flow.metadata = set(self.readers), self.metadata
+        flow._injected, flow._injector = self.injected
 
 
 class Addons:

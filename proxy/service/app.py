@@ -14,6 +14,7 @@ from aiohttp import web
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live import LiveSettle
+from proxy.addons.routing import Routing
 from proxy.addons.session_streams import SessionStreamSettle
 from proxy.addons.settle import Settle
 from proxy.opencode.client import Credentials, UpstreamApi
@@ -91,7 +92,7 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)
         settle = Settle(probe, tracker, metrics, write_back=write_back, dry_run=settings.dry_run)
-        addons: list[Addon] = [settle, live, session_streams]
+        addons: list[Addon] = [Routing(), settle, live, session_streams]
         if prefix := app.get(MOUNT_PREFIX):
             addons.insert(0, MountedLinks(prefix))
         app[ADDONS] = Addons(addons, metrics.addon_errors)

@@ -354,7 +354,7 @@ async def test_event_subscription_the_upstream_never_answers_is_retried() -> Non
 async def test_an_event_stream_that_never_starts_is_a_504_so_the_client_reconnects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("proxy.relay.forward.STREAM_START_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("proxy.opencode.routes.STREAM_START_TIMEOUT_S", 0.5)
     async with proxy_in_front(_never) as proxy:
         status, _, body = await get(proxy.with_path("/event"))
     assert status == 504
@@ -372,7 +372,7 @@ async def _session_stream_after(delay: float, request: Received) -> Reply:
 
 
 async def test_a_session_stream_may_wait_for_its_first_event(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("proxy.relay.forward.STREAM_START_TIMEOUT_S", TIMEOUT_S)
+    monkeypatch.setattr("proxy.opencode.routes.STREAM_START_TIMEOUT_S", TIMEOUT_S)
     responder = functools.partial(_session_stream_after, 3 * TIMEOUT_S)
     async with proxy_in_front(responder, response_timeout=TIMEOUT_S) as proxy:
         status, _, body = await get(proxy.with_path("/api/session/ses_x/event"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -14,7 +15,7 @@ from yarl import URL
 
 from proxy.addons.live import LiveSettle
 from proxy.addons.settle import Settle
-from proxy.relay.hooks import Addon, Addons, Flow
+from proxy.relay.hooks import Addon, Addons, ClaimedTwice, Flow, FlowKey
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.supervision.server_command import free_loopback_port
@@ -104,3 +105,85 @@ async def test_done_runs_when_the_upstream_failed(
     response = await client.get("/global/event")
     assert response.status == 502
     assert finished == ["/global/event"]
+
+
+def request(path: str, method: str = "GET") -> web.Request:
+    return make_mocked_request(method, path, app=web.Application())
+
+
+class Claims(Addon):
+    """Claims the body and the injected events, and keeps a mark in the flow."""
+
+    name = "claims"
+
+    async def request_headers(self, flow: Flow) -> None:
+        flow[MARK] = self.name
+        flow.start_timeout = 1.0
+        flow.upstream_headers["X-Claims"] = "yes"
+
+    async def response_headers(self, flow: Flow) -> None:
+        flow.read_whole(by=self.name)
+        flow.inject(asyncio.Queue(), by=self.name)
+
+    async def done(self, flow: Flow) -> None:
+        flow[MARK] = "done"
+
+
+class ClaimsToo(Claims):
+    """Fails halfway through each hook, after changing the flow."""
+
+    name = "claims-too"
+
+    async def request_headers(self, flow: Flow) -> None:
+        await super().request_headers(flow)
+        raise RuntimeError("boom")
+
+    async def done(self, flow: Flow) -> None:
+        raise RuntimeError("boom")
+
+
+MARK = FlowKey[str]("mark")
+
+
+async def test_a_failing_request_hook_is_undone_state_included() -> None:
+    counter = errors()
+    flow = Flow(request("/x"), CIMultiDict(), start_timeout=30.0)
+    await Addons([Claims(), ClaimsToo()], counter).trigger("request_headers", flow)
+    assert (flow[MARK], flow.start_timeout, flow.upstream_headers["X-Claims"]) == ("claims", 1.0, "yes")
+    assert counter.labels("claims-too", "request_headers")._value.get() == 1
+
+
+async def test_done_runs_for_every_addon_though_one_fails() -> None:
+    flow = Flow(request("/x"), CIMultiDict())
+    await Addons([ClaimsToo(), Claims()], errors()).trigger("done", flow)
+    assert flow[MARK] == "done"
+
+
+async def test_a_second_injector_is_refused_loudly_and_its_claims_undone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    counter = errors()
+    flow = Flow(request("/x"), CIMultiDict(), status=200)
+    first = Claims()
+    with caplog.at_level(logging.ERROR, logger="proxy.relay.hooks"):
+        await Addons([first, ClaimsToo()], counter).trigger("response_headers", flow)
+    assert flow.readers == {"claims"}
+    assert flow.injected is not None
+    assert counter.labels("claims-too", "response_headers")._value.get() == 1
+    assert "claims-too cannot inject into /x: claims does" in caplog.text
+
+
+async def test_every_addon_that_asks_for_the_body_is_a_reader() -> None:
+    flow = Flow(request("/x"), CIMultiDict())
+    assert not flow.read_body
+    flow.read_whole(by="one")
+    flow.read_whole(by="two")
+    assert flow.read_body
+    assert flow.readers == {"one", "two"}
+
+
+def test_a_second_injector_is_an_error() -> None:
+    flow = Flow(request("/x"), CIMultiDict())
+    flow.inject(asyncio.Queue(), by="one")
+    with pytest.raises(ClaimedTwice, match="two cannot inject into /x: one does"):
+        flow.inject(asyncio.Queue(), by="two")

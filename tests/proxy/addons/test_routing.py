@@ -1,0 +1,79 @@
+"""The route is matched once per flow, by the addon that owns the routes' start-timeout policy."""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+from multidict import CIMultiDict
+
+from proxy.addons import routing
+from proxy.addons.routing import ROUTE, Routing, route_of
+from proxy.opencode.routes import EventStream, MessageRoute, Route, match_route
+from proxy.relay.hooks import Flow
+from rules import Api
+from tests.fixtures import compact
+from tests.proxy.conftest import ProxyClient
+from tests.proxy.fake_opencode import FakeOpencode
+
+V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
+
+
+async def routed(path: str, start_timeout: float | None, method: str = "GET") -> Flow:
+    flow = Flow(make_mocked_request(method, path, app=web.Application()), CIMultiDict(), start_timeout)
+    await Routing().request_headers(flow)
+    return flow
+
+
+@pytest.mark.parametrize(
+    ("path", "proxy_timeout", "expected"),
+    [
+        ("/global/event", 30.0, 5.0),
+        ("/event", None, 5.0),
+        ("/api/event", 2.0, 2.0),
+        ("/api/session/ses_1/event", 30.0, None),
+        (f"/session/{V1}/message", 30.0, 30.0),
+        ("/file", None, None),
+    ],
+)
+async def test_the_start_timeout_is_the_routes(
+    path: str, proxy_timeout: float | None, expected: float | None
+) -> None:
+    assert (await routed(path, proxy_timeout)).start_timeout == expected
+
+
+async def test_a_stream_start_is_timed_by_the_route_tables_constant(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("proxy.opencode.routes.STREAM_START_TIMEOUT_S", 0.5)
+    assert (await routed("/global/event", 30.0)).start_timeout == 0.5
+
+
+async def test_what_a_request_is_to_opencode() -> None:
+    assert (await routed("/api/session/ses_1/event", None))[ROUTE] == Route(
+        stream=EventStream.SESSION, stream_session="ses_1"
+    )
+    assert (await routed(f"/session/{V1}/message/msg_1", None))[ROUTE] == Route(
+        messages=MessageRoute(Api.V1, V1, single=True)
+    )
+    assert (await routed("/global/event", 30.0, method="POST"))[ROUTE] == Route()
+
+
+def test_a_flow_routing_never_saw_goes_nowhere() -> None:
+    flow = Flow(make_mocked_request("GET", "/global/event", app=web.Application()), CIMultiDict())
+    assert route_of(flow) == Route()
+
+
+async def test_the_route_is_matched_once_per_flow(
+    proxy: ProxyClient, fake: FakeOpencode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    matched: list[str] = []
+
+    def counting(method: str, path: str) -> Route:
+        matched.append(path)
+        return match_route(method, path)
+
+    monkeypatch.setattr(routing, "match_route", counting)
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    response = await proxy.get(f"/session/{V1}/message")
+    assert response.status == 200
+    assert "X-Settle-Settled" in response.headers  # every hook of `settle` ran on the route
+    assert matched == [f"/session/{V1}/message"]
