@@ -21,6 +21,7 @@ from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 from yarl import URL
 
+from proxy.addons.routing import Routing
 from proxy.opencode.tracker import TRACKER, GlobalEvent, StreamListener
 from proxy.relay.headers import upstream_request_headers
 from proxy.relay.hooks import Addon, Addons, Flow
@@ -55,7 +56,7 @@ def flow(
     """A flow as the relay builds it for a request, with the upstream's answer (`status`,
     `response_headers`, `body`) the hooks will see."""
     request = make_mocked_request(method, path, headers=headers, app=app or application())
-    made = Flow(request, upstream_request_headers(request))
+    made = Flow(request, upstream_request_headers(request), request.app[SETTINGS].response_timeout)
     made.status = status
     made.response_headers = CIMultiDict(response_headers or {"Content-Type": "application/json"})
     made.content_length = len(body)
@@ -66,10 +67,12 @@ def flow(
 async def cycle(addons: Addon | Sequence[Addon], flow: Flow) -> Flow:
     """Run `flow` through `addons` as the relay would, through the real dispatcher:
     `request_headers`, `response_headers`, `response` if an addon asked to read the body,
-    and `done`, whatever happened before it."""
-    dispatcher = Addons(
-        [addons] if isinstance(addons, Addon) else addons, flow.request.app[METRICS].addon_errors
-    )
+    and `done`, whatever happened before it. `routing` goes first, as in the application,
+    unless `addons` has it."""
+    given = [addons] if isinstance(addons, Addon) else list(addons)
+    if not any(isinstance(addon, Routing) for addon in given):
+        given.insert(0, Routing())
+    dispatcher = Addons(given, flow.request.app[METRICS].addon_errors)
     try:
         await dispatcher.trigger("request_headers", flow)
         await dispatcher.trigger("response_headers", flow)
