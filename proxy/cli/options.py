@@ -29,6 +29,7 @@ from proxy.service.config import (
 )
 from proxy.supervision import process_records
 from proxy.writeback.database import default_path as opencode_database_path
+from proxy.writeback.locks import default_lock_dir
 from proxy.writeback.scheduler import WriteBackMode
 
 DESCRIPTION = """\
@@ -206,6 +207,7 @@ def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Se
         grace=args.grace,
         db_path=Path(args.db),
         dry_run=args.dry_run,
+        lock_dir=default_lock_dir(environ),
         state_db=state_path(environ),
         auth=args.auth or _auth_from(environ),
     )

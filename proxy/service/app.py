@@ -36,6 +36,7 @@ from proxy.supervision.tool_processes import TOOL_PROCESSES, ToolProcesses
 from proxy.writeback.api_writer import ApiWriter
 from proxy.writeback.database import OpencodeDatabase, default_path
 from proxy.writeback.db_writer import DbWriter
+from proxy.writeback.locks import SessionLocks, default_lock_dir
 from proxy.writeback.scheduler import CountingWriter, WriteBack, WriteBackMode, Writer
 
 WRITE_BACK = web.AppKey("write_back", WriteBack)
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 
 async def _writer(settings: Settings, upstream: UpstreamApi, stack: AsyncExitStack) -> Writer | None:
     if settings.write_back is WriteBackMode.API:
-        return ApiWriter(upstream)
+        return ApiWriter(upstream, SessionLocks(settings.lock_dir or default_lock_dir(os.environ)))
     if settings.write_back is WriteBackMode.DB:
         database = await stack.enter_async_context(
             OpencodeDatabase.open(settings.db_path or default_path(os.environ))

@@ -53,6 +53,9 @@ class Settings:
     process's environment (for embedding apps: the command line always says where)."""
     dry_run: bool = False
     """Decide, log and count settlements, but change no response and write nothing."""
+    lock_dir: Path | None = None
+    """Where v1 write-back locks live, shared by every proxy of this user on this host; None
+    means `$XDG_RUNTIME_DIR/settle-proxy` in this process's environment (the command line says)."""
     state_db: Path | None = None
     """Where tool processes are recorded with the calls that started them (`settle-proxy orphans`
     reads it); None records nothing. The command line sets `$XDG_STATE_HOME/settle-proxy/processes.db`."""

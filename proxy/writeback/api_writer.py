@@ -81,9 +81,9 @@ class ApiWriter:
 
     mode = WriteBackMode.API
 
-    def __init__(self, upstream: UpstreamApi, locks: SessionLocks | None = None) -> None:
+    def __init__(self, upstream: UpstreamApi, locks: SessionLocks) -> None:
         self._upstream = upstream
-        self._locks = locks or SessionLocks()
+        self._locks = locks
         self._writers = {V1_HTTP.api: self._write_v1, V2_HTTP.api: self._write_v2}
 
     async def write(

@@ -16,7 +16,7 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -31,13 +31,13 @@ LOCK_WAIT_S = 10.0
 _LOCK_POLL_S = 0.02
 
 
-def default_lock_dir() -> Path:
-    """Where every proxy of this user on this host looks for the v1 write locks.
+def default_lock_dir(environ: Mapping[str, str]) -> Path:
+    """Where every proxy of this user on this host looks for the v1 write locks, in `environ`.
 
     `$XDG_RUNTIME_DIR` is per user, private and cleared at logout, made for such files;
     without it, a per-user directory in the temporary directory.
     """
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    runtime = environ.get("XDG_RUNTIME_DIR")
     if runtime:
         return Path(runtime) / "settle-proxy"
     return Path(tempfile.gettempdir()) / f"settle-proxy-{os.getuid()}"
@@ -59,7 +59,7 @@ class SessionLocks:
     no-op, which is how every write behaved before: exactly once within one process only.
     """
 
-    def __init__(self, directory: Path | None = None, *, wait: float = LOCK_WAIT_S) -> None:
+    def __init__(self, directory: Path, *, wait: float = LOCK_WAIT_S) -> None:
         self._directory = directory
         self._wait = wait
 
@@ -90,7 +90,7 @@ class SessionLocks:
     def _path(self, session_id: str) -> Path:
         """The session's lock file, in a directory only this user may use (else refuse: another
         user could otherwise hold our locks, or point them elsewhere)."""
-        directory = self._directory or default_lock_dir()
+        directory = self._directory
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         status = directory.lstat()
         if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.getuid():

@@ -62,6 +62,7 @@ from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
 from proxy.writeback.api_writer import ApiWriter
+from proxy.writeback.locks import SessionLocks, default_lock_dir
 from proxy.writeback.scheduler import Confirm, Written
 from rules import Api, Liveness
 
@@ -415,7 +416,7 @@ async def _race(server: OpencodeServer, observed: Observed) -> Race:
         liveness = Liveness(observed.session_id, active=False)
         outcome: list[Written] | str
         try:
-            outcome = await ApiWriter(upstream).write(
+            outcome = await ApiWriter(upstream, SessionLocks(default_lock_dir(os.environ))).write(
                 Api.V2, observed.session_id, Credentials(), {observed.tool_id}, _reading(liveness)
             )
         except UpstreamRefused as refusal:

@@ -22,6 +22,7 @@ def test_settings_from_a_given_environment() -> None:
         "OPENCODE_SERVER_USERNAME": "me",
         "XDG_DATA_HOME": "/data",
         "XDG_STATE_HOME": "/state",
+        "XDG_RUNTIME_DIR": "/run/user/1000",
         "SETTLE_AUTH": "user:pass",
     }
     settings = settings_from(build_parser(environ=environ).parse_args([]), environ)
@@ -31,6 +32,7 @@ def test_settings_from_a_given_environment() -> None:
     assert settings.authorization == basic_authorization("me", "s3cret")
     assert settings.db_path == Path("/data/opencode/opencode.db")
     assert settings.state_db == Path("/state/settle-proxy/processes.db")
+    assert settings.lock_dir == Path("/run/user/1000/settle-proxy")
     assert settings.auth == ("user", "pass")
 
 
