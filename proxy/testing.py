@@ -64,15 +64,20 @@ def flow(
     return made
 
 
-async def cycle(addons: Addon | Sequence[Addon], flow: Flow) -> Flow:
-    """Run `flow` through `addons` as the relay would, through the real dispatcher:
-    `request_headers`, `response_headers`, `response` if an addon asked to read the body,
-    and `done`, whatever happened before it. `routing` goes first, as in the application,
-    unless `addons` has it."""
+def _dispatcher(addons: Addon | Sequence[Addon], flow: Flow) -> Addons:
+    """The real dispatcher over `addons`, with `routing` first, as in the application, unless
+    `addons` has it."""
     given = [addons] if isinstance(addons, Addon) else list(addons)
     if not any(isinstance(addon, Routing) for addon in given):
         given.insert(0, Routing())
-    dispatcher = Addons(given, flow.request.app[METRICS].addon_errors)
+    return Addons(given, flow.request.app[METRICS].addon_errors)
+
+
+async def cycle(addons: Addon | Sequence[Addon], flow: Flow) -> Flow:
+    """Run `flow` through `addons` as the relay would, through the real dispatcher:
+    `request_headers`, `response_headers`, `response` if an addon asked to read the body,
+    and `done`, whatever happened before it."""
+    dispatcher = _dispatcher(addons, flow)
     try:
         await dispatcher.trigger("request_headers", flow)
         await dispatcher.trigger("response_headers", flow)
@@ -81,6 +86,19 @@ async def cycle(addons: Addon | Sequence[Addon], flow: Flow) -> Flow:
     finally:
         await dispatcher.trigger("done", flow)
     return flow
+
+
+@asynccontextmanager
+async def streaming(addons: Addon | Sequence[Addon], flow: Flow) -> AsyncIterator[Flow]:
+    """A flow whose body is being streamed (an event stream): `request_headers` and
+    `response_headers` on entering, `done` on leaving, as when the stream ends."""
+    dispatcher = _dispatcher(addons, flow)
+    try:
+        await dispatcher.trigger("request_headers", flow)
+        await dispatcher.trigger("response_headers", flow)
+        yield flow
+    finally:
+        await dispatcher.trigger("done", flow)
 
 
 async def idle(app: web.Application) -> None:

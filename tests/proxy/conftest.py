@@ -1,11 +1,13 @@
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
+from proxy.opencode.client import UpstreamApi
 from proxy.opencode.tracker import TRACKER, StreamState
 from proxy.service.app import create_app
 from proxy.service.config import Settings
@@ -25,6 +27,13 @@ async def upstream(
     fake: FakeOpencode, aiohttp_server: Callable[[web.Application], Awaitable[TestServer]]
 ) -> TestServer:
     return await aiohttp_server(fake.app())
+
+
+@pytest.fixture
+async def upstream_api(upstream: TestServer) -> AsyncIterator[UpstreamApi]:
+    """A client of the fake, for addons and writers built without an application."""
+    async with aiohttp.ClientSession() as session:
+        yield UpstreamApi(session, URL(str(upstream.make_url("/"))))
 
 
 @pytest.fixture

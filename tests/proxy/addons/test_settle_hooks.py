@@ -5,7 +5,6 @@ from collections.abc import AsyncIterator
 import aiohttp
 import orjson
 import pytest
-from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from proxy import testing
@@ -23,13 +22,12 @@ STALE = compact("v1-message-stale-running.json")
 
 
 @pytest.fixture
-async def settle(upstream: TestServer) -> AsyncIterator[Settle]:
-    """The addon as the application builds it, asking the fake upstream for liveness (the
-    tracker never follows a stream here, so every reading is asked)."""
-    origin = URL(str(upstream.make_url("/")))
+async def settle(upstream_api: UpstreamApi) -> AsyncIterator[Settle]:
+    """The addon as the application builds it, asking the fake upstream for liveness (its
+    tracker is never run, so it follows no stream and every reading is asked)."""
     async with aiohttp.ClientSession() as session:
-        probe = LivenessProbe(UpstreamApi(session, origin))
-        yield Settle(probe, LivenessTracker(session, origin), Metrics())
+        tracker = LivenessTracker(session, URL("http://127.0.0.1:1"))
+        yield Settle(LivenessProbe(upstream_api), tracker, Metrics())
 
 
 async def test_a_stale_view_of_an_idle_session_is_settled(settle: Settle) -> None:

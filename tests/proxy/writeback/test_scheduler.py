@@ -1,12 +1,9 @@
 """The write-back scheduler: after the grace period, one write per session with every id named
 meanwhile, resting on a reading the writer takes; a failing write is logged, never raised."""
 
-from collections.abc import AsyncIterator, Collection
+from collections.abc import Collection
 
-import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
-from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
@@ -42,9 +39,8 @@ class Recording:
 
 
 @pytest.fixture
-async def probe(upstream: TestServer) -> AsyncIterator[LivenessProbe]:
-    async with aiohttp.ClientSession() as session:
-        yield LivenessProbe(UpstreamApi(session, URL(str(upstream.make_url("/")))))
+def probe(upstream_api: UpstreamApi) -> LivenessProbe:
+    return LivenessProbe(upstream_api)
 
 
 async def test_ids_named_while_a_write_is_pending_join_it(probe: LivenessProbe) -> None:
