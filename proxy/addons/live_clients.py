@@ -16,11 +16,12 @@ from urllib.parse import unquote
 from aiohttp import web
 from prometheus_client import Counter
 
-from proxy.addons.live_memory import REMEMBERED, OpenPart
+from proxy.addons.live_memory import REMEMBERED, Place
 from proxy.addons.routing import route_of
 from proxy.opencode.routes import EventStream
 from proxy.relay.hooks import Flow, FlowKey
 from proxy.relay.sse import event_frame
+from rules import OpenTool
 
 _DIRECTORY_HEADER = "x-opencode-directory"
 
@@ -46,7 +47,7 @@ class Orphan:
     it goes only to streams that were open at that moment.
     """
 
-    part: OpenPart
+    place: OpenTool | Place
     state: list[dict[str, Any]] = field(default_factory=list)
     moment: list[dict[str, Any]] = field(default_factory=list)
 
@@ -88,7 +89,7 @@ class ClientStreams:
 
     def publish(self, key: str, orphan: Orphan) -> None:
         """Send `orphan` to every open stream, and keep it (under `key` in its session) for later ones."""
-        session_id = orphan.part.session_id
+        session_id = orphan.place.session_id
         self._orphans.setdefault(session_id, {})[key] = orphan
         self._orphans.move_to_end(session_id)
         while len(self._orphans) > REMEMBERED:
@@ -97,12 +98,12 @@ class ClientStreams:
             self._send(subscriber, orphan, live=True)
 
     def _send(self, subscriber: Subscriber, orphan: Orphan, *, live: bool) -> None:
-        part = orphan.part
+        place = orphan.place
         events = orphan.state + orphan.moment if live else orphan.state
         if subscriber.directory is None:
-            envelope = {"directory": part.directory, **({"project": part.project} if part.project else {})}
+            envelope = {"directory": place.directory, **({"project": place.project} if place.project else {})}
             frames = [event_frame({**envelope, "payload": event}) for event in events]
-        elif subscriber.directory == part.directory:
+        elif subscriber.directory == place.directory:
             frames = [event_frame(event) for event in events]
         else:
             return

@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.opencode.tracker import GlobalEvent
-from rules import OPEN_STATUSES, Api
+from rules import V1, OpenTool
 
 _IDLE_KINDS = ("session.idle", "session.error")
 REMEMBERED = 10_000
 
 
 @dataclass(frozen=True, slots=True)
-class OpenPart:
-    """What the stream last showed open (a v1 tool part, or an assistant message), and where it lives."""
+class Place:
+    """A busy session or an unfinished assistant message the stream showed, and where it lives
+    (an open tool part is a `rules.OpenTool`)."""
 
     session_id: str
     message_id: str
@@ -33,11 +34,11 @@ class StreamMemory:
     """Open parts, busy sessions and unfinished messages, as the stream last showed them."""
 
     def __init__(self) -> None:
-        self.parts: OrderedDict[str, OpenPart] = OrderedDict()
+        self.parts: OrderedDict[str, OpenTool] = OrderedDict()
         """Open v1 tool parts, by part id."""
-        self.busy: OrderedDict[str, OpenPart] = OrderedDict()
+        self.busy: OrderedDict[str, Place] = OrderedDict()
         """Sessions the stream last showed busy (`message_id` empty), by session id."""
-        self.unfinished: OrderedDict[str, OpenPart] = OrderedDict()
+        self.unfinished: OrderedDict[str, Place] = OrderedDict()
         """Assistant messages the stream last showed without `time.completed`, by message id."""
 
     def observe(self, event: GlobalEvent) -> str | None:
@@ -51,18 +52,16 @@ class StreamMemory:
             self.busy.pop(event.session_id, None)
             return event.session_id if self.has_open(event.session_id) else None
         elif event.session_id is not None and event.kind == "session.status":
-            remember(
-                self.busy, event.session_id, OpenPart(event.session_id, "", event.directory, event.project)
-            )
+            remember(self.busy, event.session_id, Place(event.session_id, "", event.directory, event.project))
         return None
 
     def has_open(self, session_id: str) -> bool:
         return any(part.session_id == session_id for part in self.parts.values())
 
-    def open_parts(self, session_id: str) -> list[tuple[str, OpenPart]]:
-        return [(part_id, part) for part_id, part in self.parts.items() if part.session_id == session_id]
+    def open_parts(self, session_id: str) -> list[OpenTool]:
+        return [part for part in self.parts.values() if part.session_id == session_id]
 
-    def unfinished_messages(self, session_id: str) -> list[tuple[str, OpenPart]]:
+    def unfinished_messages(self, session_id: str) -> list[tuple[str, Place]]:
         return [(mid, m) for mid, m in self.unfinished.items() if m.session_id == session_id]
 
     def sessions_with_parts(self) -> set[str]:
@@ -77,9 +76,16 @@ class StreamMemory:
         if not isinstance(part, dict) or part.get("type") != "tool" or not isinstance(part.get("id"), str):
             return
         state: dict[str, Any] = part["state"] if isinstance(part.get("state"), dict) else {}
-        if state.get("status") in OPEN_STATUSES[Api.V1]:
-            place = OpenPart(
-                str(part.get("sessionID")), str(part.get("messageID")), event.directory, event.project
+        if state.get("status") in V1.open_statuses:
+            tool = part.get("tool")
+            place = OpenTool(
+                V1.api,
+                str(part.get("sessionID")),
+                str(part.get("messageID")),
+                part["id"],
+                tool if isinstance(tool, str) else None,
+                directory=event.directory,
+                project=event.project,
             )
             remember(self.parts, part["id"], place)
         else:
@@ -96,7 +102,7 @@ class StreamMemory:
         if "completed" in (info.get("time") or {}):
             self.unfinished.pop(info["id"], None)
         else:
-            place = OpenPart(str(info.get("sessionID")), info["id"], event.directory, event.project)
+            place = Place(str(info.get("sessionID")), info["id"], event.directory, event.project)
             remember(self.unfinished, info["id"], place)
 
 

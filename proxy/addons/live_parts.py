@@ -14,13 +14,13 @@ from typing import Any
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams, Orphan
-from proxy.addons.live_memory import OpenPart, StreamMemory
+from proxy.addons.live_memory import StreamMemory
 from proxy.opencode.client import Credentials, UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.relay.sse import opencode_event
 from proxy.relay.tasks import KeyedTasks
-from rules import OPEN_STATUSES, Api, Liveness, settle_view
+from rules import OPEN_STATUSES, Api, Liveness, OpenTool, settle_view
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,9 @@ class OpenParts:
         if liveness is None or liveness.active:
             return
         parts = self._memory.open_parts(session_id)
-        for message_id in dict.fromkeys(part.message_id for _, part in parts):
+        for message_id in dict.fromkeys(part.message_id for part in parts):
             await self._settle_message(
-                session_id, message_id, [p for p in parts if p[1].message_id == message_id], liveness
+                session_id, message_id, [p for p in parts if p.message_id == message_id], liveness
             )
 
     async def _reading_after_grace(self, session_id: str) -> Liveness | None:
@@ -83,7 +83,7 @@ class OpenParts:
         return None
 
     async def _settle_message(
-        self, session_id: str, message_id: str, parts: list[tuple[str, OpenPart]], liveness: Liveness
+        self, session_id: str, message_id: str, parts: list[OpenTool], liveness: Liveness
     ) -> None:
         try:
             message = await self._ctx.upstream.get(
@@ -96,7 +96,8 @@ class OpenParts:
         document = view.document if view is not None else message
         changed = set() if view is None else {change.target.part for change in view.changes}
         current = {part["id"]: part for part in document["parts"]}
-        for part_id, part in parts:
+        for part in parts:
+            part_id = part.part
             now = current.get(part_id)
             self._memory.parts.pop(part_id, None)
             if now is not None and now.get("state", {}).get("status") not in OPEN_STATUSES[Api.V1]:
@@ -107,7 +108,7 @@ class OpenParts:
     def _orphan(
         self,
         part_id: str,
-        part: OpenPart,
+        part: OpenTool,
         settled_part: dict[str, Any],
         info: dict[str, Any],
         *,
@@ -129,7 +130,7 @@ class OpenParts:
 
 
 def _log_orphan(
-    part_id: str, part: OpenPart, settled_part: dict[str, Any], *, settled_here: bool, dry_run: bool
+    part_id: str, part: OpenTool, settled_part: dict[str, Any], *, settled_here: bool, dry_run: bool
 ) -> None:
     verb = "would settle" if dry_run else "settled"
     what = "orphaned part in client streams" if settled_here else "part the server settled unseen, to clients"

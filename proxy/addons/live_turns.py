@@ -15,7 +15,7 @@ from typing import Any
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams, Orphan
-from proxy.addons.live_memory import OpenPart, StreamMemory
+from proxy.addons.live_memory import Place, StreamMemory
 from proxy.opencode.client import Credentials, UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
@@ -92,8 +92,8 @@ class DeadTurns:
         self._tell(session_id, closed, busy)
 
     def _closed(
-        self, session_id: str, read: list[tuple[OpenPart, Any]], liveness: Liveness
-    ) -> list[tuple[OpenPart, dict[str, Any]]] | None:
+        self, session_id: str, read: list[tuple[Place, Any]], liveness: Liveness
+    ) -> list[tuple[Place, dict[str, Any]]] | None:
         """Each message's info as the rules close it; None as soon as one is not vouched for
         (too fresh, or another process): then the turn is left alone."""
         closed = []
@@ -110,9 +110,7 @@ class DeadTurns:
             closed.append((place, info))
         return closed
 
-    def _tell(
-        self, session_id: str, closed: list[tuple[OpenPart, dict[str, Any]]], busy: OpenPart | None
-    ) -> None:
+    def _tell(self, session_id: str, closed: list[tuple[Place, dict[str, Any]]], busy: Place | None) -> None:
         for place, info in closed:
             self._announce(
                 place, [opencode_event("message.updated", {"sessionID": session_id, "info": info})]
@@ -137,7 +135,7 @@ class DeadTurns:
                 [opencode_event("session.status", {"sessionID": session_id, "status": {"type": "idle"}})],
             )
 
-    def _announce(self, place: OpenPart, state: list[dict[str, Any]]) -> None:
+    def _announce(self, place: Place, state: list[dict[str, Any]]) -> None:
         """Send `state` to every client stream now (with `session.idle` after an idle status),
         and to streams that open later until the stream says something newer about the session."""
         if self._ctx.dry_run:
