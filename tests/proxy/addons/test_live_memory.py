@@ -6,8 +6,9 @@ from typing import Any
 import pytest
 
 from proxy.addons import live_memory
-from proxy.addons.live_memory import OpenPart, StreamMemory, remember
+from proxy.addons.live_memory import StreamMemory, remember
 from proxy.opencode.tracker import GlobalEvent
+from rules import Api, OpenTool
 
 
 def event(kind: str, **properties: Any) -> GlobalEvent:
@@ -34,7 +35,8 @@ def assistant(message_id: str, *, completed: bool, session: str = "ses_a") -> Gl
 def test_a_running_part_is_remembered_until_it_ends() -> None:
     memory = StreamMemory()
     assert memory.observe(part("prt_1", "running")) is None
-    assert memory.open_parts("ses_a") == [("prt_1", OpenPart("ses_a", "msg_1", "/cwd", "prj"))]
+    expected = OpenTool(Api.V1, "ses_a", "msg_1", "prt_1", None, directory="/cwd", project="prj")
+    assert memory.open_parts("ses_a") == [expected]
     memory.observe(part("prt_1", "completed"))
     assert not memory.has_open("ses_a")
 
