@@ -1,3 +1,4 @@
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -63,3 +64,15 @@ async def crash(proxy: ProxyClient, fake: FakeOpencode) -> None:
     proxy follows it again."""
     async with refollowing(proxy.app):
         fake.drop_streams()
+
+
+async def answering(client: aiohttp.ClientSession, url: str) -> None:
+    """Wait (bounded) until a proxy process just started answers `url`: another process tells
+    this one nothing, so it is asked again until it answers."""
+    for _ in range(200):
+        try:
+            async with client.get(url):
+                return
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} never answered")

@@ -11,6 +11,7 @@ from proxy import __version__
 from proxy.cli.options import build_parser, settings_from
 from proxy.supervision.server_command import free_loopback_port
 from tests.fixtures import compact
+from tests.proxy.conftest import answering
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
@@ -115,7 +116,7 @@ async def test_log_format_json_is_applied_end_to_end(aiohttp_server, tmp_path) -
         )
     try:
         async with aiohttp.ClientSession() as client:
-            await wait_until_listening(client, f"http://127.0.0.1:{port}/_settle/health")
+            await answering(client, f"http://127.0.0.1:{port}/_settle/health")
             async with client.get(f"http://127.0.0.1:{port}/session/{V1}/message") as response:
                 assert response.headers.get("X-Settle-Settled") == "1"
     finally:
@@ -130,13 +131,3 @@ async def test_log_format_json_is_applied_end_to_end(aiohttp_server, tmp_path) -
         "prt_229433856001UdZM6dtgAYZqVe",
         "bash",
     }
-
-
-async def wait_until_listening(client: aiohttp.ClientSession, url: str) -> None:
-    for _ in range(200):
-        try:
-            async with client.get(url):
-                return
-        except aiohttp.ClientConnectionError:
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"{url} never answered")

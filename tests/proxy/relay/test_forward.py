@@ -30,7 +30,7 @@ async def test_request_body_is_streamed_in_chunks(proxy: ProxyClient) -> None:
     async def chunks() -> AsyncIterator[bytes]:
         for piece in (b"one ", b"two ", b"three"):
             yield piece
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # the point: the body arrives in pieces
 
     response = await proxy.put("/echo", data=chunks())
     assert (await response.json())["body"] == "one two three"
@@ -141,7 +141,7 @@ async def _raw_upstream(head: bytes, pieces: list[bytes]) -> asyncio.Server:
             pass
         writer.write(head)
         for piece in pieces:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the point: a pause between pieces
             writer.write(piece)
             await writer.drain()
         writer.close()

@@ -16,7 +16,7 @@ from yarl import URL
 from proxy.service.app import create_app
 from proxy.service.config import Settings, basic_authorization
 from tests.fixtures import compact
-from tests.proxy.conftest import ProxyClient
+from tests.proxy.conftest import ProxyClient, answering
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
@@ -116,7 +116,7 @@ async def test_secrets_never_reach_the_log(
     )
     try:
         async with aiohttp.ClientSession(headers={"Authorization": GOOD}) as client:
-            await _until_up(client, port)
+            await answering(client, f"http://127.0.0.1:{port}/_settle/health")
             settled = await client.get(
                 f"http://127.0.0.1:{port}/session/{V1}/message", params={"auth_token": TOKEN}
             )
@@ -133,16 +133,6 @@ async def test_secrets_never_reach_the_log(
     assert "liveness of ses_y unknown" in log
     for secret in (PASSWORD, TOKEN, GOOD):
         assert secret not in log
-
-
-async def _until_up(client: aiohttp.ClientSession, port: int) -> None:
-    for _ in range(100):
-        try:
-            await client.get(f"http://127.0.0.1:{port}/_settle/health")
-            return
-        except aiohttp.ClientConnectionError:
-            await asyncio.sleep(0.1)
-    raise AssertionError("the proxy never answered")
 
 
 def test_binding_beyond_loopback_is_warned_about(unused_tcp_port_factory: Callable[[], int]) -> None:
