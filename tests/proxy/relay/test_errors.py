@@ -1,0 +1,41 @@
+"""The proxy's own errors: JSON a client can show, saying which upstream failed and why."""
+
+import json
+
+import pytest
+from aiohttp import web
+from yarl import URL
+
+from proxy.relay.errors import bad_gateway, gateway_timeout, transfer_coding_refused
+
+UPSTREAM = URL("http://127.0.0.1:4096")
+
+
+def body(response: web.Response) -> dict[str, str]:
+    assert response.content_type == "application/json"
+    assert isinstance(response.body, bytes)
+    parsed: dict[str, str] = json.loads(response.body)
+    return parsed
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"), [(ConnectionRefusedError("refused"), "refused"), (TimeoutError(), "TimeoutError")]
+)
+def test_bad_gateway_says_why_even_for_an_error_without_words(error: BaseException, reason: str) -> None:
+    response = bad_gateway(UPSTREAM, error)
+    assert response.status == 502
+    assert body(response) == {
+        "error": "bad_gateway",
+        "message": f"upstream http://127.0.0.1:4096 is unreachable: {reason}",
+        "upstream": "http://127.0.0.1:4096",
+    }
+
+
+def test_gateway_timeout_and_a_refused_coding() -> None:
+    timed_out = gateway_timeout(UPSTREAM, 2.5)
+    assert (timed_out.status, body(timed_out)["message"]) == (
+        504,
+        "upstream http://127.0.0.1:4096 did not answer within 2.5s",
+    )
+    refused = transfer_coding_refused("gzip, chunked")
+    assert (refused.status, body(refused)["error"]) == (501, "not_implemented")

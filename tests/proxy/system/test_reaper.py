@@ -1,0 +1,40 @@
+"""Ending what a server left behind: its process groups get SIGTERM, then SIGKILL after the grace."""
+
+import subprocess
+import sys
+import time
+
+from proxy.system.procfs import stat
+from proxy.system.reaper import adopted, end_groups
+
+IGNORES_TERM = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+
+
+def started(code: str) -> subprocess.Popen[bytes]:
+    """A child in a process group of its own, running once it has printed a line."""
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    assert child.stdout is not None
+    child.stdout.readline()
+    return child
+
+
+def test_groups_end_on_sigterm_or_else_on_sigkill_and_nothing_stays_a_zombie() -> None:
+    polite = started("import time; print(flush=True); time.sleep(60)")
+    stubborn = started(IGNORES_TERM)
+    children = [polite.pid, stubborn.pid]
+    assert set(children) <= set(adopted())
+    assert stubborn.pid not in adopted(besides=stubborn.pid)
+    began = time.monotonic()
+    end_groups(children, grace=0.5)
+    assert 0.5 <= time.monotonic() - began < 10  # the stubborn one outlived the grace
+    assert [stat(pid) for pid in children] == [None, None]  # ended and reaped
+    for child in (polite, stubborn):
+        assert child.stdout is not None
+        child.stdout.close()
+        child.wait()  # already reaped: Popen only learns it
+
+
+def test_a_gone_process_is_skipped() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    child.wait()
+    end_groups([child.pid], grace=0.1)
