@@ -1,0 +1,80 @@
+"""Client event streams for live settle: who is told what, now and when they connect later."""
+
+import asyncio
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter
+
+from proxy import testing
+from proxy.addons.live_clients import ClientStreams, Orphan
+from proxy.addons.live_memory import Place
+
+SSE = {"Content-Type": "text/event-stream"}
+ORPHAN = Orphan(
+    Place("ses_a", "msg_1", "/cwd", "prj"),
+    state=[{"type": "message.updated", "properties": {"sessionID": "ses_a"}}],
+    moment=[{"type": "session.idle", "properties": {"sessionID": "ses_a"}}],
+)
+
+
+def drained(queue: asyncio.Queue[bytes] | None) -> list[Any]:
+    assert queue is not None
+    frames = []
+    while not queue.empty():
+        frames.append(orjson.loads(queue.get_nowait().removeprefix(b"data: ")))
+    return frames
+
+
+def clients() -> ClientStreams:
+    return ClientStreams(Counter("injected", "events", registry=CollectorRegistry()))
+
+
+async def test_open_streams_are_told_now_and_later_ones_get_the_state() -> None:
+    streams = clients()
+    async with testing.streaming([], testing.flow("GET", "/global/event", response_headers=SSE)) as early:
+        streams.subscribe(early, by="test")
+        streams.publish("prt_1", ORPHAN)
+        envelope = {"directory": "/cwd", "project": "prj"}
+        assert drained(early.injected) == [
+            {**envelope, "payload": event} for event in ORPHAN.state + ORPHAN.moment
+        ]
+        async with testing.streaming([], testing.flow("GET", "/global/event", response_headers=SSE)) as late:
+            streams.subscribe(late, by="test")
+            assert drained(late.injected) == [{**envelope, "payload": event} for event in ORPHAN.state]
+        streams.unsubscribe(early)
+        streams.publish("prt_2", ORPHAN)
+        assert drained(early.injected) == []
+
+
+async def test_an_instance_stream_gets_its_directorys_events_unwrapped() -> None:
+    streams = clients()
+    streams.publish("prt_1", ORPHAN)
+    own = testing.flow("GET", "/event", headers={"x-opencode-directory": "%2Fcwd"}, response_headers=SSE)
+    other = testing.flow("GET", "/event?directory=/elsewhere", response_headers=SSE)
+    async with testing.streaming([], own), testing.streaming([], other):
+        streams.subscribe(own, by="test")
+        streams.subscribe(other, by="test")
+        assert drained(own.injected) == ORPHAN.state
+        assert drained(other.injected) == []
+
+
+async def test_newer_news_of_the_session_ends_the_replay() -> None:
+    streams = clients()
+    streams.publish("prt_1", ORPHAN)
+    streams.forget("ses_a")
+    async with testing.streaming([], testing.flow("GET", "/global/event", response_headers=SSE)) as flow:
+        streams.subscribe(flow, by="test")
+        assert drained(flow.injected) == []
+
+
+async def test_what_is_not_a_client_event_stream_is_not_taken() -> None:
+    streams = clients()
+    for flow in (
+        testing.flow("GET", "/global/event"),  # JSON, not a stream
+        testing.flow("GET", "/event", response_headers=SSE),  # no directory
+        testing.flow("GET", "/api/session/ses_a/event", response_headers=SSE),
+    ):
+        async with testing.streaming([], flow):
+            streams.subscribe(flow, by="test")
+            assert flow.injected is None
