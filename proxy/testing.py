@@ -26,8 +26,7 @@ from proxy.opencode.tracker import TRACKER, GlobalEvent, StreamListener
 from proxy.relay.headers import upstream_request_headers
 from proxy.relay.hooks import Addon, Addons, Flow
 from proxy.relay.tasks import BACKGROUND
-from proxy.relay.upstream import SETTINGS
-from proxy.service.config import Settings
+from proxy.service.config import SETTINGS, Settings
 from proxy.service.metrics import METRICS, Metrics
 
 WAIT_S = 10.0

@@ -16,11 +16,11 @@ from urllib.parse import unquote
 from aiohttp import web
 from prometheus_client import Counter
 
+from proxy.addons.events import event_frame
 from proxy.addons.live_memory import REMEMBERED, Place
 from proxy.addons.routing import route_of
 from proxy.opencode.routes import EventStream
 from proxy.relay.hooks import Flow, FlowKey
-from proxy.relay.sse import event_frame
 from rules import OpenTool
 
 _DIRECTORY_HEADER = "x-opencode-directory"

@@ -13,12 +13,12 @@ import logging
 from typing import Any
 
 from proxy.addons.context import SettleContext
+from proxy.addons.events import opencode_event
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import StreamMemory
 from proxy.opencode.client import Credentials, UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
-from proxy.relay.sse import opencode_event
 from proxy.relay.tasks import KeyedTasks
 from rules import OPEN_STATUSES, Api, Liveness, OpenTool, settle_view
 

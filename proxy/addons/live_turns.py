@@ -14,12 +14,12 @@ from functools import partial
 from typing import Any
 
 from proxy.addons.context import SettleContext
+from proxy.addons.events import opencode_event
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import Place, StreamMemory
 from proxy.opencode.client import Credentials, UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
-from proxy.relay.sse import opencode_event
 from proxy.relay.tasks import KeyedTasks
 from rules import Api, Liveness, UnexpectedShape, settle_view
 

@@ -31,6 +31,7 @@ from functools import partial
 from typing import Any, ClassVar
 
 from proxy.addons.context import SettleContext
+from proxy.addons.events import event_frame
 from proxy.addons.routing import route_of
 from proxy.opencode.client import Credentials, UpstreamRefused
 from proxy.opencode.event_log import CALL_ENDED, CALL_STARTED, tool_failed_data
@@ -40,7 +41,6 @@ from proxy.opencode.routes import EventStream
 from proxy.opencode.runtimes import V2_HTTP
 from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.relay.hooks import Addon, Flow, FlowKey
-from proxy.relay.sse import event_frame
 from proxy.relay.tasks import KeyedTasks
 from rules import Api, Change, Settlement, UnexpectedShape, settle_view
 

@@ -25,10 +25,10 @@ from proxy.relay.headers import (
     upstream_request_headers,
 )
 from proxy.relay.hooks import Addons, Flow
+from proxy.relay.options import RELAY, RELAY_METRICS
 from proxy.relay.sse import relay_with_injection
-from proxy.relay.upstream import SETTINGS, UPSTREAM, upstream_path
+from proxy.relay.upstream import UPSTREAM, upstream_path
 from proxy.relay.websocket import is_websocket_upgrade, relay_websocket
-from proxy.service.metrics import METRICS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -38,7 +38,7 @@ ADDONS = web.AppKey("addons", Addons)
 
 def upstream_url(request: web.Request) -> URL:
     """The upstream URL for `request`: same path and query, byte for byte."""
-    return URL(str(request.app[SETTINGS].upstream_origin) + upstream_path(request), encoded=True)
+    return URL(str(request.app[RELAY].upstream_origin) + upstream_path(request), encoded=True)
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
@@ -48,7 +48,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if is_websocket_upgrade(request):
         return await relay_websocket(request, upstream_url(request))
     addons = request.app[ADDONS]
-    flow = Flow(request, upstream_request_headers(request), request.app[SETTINGS].response_timeout)
+    flow = Flow(request, upstream_request_headers(request), request.app[RELAY].response_timeout)
     try:
         return await _exchange(flow, addons)
     finally:
@@ -56,9 +56,9 @@ async def forward(request: web.Request) -> web.StreamResponse:
 
 
 async def _exchange(flow: Flow, addons: Addons) -> web.StreamResponse:
-    request, metrics = flow.request, flow.request.app[METRICS]
+    request, metrics = flow.request, flow.request.app[RELAY_METRICS]
     await addons.trigger("request_headers", flow)
-    timeout = request.app[SETTINGS].response_timeout
+    timeout = request.app[RELAY].response_timeout
     started = time.perf_counter()
     try:
         upstream = await _bounded(
@@ -98,7 +98,7 @@ async def _respond(
     if flow.read_body:
         return await _answer_whole(flow, upstream, addons, max_wait)
     if is_event_stream(upstream):
-        with request.app[METRICS].open_streams.track_inprogress():
+        with request.app[RELAY_METRICS].open_streams.track_inprogress():
             return await _stream(request, flow, upstream, None)  # a quiet stream is not a stuck one
     return await _stream(request, flow, upstream, max_wait)
 
@@ -111,7 +111,7 @@ def is_event_stream(response: aiohttp.ClientResponse) -> bool:
 def _failure(request: web.Request, error: BaseException, timeout: float | None) -> web.Response:
     """The JSON answer for an upstream that failed before the client got a byte: 504 when the
     proxy's own response timeout ran out, 502 for everything else."""
-    origin = request.app[SETTINGS].upstream_origin
+    origin = request.app[RELAY].upstream_origin
     if timeout is not None and isinstance(error, TimeoutError) and not isinstance(error, aiohttp.ClientError):
         return gateway_timeout(origin, timeout)
     return bad_gateway(origin, error)

@@ -12,25 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
 
-from proxy.opencode import jsonio
-from proxy.opencode.ids import ascending_id
-
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
-
-
-def event_frame(envelope: object) -> bytes:
-    """One SSE event carrying `envelope` as JSON, framed as opencode frames its own."""
-    return b"data: " + jsonio.dumps(envelope) + b"\n\n"
-
-
-def opencode_event(kind: str, properties: Mapping[str, object]) -> dict[str, object]:
-    """An event in opencode's own shape, with an id of its own ascending kind."""
-    return {"id": ascending_id("evt"), "type": kind, "properties": dict(properties)}
 
 
 def complete_events_end(data: bytes) -> int:

@@ -12,9 +12,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import hdrs, web
 
-from proxy.service.config import Settings
+from proxy.relay.options import RELAY
 
-SETTINGS = web.AppKey("settings", Settings)
 UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
 MOUNT_PREFIX = web.AppKey("mount_prefix", str)
 """Where the proxy is mounted inside another application ("" when it runs on its own)."""
@@ -33,8 +32,7 @@ def opencode_path(request: web.Request) -> str:
 
 async def upstream_session(app: web.Application) -> AsyncIterator[None]:
     """`cleanup_ctx` entry: open the upstream session at start-up, close it at shutdown."""
-    settings = app[SETTINGS]
-    timeout = aiohttp.ClientTimeout(total=None, connect=settings.connect_timeout)
+    timeout = aiohttp.ClientTimeout(total=None, connect=app[RELAY].connect_timeout)
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
         timeout=timeout,

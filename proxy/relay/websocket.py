@@ -15,8 +15,8 @@ from yarl import URL
 
 from proxy.relay.errors import bad_gateway
 from proxy.relay.headers import upstream_request_headers
-from proxy.relay.upstream import SETTINGS, UPSTREAM
-from proxy.service.metrics import METRICS
+from proxy.relay.options import RELAY, RELAY_METRICS
+from proxy.relay.upstream import UPSTREAM
 
 _HANDSHAKE_HEADERS = (
     "Sec-WebSocket-Key",
@@ -54,13 +54,13 @@ async def relay_websocket(request: web.Request, url: URL) -> web.StreamResponse:
         }
         return web.Response(status=refusal.status, text=refusal.message, headers=passed)
     except (aiohttp.ClientConnectionError, TimeoutError) as error:
-        return bad_gateway(request.app[SETTINGS].upstream_origin, error)
+        return bad_gateway(request.app[RELAY].upstream_origin, error)
     async with upstream:
         client = web.WebSocketResponse(
             protocols=(upstream.protocol,) if upstream.protocol else (), max_msg_size=0
         )
         await client.prepare(request)
-        with request.app[METRICS].open_streams.track_inprogress():
+        with request.app[RELAY_METRICS].open_streams.track_inprogress():
             await _pump_both_ways(client, upstream)
         return client
 

@@ -24,11 +24,12 @@ from proxy.opencode.tracker import TRACKER, LivenessTracker
 from proxy.relay.forward import ADDONS, forward
 from proxy.relay.headers import MountedLinks, drop_invented_headers
 from proxy.relay.hooks import Addon, Addons
+from proxy.relay.options import RELAY, RELAY_METRICS, RelayMetrics, RelayOptions
 from proxy.relay.tasks import BACKGROUND, Background
-from proxy.relay.upstream import MOUNT_PREFIX, SETTINGS, UPSTREAM, upstream_session
+from proxy.relay.upstream import MOUNT_PREFIX, UPSTREAM, upstream_session
 from proxy.service import health
 from proxy.service.auth import require_basic_auth
-from proxy.service.config import Settings
+from proxy.service.config import SETTINGS, Settings
 from proxy.service.metrics import METRICS, Metrics
 from proxy.supervision.process_records import ProcessRecords
 from proxy.supervision.supervisor import SUPERVISOR
@@ -140,7 +141,9 @@ def create_app(settings: Settings) -> web.Application:
     """
     app = web.Application(middlewares=[require_basic_auth(*settings.auth)] if settings.auth else [])
     app[SETTINGS] = settings
-    app[METRICS] = Metrics()
+    metrics = app[METRICS] = Metrics()
+    app[RELAY] = RelayOptions(settings.upstream_origin, settings.connect_timeout, settings.response_timeout)
+    app[RELAY_METRICS] = RelayMetrics(metrics.requests, metrics.upstream_seconds, metrics.open_streams)
     app.cleanup_ctx.extend((upstream_session, _addons))
     app.on_response_prepare.append(drop_invented_headers)
     health.add_routes(app)

@@ -6,6 +6,7 @@ import base64
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiohttp import web
 from yarl import URL
 
 from proxy.writeback.scheduler import WriteBackMode
@@ -15,6 +16,7 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_UPSTREAM",
     "DEFAULT_USERNAME",
+    "SETTINGS",
     "Settings",
     "WriteBackMode",
     "basic_authorization",
@@ -70,6 +72,9 @@ class Settings:
     def upstream_origin(self) -> URL:
         """The upstream without credentials or path: safe to show in errors and logs."""
         return self.upstream.origin()
+
+
+SETTINGS = web.AppKey("settings", Settings)
 
 
 def basic_authorization(username: str, password: str) -> str:

@@ -8,7 +8,8 @@ from aiohttp import hdrs, web
 from proxy import __version__
 from proxy.opencode.other_processes import OTHER_PROCESSES
 from proxy.opencode.tracker import TRACKER, StreamState
-from proxy.relay.upstream import SETTINGS, UPSTREAM
+from proxy.relay.upstream import UPSTREAM
+from proxy.service.config import SETTINGS
 from proxy.service.metrics import CONTENT_TYPE_LATEST, METRICS
 from proxy.supervision.supervisor import SUPERVISOR
 from proxy.supervision.tool_processes import TOOL_PROCESSES
