@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from prometheus_client import Counter
 
-from proxy.opencode.client import UpstreamApi
+from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.writeback.scheduler import WriteBack
 
@@ -27,15 +27,19 @@ class SettleMetrics(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SettleContext:
-    """One per application, built with its addons.
+    """One per application, built with its addons; every settling addon takes it (and,
+    keyword-only, what it alone uses).
 
-    `grace` is how long an orphan must stay one before clients are told; `write_back` is None
-    when write-back is off; with `dry_run` the addons decide and log, but tell and write nothing.
+    `grace` is how long an orphan must stay one before clients are told; `credentials` are the
+    configured ones, for what the addons ask on their own (no client request to borrow from);
+    `write_back` is None when write-back is off; with `dry_run` the addons decide and log, but
+    tell and write nothing.
     """
 
     probe: LivenessProbe
     upstream: UpstreamApi
     metrics: SettleMetrics
     grace: float
+    credentials: Credentials = field(default_factory=Credentials)
     write_back: WriteBack | None = None
     dry_run: bool = False

@@ -33,7 +33,6 @@ from proxy.addons.live_clients import ClientStreams
 from proxy.addons.live_memory import StreamMemory
 from proxy.addons.live_parts import OpenParts
 from proxy.addons.live_turns import DeadTurns
-from proxy.opencode.client import Credentials
 from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.relay.hooks import Addon, Flow
 
@@ -43,7 +42,8 @@ class LiveSettle(Addon, StreamListener):
 
     name: ClassVar[str] = "live-settle"
 
-    def __init__(self, ctx: SettleContext, credentials: Credentials) -> None:
+    def __init__(self, ctx: SettleContext) -> None:
+        credentials = ctx.credentials
         self._memory = StreamMemory()
         self._clients = ClientStreams(ctx.metrics.injected_events)
         self._parts = OpenParts(ctx, credentials, self._memory, self._clients)

@@ -68,9 +68,9 @@ class SessionStreamSettle(Addon, StreamListener):
 
     name: ClassVar[str] = "session-stream-settle"
 
-    def __init__(self, ctx: SettleContext, credentials: Credentials) -> None:
+    def __init__(self, ctx: SettleContext) -> None:
         self._ctx = ctx
-        self._credentials = credentials
+        self._credentials = ctx.credentials
         self._streams: dict[SessionStream, None] = {}
         """An ordered set: each is also kept in its flow (`STREAM`)."""
         self._checks: KeyedTasks[str] = KeyedTasks(self.name)

@@ -20,16 +20,15 @@ from typing import ClassVar
 
 from aiohttp import hdrs
 
-from proxy.addons.context import SettleMetrics
+from proxy.addons.context import SettleContext
 from proxy.addons.rewrite import RecentRewrites, Rewritten, mentions_open_status, rewrite
 from proxy.addons.routing import route_of
 from proxy.opencode.client import Credentials
-from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
+from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.routes import MessageRoute
 from proxy.opencode.tracker import LivenessTracker
 from proxy.relay import codings
 from proxy.relay.hooks import Addon, Flow
-from proxy.writeback.scheduler import WriteBack
 from rules import DEFAULT_RULES, Liveness, Rule, UnexpectedShape
 
 log = logging.getLogger(__name__)
@@ -50,21 +49,14 @@ class Settle(Addon):
     name: ClassVar[str] = "settle"
 
     def __init__(
-        self,
-        probe: LivenessProbe,
-        tracker: LivenessTracker,
-        metrics: SettleMetrics,
-        *,
-        rules: Sequence[Rule] = DEFAULT_RULES,
-        write_back: WriteBack | None = None,
-        dry_run: bool = False,
+        self, ctx: SettleContext, *, tracker: LivenessTracker, rules: Sequence[Rule] = DEFAULT_RULES
     ) -> None:
-        self._probe = probe
+        self._probe = ctx.probe
         self._tracker = tracker
-        self._metrics = metrics
+        self._metrics = ctx.metrics
         self._rules = rules
-        self._write_back = write_back
-        self._dry_run = dry_run
+        self._write_back = ctx.write_back
+        self._dry_run = ctx.dry_run
         self._reported: set[tuple[str, str]] = set()
         self._recent = RecentRewrites()
 

@@ -18,7 +18,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 import orjson
@@ -70,6 +70,7 @@ class SessionEvent:
     """True/False when the event states it (v1 status); None when it only says "something happened"."""
 
 
+@runtime_checkable
 class StreamListener(Protocol):
     """Something else that wants the stream's events (after the tracker has applied them)."""
 

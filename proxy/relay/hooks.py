@@ -120,6 +120,9 @@ class Addon:
     async def done(self, flow: Flow) -> None:
         """The exchange is over (answered, streamed to the end, or abandoned by the client)."""
 
+    async def close(self) -> None:
+        """The application is shutting down: cancel what the addon still runs in the background."""
+
 
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
@@ -163,6 +166,7 @@ class Addons:
     """
 
     def __init__(self, addons: Sequence[Addon], errors: Counter) -> None:
+        self.addons = tuple(addons)
         self._errors = errors
         self._implementing = {
             hook: tuple(addon for addon in addons if getattr(type(addon), hook) is not getattr(Addon, hook))
@@ -186,3 +190,8 @@ class Addons:
                 self._errors.labels(addon.name, hook).inc()
                 if snapshot is not None:
                     snapshot.restore(flow)
+
+    async def close(self) -> None:
+        """Close every addon, the last first (application cleanup)."""
+        for addon in reversed(self.addons):
+            await addon.close()

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Hashable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from aiohttp import web
 
 K = TypeVar("K", bound=Hashable)
 
 
+@runtime_checkable
 class Idles(Protocol):
     """An owner of background tasks that can say whether any runs, and wait until none does."""
 

@@ -20,12 +20,12 @@ from proxy.addons.settle import Settle
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.other_processes import OTHER_PROCESSES, OtherProcesses, mark_this_process
-from proxy.opencode.tracker import TRACKER, LivenessTracker
+from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamListener
 from proxy.relay.forward import ADDONS, forward
 from proxy.relay.headers import MountedLinks, drop_invented_headers
 from proxy.relay.hooks import Addon, Addons
 from proxy.relay.options import RELAY, RELAY_METRICS, RelayMetrics, RelayOptions
-from proxy.relay.tasks import BACKGROUND, Background
+from proxy.relay.tasks import BACKGROUND, Background, Idles
 from proxy.relay.upstream import MOUNT_PREFIX, UPSTREAM, upstream_session
 from proxy.service import health
 from proxy.service.auth import require_basic_auth
@@ -74,13 +74,6 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
             )
             stack.push_async_callback(write_back.close)
             background.add(write_back)
-        ctx = SettleContext(probe, upstream, metrics, settings.grace, write_back, settings.dry_run)
-        live = LiveSettle(ctx, Credentials.configured(settings.authorization))
-        stack.push_async_callback(live.close)
-        session_streams = SessionStreamSettle(ctx, Credentials.configured(settings.authorization))
-        stack.push_async_callback(session_streams.close)
-        background.add(live)
-        background.add(session_streams)
         tracker = app[TRACKER] = LivenessTracker(
             app[UPSTREAM],
             settings.upstream,
@@ -88,16 +81,34 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
             connect_timeout=settings.connect_timeout,
             clock=probe.clock,
         )
-        tracker.listeners += (live, session_streams)
+        ctx = SettleContext(
+            probe,
+            upstream,
+            metrics,
+            settings.grace,
+            Credentials.configured(settings.authorization),
+            write_back,
+            settings.dry_run,
+        )
+        addons: list[Addon] = [
+            Routing(),
+            Settle(ctx, tracker=tracker),
+            LiveSettle(ctx),
+            SessionStreamSettle(ctx),
+        ]
+        if prefix := app.get(MOUNT_PREFIX):
+            addons.insert(0, MountedLinks(prefix))
+        dispatcher = app[ADDONS] = Addons(addons, metrics.addon_errors)
+        stack.push_async_callback(dispatcher.close)
+        for addon in addons:
+            if isinstance(addon, StreamListener):
+                tracker.listeners.append(addon)
+            if isinstance(addon, Idles):
+                background.add(addon)
         if (watcher := await _tool_processes(app, stack)) is not None:
             tracker.listeners.append(watcher)
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)
-        settle = Settle(probe, tracker, metrics, write_back=write_back, dry_run=settings.dry_run)
-        addons: list[Addon] = [Routing(), settle, live, session_streams]
-        if prefix := app.get(MOUNT_PREFIX):
-            addons.insert(0, MountedLinks(prefix))
-        app[ADDONS] = Addons(addons, metrics.addon_errors)
         yield
 
 

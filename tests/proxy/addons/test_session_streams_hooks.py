@@ -6,7 +6,7 @@ import pytest
 from proxy import testing
 from proxy.addons.context import SettleContext
 from proxy.addons.session_streams import TOOL_FAILED, SessionStreamSettle
-from proxy.opencode.client import Credentials, UpstreamApi
+from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.service.metrics import Metrics
 from tests.fixtures import compact
@@ -21,7 +21,7 @@ SSE = {"Content-Type": "text/event-stream"}
 def addon(upstream_api: UpstreamApi, fake: FakeOpencode) -> SessionStreamSettle:
     fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
     ctx = SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0)
-    return SessionStreamSettle(ctx, Credentials())
+    return SessionStreamSettle(ctx)
 
 
 async def test_a_stale_sessions_stream_is_told_its_call_failed_once(addon: SessionStreamSettle) -> None:

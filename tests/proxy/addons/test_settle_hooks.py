@@ -8,6 +8,7 @@ import pytest
 from yarl import URL
 
 from proxy import testing
+from proxy.addons.context import SettleContext
 from proxy.addons.settle import SETTLED_HEADER, Settle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
@@ -27,7 +28,9 @@ async def settle(upstream_api: UpstreamApi) -> AsyncIterator[Settle]:
     tracker is never run, so it follows no stream and every reading is asked)."""
     async with aiohttp.ClientSession() as session:
         tracker = LivenessTracker(session, URL("http://127.0.0.1:1"))
-        yield Settle(LivenessProbe(upstream_api), tracker, Metrics())
+        yield Settle(
+            SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0), tracker=tracker
+        )
 
 
 async def test_a_stale_view_of_an_idle_session_is_settled(settle: Settle) -> None:

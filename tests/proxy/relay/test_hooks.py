@@ -187,3 +187,19 @@ def test_a_second_injector_is_an_error() -> None:
     flow.inject(asyncio.Queue(), by="one")
     with pytest.raises(ClaimedTwice, match="two cannot inject into /x: one does"):
         flow.inject(asyncio.Queue(), by="two")
+
+
+async def test_addons_close_the_last_first() -> None:
+    closed: list[str] = []
+
+    class First(Addon):
+        name = "first"
+
+        async def close(self) -> None:
+            closed.append(self.name)
+
+    class Last(First):
+        name = "last"
+
+    await Addons([First(), Marks(), Last()], errors()).close()
+    assert closed == ["last", "first"]
