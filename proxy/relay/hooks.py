@@ -2,7 +2,10 @@
 
 The forwarding core calls the hooks through `Addons`, at fixed points of an exchange, and
 knows none of the addons. An addon that needs a whole response body says so in
-`response_headers`; every other body is streamed through untouched.
+`response_headers` (`flow.read_whole`); every other body is streamed through untouched. What
+only one addon may own in a flow (the events slipped into a stream, `flow.inject`) is refused
+to a second one, loudly; per-flow addon state lives in the flow under a typed `FlowKey`; policy
+the relay must apply (`flow.start_timeout`) is set by the addon that owns it.
 """
 
 from __future__ import annotations
