@@ -108,7 +108,7 @@ class Runtime(ABC, Generic[M]):
         if index is None:
             return Target(message_id)
         item = self.items(message)[index]
-        tool = getattr(item, self.tool_key, None)
+        tool = _extra(item, self.tool_key)
         return Target(message_id, item.id, self.call_id(item), tool if isinstance(tool, str) else None)
 
     @abstractmethod
@@ -155,7 +155,7 @@ class _V1(Runtime[V1Message]):
         return message.info.id
 
     def call_id(self, item: Any) -> str | None:
-        call = getattr(item, "callID", None)
+        call = _extra(item, "callID")
         return call if isinstance(call, str) else None
 
     def last_alive(self, message: V1Message) -> int:
@@ -223,8 +223,7 @@ class _V2(Runtime[V2Message]):
         return message.id
 
     def call_id(self, item: Any) -> str | None:
-        call = getattr(item, "id", None)
-        return call if isinstance(call, str) else None
+        return item.id if isinstance(item.id, str) else None
 
     def last_alive(self, message: V2Message) -> int:
         times = [message.time.created]
@@ -244,6 +243,12 @@ class _V2(Runtime[V2Message]):
 
     def finished(self, message: V2Message, last_alive: int) -> JSONObject:
         return {"time": {"completed": last_alive}}
+
+
+def _extra(item: Any, key: str) -> Any:
+    """A field the models do not declare, read without the exception `getattr` would cost."""
+    extra = item.model_extra
+    return None if extra is None else extra.get(key)
 
 
 def _v1_start(message: V1Message, index: int) -> int | None:
