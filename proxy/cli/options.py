@@ -114,6 +114,42 @@ def build_parser(
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     flags = _Flags(parser, environ)
+    _connection_flags(flags)
+    _settling_flags(flags)
+    add_database_option(parser, "opencode's database, for --write-back db", environ)
+    parser.add_argument(
+        "--auth",
+        metavar="USER:PASSWORD",
+        type=typed(parse_credentials, "USER:PASSWORD", secret=True),
+        default=None,
+        help="require this HTTP Basic login (or ?auth_token=) on every route of the proxy; what the client "
+        "sends is forwarded as is, so use the server's own credentials to log in once for both [SETTLE_AUTH]",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=environ.get("SETTLE_DRY_RUN", "") not in ("", "0", "false"),
+        help="log and count what would be settled, but change no response and write nothing [SETTLE_DRY_RUN]",
+    )
+    flags.add(
+        "--log-format",
+        "SETTLE_LOG_FORMAT",
+        "text",
+        "text for people, json (one object per line) for log pipelines",
+        choices=("text", "json"),
+    )
+    flags.add(
+        "--log-level",
+        "SETTLE_LOG_LEVEL",
+        "info",
+        "how much to log",
+        choices=("debug", "info", "warning", "error"),
+    )
+    return parser
+
+
+def _connection_flags(flags: _Flags) -> None:
+    """Where the proxy listens, what it proxies, and how long it waits on it."""
     flags.add(
         "--upstream", "SETTLE_UPSTREAM", DEFAULT_UPSTREAM, "the opencode server to proxy", type=UPSTREAM
     )
@@ -148,6 +184,10 @@ def build_parser(
         "5",
         "seconds a liveness look-up may take before a body is passed on unchanged",
     )
+
+
+def _settling_flags(flags: _Flags) -> None:
+    """Whether and when settlements are made durable."""
     flags.add(
         "--write-back",
         "SETTLE_WRITE_BACK",
@@ -160,36 +200,6 @@ def build_parser(
     flags.seconds(
         "--grace", "SETTLE_GRACE", "2", "seconds between the two liveness readings before a write-back"
     )
-    add_database_option(parser, "opencode's database, for --write-back db", environ)
-    parser.add_argument(
-        "--auth",
-        metavar="USER:PASSWORD",
-        type=typed(parse_credentials, "USER:PASSWORD", secret=True),
-        default=None,
-        help="require this HTTP Basic login (or ?auth_token=) on every route of the proxy; what the client "
-        "sends is forwarded as is, so use the server's own credentials to log in once for both [SETTLE_AUTH]",
-    )
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        default=environ.get("SETTLE_DRY_RUN", "") not in ("", "0", "false"),
-        help="log and count what would be settled, but change no response and write nothing [SETTLE_DRY_RUN]",
-    )
-    flags.add(
-        "--log-format",
-        "SETTLE_LOG_FORMAT",
-        "text",
-        "text for people, json (one object per line) for log pipelines",
-        choices=("text", "json"),
-    )
-    flags.add(
-        "--log-level",
-        "SETTLE_LOG_LEVEL",
-        "info",
-        "how much to log",
-        choices=("debug", "info", "warning", "error"),
-    )
-    return parser
 
 
 def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Settings:
