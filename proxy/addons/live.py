@@ -43,11 +43,10 @@ class LiveSettle(Addon, StreamListener):
     name: ClassVar[str] = "live-settle"
 
     def __init__(self, ctx: SettleContext) -> None:
-        credentials = ctx.credentials
         self._memory = StreamMemory()
         self._clients = ClientStreams(ctx.metrics.injected_events)
-        self._parts = OpenParts(ctx, credentials, self._memory, self._clients)
-        self._turns = DeadTurns(ctx, credentials, self._memory, self._clients)
+        self._parts = OpenParts(ctx, self._memory, self._clients)
+        self._turns = DeadTurns(ctx, self._memory, self._clients)
 
     # What the followed stream says.
 

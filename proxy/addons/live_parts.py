@@ -16,7 +16,7 @@ from proxy.addons.context import SettleContext
 from proxy.addons.events import opencode_event
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import StreamMemory
-from proxy.opencode.client import Credentials, UpstreamRefused
+from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.relay.tasks import KeyedTasks
@@ -30,11 +30,8 @@ _READING_ATTEMPTS = 3
 class OpenParts:
     """One confirmation at a time per session, of the parts the stream last showed open there."""
 
-    def __init__(
-        self, ctx: SettleContext, credentials: Credentials, memory: StreamMemory, clients: ClientStreams
-    ) -> None:
+    def __init__(self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams) -> None:
         self._ctx = ctx
-        self._credentials = credentials
         self._memory = memory
         self._clients = clients
         self._checks: KeyedTasks[str] = KeyedTasks("live-settle")
@@ -70,7 +67,7 @@ class OpenParts:
         for attempt in range(1, _READING_ATTEMPTS + 1):
             await asyncio.sleep(pause)
             try:
-                return await self._ctx.probe.read(Api.V1, session_id, self._credentials)
+                return await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
             except LivenessUnknown as error:
                 log.info(
                     "live settle of %s: liveness unknown (%s), try %d of %d",
@@ -87,7 +84,7 @@ class OpenParts:
     ) -> None:
         try:
             message = await self._ctx.upstream.get(
-                V1_HTTP.messages_path(session_id, message_id), self._credentials
+                V1_HTTP.messages_path(session_id, message_id), self._ctx.credentials
             )
         except (UpstreamRefused, OSError) as error:
             log.info("live settle of %s: message %s unreadable (%s)", session_id, message_id, error)
@@ -126,7 +123,7 @@ class OpenParts:
             return
         self._clients.publish(part_id, Orphan(part, state, [opencode_event("session.idle", session)]))
         if settled_here and self._ctx.write_back is not None:
-            self._ctx.write_back.schedule(Api.V1, part.session_id, self._credentials, {part_id})
+            self._ctx.write_back.schedule(Api.V1, part.session_id, self._ctx.credentials, {part_id})
 
 
 def _log_orphan(

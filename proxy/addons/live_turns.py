@@ -17,7 +17,7 @@ from proxy.addons.context import SettleContext
 from proxy.addons.events import opencode_event
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import Place, StreamMemory
-from proxy.opencode.client import Credentials, UpstreamRefused
+from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.relay.tasks import KeyedTasks
@@ -29,11 +29,8 @@ log = logging.getLogger(__name__)
 class DeadTurns:
     """One confirmation at a time per session; any event about the session withdraws it."""
 
-    def __init__(
-        self, ctx: SettleContext, credentials: Credentials, memory: StreamMemory, clients: ClientStreams
-    ) -> None:
+    def __init__(self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams) -> None:
         self._ctx = ctx
-        self._credentials = credentials
         self._memory = memory
         self._clients = clients
         self._turns: KeyedTasks[str] = KeyedTasks("live-settle turns")
@@ -75,11 +72,13 @@ class DeadTurns:
             read = [
                 (
                     place,
-                    await self._ctx.upstream.get(V1_HTTP.messages_path(session_id, mid), self._credentials),
+                    await self._ctx.upstream.get(
+                        V1_HTTP.messages_path(session_id, mid), self._ctx.credentials
+                    ),
                 )
                 for mid, place in messages
             ]
-            liveness = await self._ctx.probe.read(Api.V1, session_id, self._credentials)
+            liveness = await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
         except (UpstreamRefused, OSError, LivenessUnknown) as error:
             log.info("live settle of turn %s postponed: %s", session_id, error)
             return
