@@ -1,5 +1,6 @@
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,6 +15,7 @@ from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.testing import hearing, refollowing
 from tests.proxy.fake_opencode import FakeOpencode
+from tests.proxy.system.fake_proc import FakeProc
 
 ProxyClient = TestClient[web.Request, web.Application]
 
@@ -35,6 +37,12 @@ async def upstream_api(upstream: TestServer) -> AsyncIterator[UpstreamApi]:
     """A client of the fake, for addons and writers built without an application."""
     async with aiohttp.ClientSession() as session:
         yield UpstreamApi(session, URL(str(upstream.make_url("/"))))
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> FakeProc:
+    """An empty fake `/proc` in which the upstream listens on `fake_proc.PORT`."""
+    return FakeProc(tmp_path / "proc")
 
 
 @pytest.fixture

@@ -6,18 +6,19 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestServer
 from rich.console import Console
-from yarl import URL
 
 from proxy.cli.offline import Exit, build_parser, run
 from tests.fixtures import js_json
 from tests.fixtures.new_turn import call_status, start_v2_turn
-from tests.fixtures.stale_db import V1_SESSION, V2_SESSION, build_stale_db
+from tests.fixtures.stale_db import DIRECTORY, V1_SESSION, V2_SESSION, build_stale_db
 from tests.proxy.fake_opencode import FakeOpencode
 
 
@@ -33,6 +34,13 @@ def settle(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
         check=False,
+    )
+
+
+async def settle_against(upstream: TestServer, db_path: Path, console: Console) -> Exit:
+    """`settle-proxy settle --db DB_PATH --upstream UPSTREAM`, in this process."""
+    return await run(
+        build_parser().parse_args(["--db", str(db_path), "--upstream", str(upstream.make_url("/"))]), console
     )
 
 
@@ -75,6 +83,7 @@ def test_rows_cut_inside_an_emoji_are_settled(db_path: Path) -> None:
 
 @pytest.fixture
 def database_in_use(db_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Another process holding the database open, started now: after every time the fixture records."""
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -108,24 +117,41 @@ async def test_upstream_says_which_sessions_are_live(
 ) -> None:
     fake.v2_active.add(V2_SESSION)
     fake.directories[V1_SESSION] = "/home/dev/work/proj"
-    args = build_parser().parse_args(["--db", str(db_path), "--upstream", str(upstream.make_url("/"))])
     console = Console(record=True, width=200)
-    assert await run(args, console) == Exit.SETTLED
+    assert await settle_against(upstream, db_path, console) == Exit.SETTLED
     assert "settled 1 tool call(s) in 1 session(s)" in console.export_text()
-    args = build_parser().parse_args(["--db", str(db_path), "--upstream", str(upstream.make_url("/"))])
-    assert await run(args, console) == Exit.NOTHING_TO_DO
+    assert await settle_against(upstream, db_path, console) == Exit.NOTHING_TO_DO
     assert "(1 live left alone)" in console.export_text()
+
+
+async def test_upstream_leaves_alone_what_another_holder_may_run(
+    db_path: Path, database_in_use: subprocess.Popen[bytes], fake: FakeOpencode, upstream: TestServer
+) -> None:
+    """Its tool was last alive after the other holder started (now, in the fixture): it may run there."""
+    fake.directories[V1_SESSION] = DIRECTORY
+    with closing(sqlite3.connect(db_path)) as db, db:
+        db.execute(
+            "UPDATE part SET data = json_set(data, '$.state.time.start', ?) WHERE data LIKE '%running%'",
+            (int(time.time() * 1000),),
+        )
+        before = db.execute("SELECT data FROM part WHERE session_id = ?", (V1_SESSION,)).fetchall()
+    console = Console(record=True, width=200)
+    assert await settle_against(upstream, db_path, console) == Exit.SETTLED
+    text = console.export_text()
+    assert "1 tool call(s) left alone: another process may run them" in text
+    assert "settled 1 tool call(s) in 1 session(s)" in text
+    with closing(sqlite3.connect(db_path)) as db:
+        assert db.execute("SELECT data FROM part WHERE session_id = ?", (V1_SESSION,)).fetchall() == before
+        (v2,) = db.execute("SELECT data FROM session_message WHERE session_id = ?", (V2_SESSION,)).fetchone()
+    assert '"status":"running"' not in v2
 
 
 async def test_upstream_in_doubt_is_a_refusal(
     db_path: Path, fake: FakeOpencode, upstream: TestServer
 ) -> None:
     fake.liveness_fails = True
-    args = build_parser().parse_args(
-        ["--db", str(db_path), "--upstream", str(URL(str(upstream.make_url("/"))))]
-    )
     with pytest.raises(Exception, match="could not say which sessions are live"):
-        await run(args, Console())
+        await settle_against(upstream, db_path, Console())
 
 
 def test_missing_database(tmp_path: Path) -> None:
@@ -149,8 +175,7 @@ async def test_upstream_reading_is_taken_per_session_after_its_re_read(
         turns[-1].start()
 
     fake.on_serve["/api/session/active"] = [new_turn]
-    args = build_parser().parse_args(["--db", str(db_path), "--upstream", str(upstream.make_url("/"))])
-    await run(args, Console(width=200))
+    await settle_against(upstream, db_path, Console(width=200))
     for turn in turns:
         await asyncio.to_thread(turn.join, 15)
     assert len(turns) == 1

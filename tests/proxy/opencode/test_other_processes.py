@@ -1,88 +1,17 @@
-"""Other processes on the upstream's database, surveyed from a fake `/proc` tree."""
+"""Other processes on the upstream's database, surveyed from a fake `/proc` tree: who is the
+upstream, which database it holds, who else holds it and since when, and why no bound can be given."""
 
 import os
 import socket
-import sqlite3
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import closing, suppress
-from dataclasses import dataclass, field
+from contextlib import suppress
 from pathlib import Path
 
-import orjson
 import pytest
-from aiohttp.test_utils import TestServer
-from rich.console import Console
 from yarl import URL
 
-from proxy.addons.settle import SETTLED_HEADER
-from proxy.cli.offline import Exit, build_parser, run
 from proxy.opencode import other_processes as processes
 from proxy.opencode.other_processes import START_MARGIN_MS, OtherProcess, Survey, survey
-from tests.fixtures import compact, load
-from tests.fixtures.stale_db import DIRECTORY, V1_SESSION, V2_SESSION, build_stale_db
-from tests.proxy.conftest import ProxyClient, following, publish
-from tests.proxy.fake_opencode import FakeOpencode
-
-BOOT_S = 1_795_900_000
-DB = "/home/dev/.local/share/opencode/opencode.db"
-V2 = "ses_dd6bd0f33ffejRStwdnQDIkDom"
-V2_LAST_ALIVE = 1795988584703
-"""The latest time in `v2-message-stale-running.json` (its tool's `ran`)."""
-V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
-V1_CREATED = 1795988598698
-"""When the assistant message of `v1-message-stale-running.json` was created."""
-PORT = 4096
-
-
-@dataclass
-class FakeProc:
-    """A `/proc` tree: `/proc/stat`, `/proc/net/tcp{,6}` and one directory per process."""
-
-    root: Path
-    tcp: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        (self.root / "net").mkdir(parents=True)
-        (self.root / "stat").write_text(f"cpu  1 2 3 4\nbtime {BOOT_S}\nprocesses 9\n")
-        self.listen(PORT, "111")
-
-    def listen(self, port: int, inode: str, *, state: str = "0A", table: str = "tcp") -> None:
-        self.tcp.append(
-            f"   0: 0100007F:{port:04X} 00000000:0000 {state} 00000000:00000000 00:00000000 00000000"
-            f"     0        0 {inode} 1 0000000000000000 100 0 0 10 0"
-        )
-        header = (
-            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode"
-        )
-        (self.root / "net" / table).write_text("\n".join([header, *self.tcp]) + "\n")
-
-    def process(
-        self, pid: int, *links: str, started_at: int = 0, comm: str = "opencode", flags: int = 0
-    ) -> None:
-        """A process whose fds point at `links`, started at `started_at` (epoch ms, before the margin)."""
-        directory = self.root / str(pid)
-        (directory / "fd").mkdir(parents=True)
-        for number, target in enumerate(links):
-            (directory / "fd" / str(number)).symlink_to(target)
-        ticks = (started_at - BOOT_S * 1000) * os.sysconf("SC_CLK_TCK") // 1000
-        fields = ["S", "1", "1", "1", "0", "-1", str(flags), *["0"] * 12, str(ticks), "0"]
-        (directory / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
-        (directory / "cmdline").write_bytes(b"\0".join(part.encode() for part in (comm, "serve")) + b"\0")
-
-    def unreadable(self, pid: int, *, flags: int = 0) -> None:
-        """A process whose fds cannot be listed (as another user's; root would read any)."""
-        self.process(pid, flags=flags)
-        (self.root / str(pid) / "fd").rmdir()
-        (self.root / str(pid) / "fd").write_text("")
-
-
-@pytest.fixture
-def proc(tmp_path: Path) -> FakeProc:
-    return FakeProc(tmp_path / "proc")
-
+from tests.proxy.system.fake_proc import BOOT_S, DB, PORT, FakeProc
 
 UPSTREAM = URL(f"http://127.0.0.1:{PORT}")
 
@@ -214,60 +143,6 @@ def test_the_real_proc_finds_this_process_listening() -> None:
     assert "holds no opencode database" in found.unknown
 
 
-@pytest.fixture
-def other_server(proc: FakeProc, upstream: TestServer, monkeypatch: pytest.MonkeyPatch) -> FakeProc:
-    """The fake upstream listening, holding DB; `proc.process(...)` adds other holders."""
-    assert upstream.port is not None
-    proc.listen(upstream.port, "555")
-    proc.process(100, "socket:[555]", DB, started_at=BOOT_S * 1000)
-    monkeypatch.setattr(processes, "PROC", proc.root)
-    monkeypatch.setattr(processes, "MAX_AGE_S", 0.0)
-    return proc
-
-
-async def test_a_view_alive_after_another_holder_started_is_left_alone(
-    proxy: ProxyClient, fake: FakeOpencode, other_server: FakeProc
-) -> None:
-    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
-    other_server.process(200, DB, started_at=V2_LAST_ALIVE - 60_003)  # a whole tick
-    response = await proxy.get(f"/api/session/{V2}/message")
-    assert SETTLED_HEADER not in response.headers
-    assert orjson.loads(await response.read()) == load("v2-message-stale-running.json")
-    health = await (await proxy.get("/_settle/health")).json()
-    assert health["other_processes"]["known"] is True
-    assert health["other_processes"]["upstream_pids"] == [100]
-    assert health["other_processes"]["others"] == [
-        {"pid": 200, "started_at": V2_LAST_ALIVE - 60_003 - START_MARGIN_MS, "program": "opencode"}
-    ]
-
-
-async def test_a_view_alive_before_every_other_holder_started_is_settled(
-    proxy: ProxyClient, fake: FakeOpencode, other_server: FakeProc
-) -> None:
-    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
-    other_server.process(200, DB, started_at=V2_LAST_ALIVE + 60_000)
-    response = await proxy.get(f"/api/session/{V2}/message")
-    assert response.headers[SETTLED_HEADER] == "1"
-
-
-async def test_a_reading_kept_from_the_event_stream_is_bounded_too(
-    proxy: ProxyClient, fake: FakeOpencode, other_server: FakeProc
-) -> None:
-    fake.bodies[f"/session/{V1}/message"] = original = compact("v1-message-stale-running.json")
-    other_server.process(200, DB, started_at=V1_CREATED - 60_000)
-    await following(proxy)
-    await publish(proxy, fake, "session.status", V1, status={"type": "idle"})
-    response = await proxy.get(f"/session/{V1}/message")
-    assert await response.read() == original
-    assert fake.liveness_requests == 0
-
-
-async def test_health_says_why_other_processes_are_unknown(proxy: ProxyClient) -> None:
-    health = await (await proxy.get("/_settle/health")).json()
-    assert health["other_processes"]["known"] is False
-    assert "holds no opencode database" in health["other_processes"]["why"]
-
-
 def test_a_marked_process_shows_its_marker_in_its_fd_table() -> None:
     processes.mark_this_process()
     processes.mark_this_process()
@@ -276,54 +151,6 @@ def test_a_marked_process_shows_its_marker_in_its_fd_table() -> None:
         with suppress(FileNotFoundError):  # the listing's own descriptor, closed by now
             links.append(os.readlink(f"/proc/self/fd/{fd}"))
     assert links.count(f"/memfd:{processes.MARKER} (deleted)") == 1
-
-
-@pytest.fixture
-def stale_db(tmp_path: Path) -> Path:
-    return build_stale_db(tmp_path / "opencode.db")
-
-
-@pytest.fixture
-def second_holder(stale_db: Path) -> Iterator[None]:
-    """Another process holding the database open, started now: after every time the fixture records."""
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"import sqlite3, time; c = sqlite3.connect({str(stale_db)!r}); "
-            "c.execute('select 1 from part').fetchall(); print('open', flush=True); time.sleep(60)",
-        ],
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert holder.stdout is not None
-        assert holder.stdout.readline() == b"open\n"
-        yield
-    finally:
-        holder.kill()
-        holder.wait()
-
-
-async def test_offline_with_upstream_leaves_alone_what_another_holder_may_run(
-    stale_db: Path, second_holder: None, fake: FakeOpencode, upstream: TestServer
-) -> None:
-    fake.directories[V1_SESSION] = DIRECTORY
-    with closing(sqlite3.connect(stale_db)) as db, db:
-        db.execute(
-            "UPDATE part SET data = json_set(data, '$.state.time.start', ?) WHERE data LIKE '%running%'",
-            (int(time.time() * 1000),),
-        )
-        before = db.execute("SELECT data FROM part WHERE session_id = ?", (V1_SESSION,)).fetchall()
-    args = build_parser().parse_args(["--db", str(stale_db), "--upstream", str(upstream.make_url("/"))])
-    console = Console(record=True, width=200)
-    assert await run(args, console) == Exit.SETTLED
-    text = console.export_text()
-    assert "1 tool call(s) left alone: another process may run them" in text
-    assert "settled 1 tool call(s) in 1 session(s)" in text
-    with closing(sqlite3.connect(stale_db)) as db:
-        assert db.execute("SELECT data FROM part WHERE session_id = ?", (V1_SESSION,)).fetchall() == before
-        (v2,) = db.execute("SELECT data FROM session_message WHERE session_id = ?", (V2_SESSION,)).fetchone()
-    assert '"status":"running"' not in v2
 
 
 async def test_a_survey_is_reused_for_a_while_and_what_is_unknown_is_said_once(
