@@ -1,5 +1,8 @@
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ from proxy.opencode.client import UpstreamApi
 from proxy.opencode.tracker import TRACKER, StreamState
 from proxy.service.app import create_app
 from proxy.service.config import Settings
+from proxy.supervision.server_command import free_loopback_port
 from proxy.testing import hearing, refollowing
 from tests.proxy.fake_opencode import FakeOpencode
 from tests.proxy.system.fake_proc import FakeProc
@@ -84,3 +88,36 @@ async def answering(client: aiohttp.ClientSession, url: str) -> None:
         except aiohttp.ClientConnectionError:
             await asyncio.sleep(0.05)
     raise AssertionError(f"{url} never answered")
+
+
+def settle_proxy(*args: str) -> subprocess.CompletedProcess[str]:
+    """`settle-proxy ARGS` run to its end as users run it, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+@asynccontextmanager
+async def proxy_process(
+    upstream: TestServer, log: Path, *flags: str, env: Mapping[str, str] | None = None
+) -> AsyncIterator[URL]:
+    """`settle-proxy --upstream UPSTREAM FLAGS` on a free loopback port, answering once the block
+    starts, its stdout and stderr in `log`; terminated when the block ends."""
+    port = free_loopback_port()
+    with log.open("wb") as output:
+        process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "proxy", "--upstream", str(upstream.make_url("/")), "--port", str(port)),
+            *flags,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    base = URL(f"http://127.0.0.1:{port}")
+    try:
+        async with aiohttp.ClientSession() as client:
+            await answering(client, str(base.with_path("/_settle/health")))
+        yield base
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), timeout=10)

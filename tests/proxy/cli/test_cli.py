@@ -1,26 +1,18 @@
-import asyncio
-import subprocess
-import sys
+from pathlib import Path
 
 import aiohttp
 import orjson
 import pytest
+from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from proxy import __version__
 from proxy.cli.options import build_parser, settings_from
-from proxy.supervision.server_command import free_loopback_port
 from tests.fixtures import compact
-from tests.proxy.conftest import answering
+from tests.proxy.conftest import proxy_process, settle_proxy
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy", *args], capture_output=True, text=True, timeout=30, check=False
-    )
 
 
 @pytest.mark.parametrize(
@@ -40,21 +32,21 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     ],
 )
 def test_a_bad_flag_gets_one_clear_line(args: list[str], complaint: str) -> None:
-    result = run_cli(*args)
+    result = settle_proxy(*args)
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.splitlines() == [f"settle-proxy: error: {complaint} (see --help)"]
 
 
 def test_help_names_every_environment_variable() -> None:
-    result = run_cli("--help")
+    result = settle_proxy("--help")
     assert result.returncode == 0
     for variable in ("SETTLE_UPSTREAM", "SETTLE_HOST", "SETTLE_PORT", "OPENCODE_SERVER_PASSWORD"):
         assert variable in result.stdout
 
 
 def test_version() -> None:
-    assert run_cli("--version").stdout.strip() == f"settle-proxy {__version__}"
+    assert settle_proxy("--version").stdout.strip() == f"settle-proxy {__version__}"
 
 
 def test_flags_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,42 +78,24 @@ def test_flags_beat_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_a_secret_in_a_bad_flag_is_not_echoed(args: list[str]) -> None:
-    result = run_cli(*args)
+    result = settle_proxy(*args)
     assert result.returncode == 2
     assert "s3cret" not in result.stderr
     assert len(result.stderr.splitlines()) == 1
 
 
-async def test_log_format_json_is_applied_end_to_end(aiohttp_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_log_format_json_is_applied_end_to_end(
+    fake: FakeOpencode, upstream: TestServer, tmp_path: Path
+) -> None:
     """`--log-format json` as users start it: the settlement is one JSON line with its fields."""
-    fake = FakeOpencode()
     fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
-    upstream = await aiohttp_server(fake.app())
-    port = free_loopback_port()
     log_path = tmp_path / "proxy.log"
-    with log_path.open("wb") as log:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "proxy",
-            "--upstream",
-            str(upstream.make_url("/")),
-            "--port",
-            str(port),
-            "--log-format",
-            "json",
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    try:
-        async with aiohttp.ClientSession() as client:
-            await answering(client, f"http://127.0.0.1:{port}/_settle/health")
-            async with client.get(f"http://127.0.0.1:{port}/session/{V1}/message") as response:
-                assert response.headers.get("X-Settle-Settled") == "1"
-    finally:
-        process.terminate()
-        await asyncio.wait_for(process.wait(), timeout=10)
+    async with (
+        proxy_process(upstream, log_path, "--log-format", "json") as proxy,
+        aiohttp.ClientSession() as client,
+        client.get(proxy.with_path(f"/session/{V1}/message")) as response,
+    ):
+        assert response.headers.get("X-Settle-Settled") == "1"
     lines = [orjson.loads(line) for line in log_path.read_bytes().splitlines() if line.strip()]
     (settled,) = [line for line in lines if line.get("rule") == "orphaned-tool"]
     assert settled["event"] == "settled orphaned-tool"

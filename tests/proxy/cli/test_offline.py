@@ -19,22 +19,13 @@ from proxy.cli.offline import Exit, build_parser, run
 from tests.fixtures import js_json
 from tests.fixtures.new_turn import call_status, start_v2_turn
 from tests.fixtures.stale_db import DIRECTORY, V1_SESSION, V2_SESSION, build_stale_db
+from tests.proxy.conftest import settle_proxy
 from tests.proxy.fake_opencode import FakeOpencode
 
 
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return build_stale_db(tmp_path / "opencode.db")
-
-
-def settle(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy", "settle", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 async def settle_against(upstream: TestServer, db_path: Path, console: Console) -> Exit:
@@ -46,7 +37,7 @@ async def settle_against(upstream: TestServer, db_path: Path, console: Console) 
 
 def test_dry_run_lists_and_writes_nothing(db_path: Path) -> None:
     before = db_path.read_bytes()
-    result = settle("--db", str(db_path), "--dry-run")
+    result = settle_proxy("settle", "--db", str(db_path), "--dry-run")
     assert result.returncode == Exit.SETTLED
     assert V1_SESSION in result.stdout
     assert V2_SESSION in result.stdout
@@ -55,10 +46,10 @@ def test_dry_run_lists_and_writes_nothing(db_path: Path) -> None:
 
 
 def test_settles_then_has_nothing_to_do(db_path: Path) -> None:
-    first = settle("--db", str(db_path))
+    first = settle_proxy("settle", "--db", str(db_path))
     assert first.returncode == Exit.SETTLED, first.stderr
     assert "settled 2 tool call(s) in 2 session(s)" in first.stdout
-    second = settle("--db", str(db_path))
+    second = settle_proxy("settle", "--db", str(db_path))
     assert second.returncode == Exit.NOTHING_TO_DO
     assert "nothing to do" in second.stdout
 
@@ -72,7 +63,7 @@ def test_rows_cut_inside_an_emoji_are_settled(db_path: Path) -> None:
             connection.execute(f"UPDATE {table} SET data = ? WHERE id = ?", (js_json(value).decode(), row_id))
     connection.commit()
     connection.close()
-    result = settle("--db", str(db_path))
+    result = settle_proxy("settle", "--db", str(db_path))
     assert result.returncode == Exit.SETTLED, result.stderr
     assert "settled 2 tool call(s) in 2 session(s)" in result.stdout
     connection = sqlite3.connect(db_path)
@@ -105,11 +96,11 @@ def database_in_use(db_path: Path) -> Iterator[subprocess.Popen[bytes]]:
 def test_refuses_when_another_process_has_the_database_open(
     db_path: Path, database_in_use: subprocess.Popen[bytes]
 ) -> None:
-    result = settle("--db", str(db_path))
+    result = settle_proxy("settle", "--db", str(db_path))
     assert result.returncode == Exit.REFUSED
     assert f"pid {database_in_use.pid}" in result.stderr
     assert "--upstream" in result.stderr
-    assert settle("--db", str(db_path), "--dry-run").returncode == Exit.REFUSED
+    assert settle_proxy("settle", "--db", str(db_path), "--dry-run").returncode == Exit.REFUSED
 
 
 async def test_upstream_says_which_sessions_are_live(
@@ -155,7 +146,7 @@ async def test_upstream_in_doubt_is_a_refusal(
 
 
 def test_missing_database(tmp_path: Path) -> None:
-    result = settle("--db", str(tmp_path / "none.db"))
+    result = settle_proxy("settle", "--db", str(tmp_path / "none.db"))
     assert result.returncode == Exit.BAD_USAGE
     assert (
         result.stderr.strip() == f"settle-proxy settle: error: no opencode database at {tmp_path / 'none.db'}"

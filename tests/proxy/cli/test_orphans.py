@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from proxy.supervision.process_records import ProcessRecords
 from proxy.supervision.tool_processes import Identity, ToolCall
+from tests.proxy.conftest import settle_proxy
 
 
 class Processes(list[subprocess.Popen[bytes]]):
@@ -43,16 +43,6 @@ async def record(path: Path, server: Identity, *tools: tuple[subprocess.Popen[by
             )
 
 
-def orphans(*arguments: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy", "orphans", *arguments],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def test_lists_and_ends_what_a_dead_server_left(tmp_path: Path, processes: Processes) -> None:
     state = tmp_path / "processes.db"
     server = processes.start("sleep", "900")
@@ -70,23 +60,23 @@ def test_lists_and_ends_what_a_dead_server_left(tmp_path: Path, processes: Proce
     gone.kill()
     gone.wait()
 
-    alive_server = orphans("--state", str(state))
+    alive_server = settle_proxy("orphans", "--state", str(state))
     assert (alive_server.returncode, alive_server.stdout.strip()) == (0, "no orphaned tool processes")
 
     server.kill()
     server.wait()
-    listed = orphans("--state", str(state))
+    listed = settle_proxy("orphans", "--state", str(state))
     assert listed.returncode == 10, listed.stderr
     assert "prt_run" in listed.stdout
     assert "prt_done" in listed.stdout
     assert "prt_gone" not in listed.stdout
 
-    ended = orphans("--state", str(state), "--terminate")
+    ended = settle_proxy("orphans", "--state", str(state), "--terminate")
     assert ended.returncode == 10, ended.stderr
     assert running.wait(timeout=15) is not None
     assert completed.poll() is None  # a completed call's process is never ended
 
 
 def test_nothing_recorded(tmp_path: Path) -> None:
-    result = orphans("--state", str(tmp_path / "none.db"))
+    result = settle_proxy("orphans", "--state", str(tmp_path / "none.db"))
     assert (result.returncode, result.stdout.strip()) == (0, f"nothing recorded at {tmp_path / 'none.db'}")

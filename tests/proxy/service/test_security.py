@@ -1,11 +1,11 @@
 """The proxy never weakens opencode's password, never logs a secret, and can guard itself."""
 
-import asyncio
 import base64
 import os
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -16,7 +16,7 @@ from yarl import URL
 from proxy.service.app import create_app
 from proxy.service.config import Settings, basic_authorization
 from tests.fixtures import compact
-from tests.proxy.conftest import ProxyClient, answering
+from tests.proxy.conftest import ProxyClient, proxy_process
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
@@ -94,41 +94,23 @@ async def test_auth_passes_the_clients_credentials_on(self_guarded_proxy: ProxyC
     assert (await self_guarded_proxy.get("/echo", headers={"Authorization": GOOD + "x"})).status == 401
 
 
-async def test_secrets_never_reach_the_log(
-    fake: FakeOpencode, upstream: TestServer, unused_tcp_port_factory: Callable[[], int]
-) -> None:
+async def test_secrets_never_reach_the_log(fake: FakeOpencode, upstream: TestServer, tmp_path: Path) -> None:
     """A debug-level run that authenticates, settles and fails liveness once: no secret in its log."""
     fake.password = PASSWORD
     fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
-    port = unused_tcp_port_factory()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "proxy",
-        "--upstream",
-        str(upstream.make_url("/")),
-        "--port",
-        str(port),
-        "--log-level",
-        "debug",
-        env={**os.environ, "OPENCODE_SERVER_PASSWORD": PASSWORD, "SETTLE_AUTH": f"opencode:{PASSWORD}"},
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        async with aiohttp.ClientSession(headers={"Authorization": GOOD}) as client:
-            await answering(client, f"http://127.0.0.1:{port}/_settle/health")
-            settled = await client.get(
-                f"http://127.0.0.1:{port}/session/{V1}/message", params={"auth_token": TOKEN}
-            )
-            assert settled.headers["X-Settle-Settled"] == "1"
-            fake.liveness_fails = True
-            await client.get(f"http://127.0.0.1:{port}/api/session/ses_x/message")
-            fake.bodies["/api/session/ses_y/message"] = compact("v2-message-stale-running.json")
-            await client.get(f"http://127.0.0.1:{port}/api/session/ses_y/message")
-    finally:
-        process.terminate()
-        _, log_bytes = await process.communicate()
-    log = log_bytes.decode()
+    env = {**os.environ, "OPENCODE_SERVER_PASSWORD": PASSWORD, "SETTLE_AUTH": f"opencode:{PASSWORD}"}
+    log_path = tmp_path / "proxy.log"
+    async with (
+        proxy_process(upstream, log_path, "--log-level", "debug", env=env) as proxy,
+        aiohttp.ClientSession(headers={"Authorization": GOOD}) as client,
+    ):
+        settled = await client.get(proxy.with_path(f"/session/{V1}/message"), params={"auth_token": TOKEN})
+        assert settled.headers["X-Settle-Settled"] == "1"
+        fake.liveness_fails = True
+        await client.get(proxy.with_path("/api/session/ses_x/message"))
+        fake.bodies["/api/session/ses_y/message"] = compact("v2-message-stale-running.json")
+        await client.get(proxy.with_path("/api/session/ses_y/message"))
+    log = log_path.read_text()
     assert "settled orphaned-tool" in log
     assert "liveness of ses_y unknown" in log
     for secret in (PASSWORD, TOKEN, GOOD):

@@ -21,6 +21,7 @@ from proxy.supervision import supervisor
 from proxy.supervision.server_command import ServerCommand, free_loopback_port
 from proxy.supervision.supervisor import ChildState, Restart, Supervisor
 from tests.integration.polling import poll
+from tests.proxy.conftest import settle_proxy
 
 FAKE_SERVER = str(Path(__file__).parent.parent / "fake_server_command.py")
 
@@ -161,13 +162,7 @@ def test_server_command_listening_flags(argv: list[str], expected: ServerCommand
     ],
 )
 def test_a_bad_run_command_gets_one_line(arguments: list[str], complaint: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "proxy", "run", *arguments],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = settle_proxy("run", *arguments)
     assert result.returncode == 2
     (line,) = result.stderr.splitlines()
     assert line.startswith(f"settle-proxy run: error: {complaint}")
