@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 _PROC = Path("/proc")
@@ -38,3 +39,14 @@ async def steady_fds(pid: int, *, within: float = 5.0, interval: float = 0.25) -
         if count == previous:
             break
     return count
+
+
+async def eventually(check: Callable[[], bool], *, within: float = 10.0, interval: float = 0.05) -> bool:
+    """Whether `check` becomes true within `within` seconds: a process closes the sockets and
+    upstream requests a client left a moment after the client is gone."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(interval)
+    return True

@@ -13,8 +13,7 @@ import asyncio
 import hashlib
 import logging
 import re
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from yarl import URL
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from tests.reliability.load_upstream import BIG_PATTERN, LoadUpstream
-from tests.reliability.processes import open_fds, rss_bytes, steady_fds
+from tests.reliability.processes import eventually, open_fds, rss_bytes, steady_fds
 from tests.reliability.servers import ProxySubprocess, proxy_subprocess, serve
 
 pytestmark = pytest.mark.slow
@@ -34,7 +33,6 @@ pytestmark = pytest.mark.slow
 ROUNDS = 30
 """Each fault is repeated: one leaked socket per round adds up to a count no slack hides."""
 FD_SLACK = 8
-SETTLE_TIMEOUT_S = 10.0
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)
 BIG = 32 * 2**20
 
@@ -52,15 +50,6 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         yield Rig(proxy, fake)
 
 
-async def _until(check: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
-
-
 @asynccontextmanager
 async def no_leak(rig: Rig) -> AsyncIterator[None]:
     """The block may abuse the proxy; afterwards it must hold no more sockets than before, have
@@ -68,10 +57,10 @@ async def no_leak(rig: Rig) -> AsyncIterator[None]:
     baseline = await steady_fds(rig.proxy.pid)
     yield
     assert rig.proxy.alive(), "the proxy died"
-    assert await _until(lambda: rig.upstream.in_flight == 0), (
+    assert await eventually(lambda: rig.upstream.in_flight == 0), (
         f"{rig.upstream.in_flight} upstream requests left open"
     )
-    assert await _until(lambda: open_fds(rig.proxy.pid) <= baseline + FD_SLACK), (
+    assert await eventually(lambda: open_fds(rig.proxy.pid) <= baseline + FD_SLACK), (
         f"fds: {baseline} before, {open_fds(rig.proxy.pid)} after"
     )
     async with (
@@ -122,7 +111,9 @@ async def test_clients_vanishing_while_the_upstream_thinks(tmp_path: Path) -> No
         ]
         for _, writer in connections:
             writer.write(b"GET /slow?delay=60 HTTP/1.1\r\nHost: a\r\n\r\n")
-        assert await _until(lambda: r.upstream.in_flight == ROUNDS), "the requests never reached the upstream"
+        assert await eventually(lambda: r.upstream.in_flight == ROUNDS), (
+            "the requests never reached the upstream"
+        )
         for _, writer in connections:
             writer.transport.abort()
 
@@ -143,7 +134,7 @@ async def test_clients_vanishing_mid_websocket(tmp_path: Path) -> None:
                 connection.transport.abort()
             finally:
                 await session.close()
-        assert await _until(lambda: len(r.upstream.websocket_close_codes) == ROUNDS)
+        assert await eventually(lambda: len(r.upstream.websocket_close_codes) == ROUNDS)
         assert set(r.upstream.websocket_close_codes) <= {1000, 1001}, r.upstream.websocket_close_codes
 
 
@@ -233,5 +224,5 @@ async def test_client_leaving_a_stream_of_an_embedded_proxy(caplog: pytest.LogCa
                 session.get(proxy.with_path("/event")) as stream,
             ):
                 await stream.content.readuntil(b"\n\n")
-        assert await _until(lambda: fake.in_flight == 0), f"{fake.in_flight} upstream streams left open"
+        assert await eventually(lambda: fake.in_flight == 0), f"{fake.in_flight} upstream streams left open"
     assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []

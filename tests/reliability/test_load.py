@@ -15,7 +15,6 @@ import asyncio
 import itertools
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from yarl import URL
 
 from proxy.addons.settle import SETTLED_HEADER
 from tests.reliability.load_upstream import VIEWS, LoadUpstream, View
-from tests.reliability.processes import open_fds, rss_bytes, steady_fds
+from tests.reliability.processes import eventually, open_fds, rss_bytes, steady_fds
 from tests.reliability.servers import ProxySubprocess, proxy_subprocess, serve
 
 pytestmark = pytest.mark.slow
@@ -45,7 +44,6 @@ busy machine). A leak grows with the requests instead: even 0.5 % of 10 000 is 5
 RSS_SLACK_BYTES = 24 * 2**20
 """Python rarely returns freed memory, so RSS only has to stop growing: 10 000 leaked requests
 would hold far more than this (each holds its request, response and buffers)."""
-SETTLE_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=30)
 
 
@@ -117,16 +115,6 @@ async def _run(base: URL, count: int, tally: Tally) -> None:
         await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
 
 
-async def _settles(check: Callable[[], bool]) -> bool:
-    """Whether `check` becomes true within `SETTLE_TIMEOUT_S` (closing sockets takes a moment)."""
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.1)
-    return True
-
-
 async def _open_streams(proxy: ProxySubprocess) -> float:
     async with (
         aiohttp.ClientSession(timeout=REQUEST_TIMEOUT) as session,
@@ -144,7 +132,7 @@ async def test_ten_thousand_mixed_requests_no_error_no_leak(tmp_path: Path) -> N
         warm_up = Tally()
         await _run(proxy.url, WARM_UP, warm_up)
         assert warm_up.errors == []
-        await _settles(lambda: fake.in_flight == 0)
+        await eventually(lambda: fake.in_flight == 0)
         fds, rss = await steady_fds(proxy.pid), rss_bytes(proxy.pid)
 
         tally = Tally()
@@ -154,11 +142,11 @@ async def test_ten_thousand_mixed_requests_no_error_no_leak(tmp_path: Path) -> N
 
         assert proxy.alive(), "the proxy died under load"
         assert tally.errors == [], f"{len(tally.errors)} errors, first: {tally.errors[:5]}"
-        assert await _settles(lambda: fake.in_flight == 0), (
+        assert await eventually(lambda: fake.in_flight == 0), (
             f"{fake.in_flight} upstream requests still open after their clients left"
         )
         assert await _open_streams(proxy) == 0
-        assert await _settles(lambda: open_fds(proxy.pid) <= fds + FD_SLACK), (
+        assert await eventually(lambda: open_fds(proxy.pid) <= fds + FD_SLACK), (
             f"fds: {fds} before, {open_fds(proxy.pid)} after"
         )
         grown = rss_bytes(proxy.pid) - rss
