@@ -98,6 +98,13 @@ async def injected(proxy: ProxyClient) -> float:
     return float(line.split()[-1])
 
 
+async def injected_into_a_new_stream(proxy: ProxyClient) -> float:
+    """`injected` once the background is idle and a client stream has connected: what it was told."""
+    await idle(proxy.app)
+    await proxy.get("/global/event")
+    return await injected(proxy)
+
+
 async def test_nothing_is_said_of_a_part_the_server_settled_itself(
     proxy: ProxyClient, fake: FakeOpencode
 ) -> None:
@@ -109,17 +116,13 @@ async def test_nothing_is_said_of_a_part_the_server_settled_itself(
         V1,
         part={**PART, "state": {**PART["state"], "status": "completed"}},
     )
-    await idle(proxy.app)
-    await proxy.get("/global/event")
-    assert await injected(proxy) == 0
+    assert await injected_into_a_new_stream(proxy) == 0
 
 
 async def test_nothing_is_said_while_the_session_is_busy(proxy: ProxyClient, fake: FakeOpencode) -> None:
     fake.v1_busy["/cwd"] = {V1}
     await crash_with_part_open(proxy, fake)
-    await idle(proxy.app)
-    await proxy.get("/global/event")
-    assert await injected(proxy) == 0
+    assert await injected_into_a_new_stream(proxy) == 0
 
 
 async def test_instance_streams_get_the_events_of_their_directory_only(
@@ -239,9 +242,7 @@ async def test_nothing_is_said_of_a_turn_still_running_after_the_stream_came_bac
 ) -> None:
     fake.v1_busy["/cwd"] = {V1}
     await crash_while_writing(proxy, fake)
-    await idle(proxy.app)
-    await proxy.get("/global/event")
-    assert await injected(proxy) == 0
+    assert await injected_into_a_new_stream(proxy) == 0
 
 
 async def test_nothing_is_said_of_a_turn_the_stream_saw_end(proxy: ProxyClient, fake: FakeOpencode) -> None:
@@ -252,9 +253,7 @@ async def test_nothing_is_said_of_a_turn_the_stream_saw_end(proxy: ProxyClient, 
     await publish(proxy, fake, "message.updated", V1, info=done)
     await publish(proxy, fake, "session.status", V1, status={"type": "idle"})
     await crash(proxy, fake)
-    await idle(proxy.app)
-    await proxy.get("/global/event")
-    assert await injected(proxy) == 0
+    assert await injected_into_a_new_stream(proxy) == 0
     assert not [r for r in fake.seen if r.path.endswith("/msg_writing")]
 
 
@@ -265,9 +264,7 @@ async def test_news_of_the_session_during_the_confirmation_withdraws_it(
     stream knows better, and nothing is said."""
     await crash_while_writing(proxy, fake)
     await publish(proxy, fake, "session.status", V1, status={"type": "busy"})  # within the grace period
-    await idle(proxy.app)
-    await proxy.get("/global/event")
-    assert await injected(proxy) == 0
+    assert await injected_into_a_new_stream(proxy) == 0
 
 
 async def test_a_reading_that_fails_after_the_restart_is_asked_again(
