@@ -27,27 +27,17 @@ log = logging.getLogger(__name__)
 _READING_ATTEMPTS = 3
 
 
-class OpenParts:
+class OpenParts(KeyedTasks[str]):
     """One confirmation at a time per session, of the parts the stream last showed open there."""
 
     def __init__(self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams) -> None:
+        super().__init__("live-settle")
         self._ctx = ctx
         self._memory = memory
         self._clients = clients
-        self._checks: KeyedTasks[str] = KeyedTasks("live-settle")
 
     def schedule(self, session_id: str) -> None:
-        self._checks.start(session_id, lambda: self._confirm(session_id))
-
-    @property
-    def busy(self) -> bool:
-        return self._checks.busy
-
-    async def idle(self) -> None:
-        await self._checks.idle()
-
-    async def close(self) -> None:
-        await self._checks.close()
+        self.start(session_id, lambda: self._confirm(session_id))
 
     async def _confirm(self, session_id: str) -> None:
         liveness = await self._reading_after_grace(session_id)

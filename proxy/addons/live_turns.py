@@ -26,33 +26,23 @@ from rules import Api, Liveness, UnexpectedShape, settle_view
 log = logging.getLogger(__name__)
 
 
-class DeadTurns:
+class DeadTurns(KeyedTasks[str]):
     """One confirmation at a time per session; any event about the session withdraws it."""
 
     def __init__(self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams) -> None:
+        super().__init__("live-settle turns")
         self._ctx = ctx
         self._memory = memory
         self._clients = clients
-        self._turns: KeyedTasks[str] = KeyedTasks("live-settle turns")
         self._watched: dict[str, object] = {}
         """Sessions whose turn is being confirmed; any event about one withdraws its token."""
 
     def schedule(self, session_id: str) -> None:
-        self._turns.start(session_id, partial(self._confirm, session_id))
+        self.start(session_id, partial(self._confirm, session_id))
 
     def heard(self, session_id: str) -> None:
         """The stream spoke of the session: a confirmation under way must not announce."""
         self._watched.pop(session_id, None)
-
-    @property
-    def busy(self) -> bool:
-        return self._turns.busy
-
-    async def idle(self) -> None:
-        await self._turns.idle()
-
-    async def close(self) -> None:
-        await self._turns.close()
 
     async def _confirm(self, session_id: str) -> None:
         token = self._watched[session_id] = object()

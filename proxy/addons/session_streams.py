@@ -62,18 +62,18 @@ class SessionStream:
 STREAM = FlowKey[SessionStream]("session stream")
 
 
-class SessionStreamSettle(Addon, StreamListener):
+class SessionStreamSettle(KeyedTasks[str], Addon, StreamListener):
     """Settle orphaned v2 tool calls in the session event streams clients follow, and confirm the
     calls the followed stream left open as soon as it is back."""
 
     name: ClassVar[str] = "session-stream-settle"
 
     def __init__(self, ctx: SettleContext) -> None:
+        super().__init__(self.name)
         self._ctx = ctx
         self._credentials = ctx.credentials
         self._streams: dict[SessionStream, None] = {}
         """An ordered set: each is also kept in its flow (`STREAM`)."""
-        self._checks: KeyedTasks[str] = KeyedTasks(self.name)
         self._open: dict[str, set[str]] = {}
         """Per session, the v2 calls the followed stream showed open (a `StreamListener`)."""
 
@@ -83,7 +83,7 @@ class SessionStreamSettle(Addon, StreamListener):
     def following(self) -> None:
         for session_id in list(self._open):
             del self._open[session_id]
-            self._checks.start(session_id, partial(self._confirm, session_id, self._credentials))
+            self.start(session_id, partial(self._confirm, session_id, self._credentials))
 
     def event(self, event: GlobalEvent) -> None:
         call = event.properties.get("callID")
@@ -109,23 +109,11 @@ class SessionStreamSettle(Addon, StreamListener):
         self._streams[stream] = None
         flow[STREAM] = stream
         credentials = self._ctx.probe.credentials(flow.request)
-        self._checks.start(stream.session_id, lambda: self._confirm(stream.session_id, credentials))
+        self.start(stream.session_id, lambda: self._confirm(stream.session_id, credentials))
 
     async def done(self, flow: Flow) -> None:
         if (stream := flow.get(STREAM)) is not None:
             self._streams.pop(stream, None)
-
-    @property
-    def busy(self) -> bool:
-        return self._checks.busy
-
-    async def idle(self) -> None:
-        """Wait until no confirmation runs."""
-        await self._checks.idle()
-
-    async def close(self) -> None:
-        """Cancel pending confirmations (application cleanup)."""
-        await self._checks.close()
 
     async def _confirm(self, session_id: str, credentials: Credentials) -> None:
         await asyncio.sleep(self._ctx.grace)

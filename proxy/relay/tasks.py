@@ -24,7 +24,11 @@ class Idles(Protocol):
 
 class KeyedTasks(Generic[K]):
     """Confirmations and writes scheduled per session: a second request for a key whose task is
-    still under way is the same request, so it starts nothing."""
+    still under way is the same request, so it starts nothing.
+
+    Their owners subclass it, and are busy, idle and closed as their tasks are. An addon lists it
+    before `Addon` among its bases, so that this `close` is the one called.
+    """
 
     def __init__(self, name: str) -> None:
         self._name = name

@@ -95,33 +95,22 @@ def targeted(change: Change, targets: Collection[str]) -> bool:
     return change.target.key in targets
 
 
-class WriteBack:
-    """Schedules confirmations and writes; owns their tasks until `close()`."""
+class WriteBack(KeyedTasks[tuple[Api, str]]):
+    """Schedules confirmations and writes; owns their tasks until `close()`, which cancels what
+    has not been written yet: an unconfirmed write is simply not made."""
 
     def __init__(self, probe: LivenessProbe, writer: Writer, grace: float) -> None:
+        super().__init__("write-back")
         self._probe = probe
         self._writer = writer
         self._grace = grace
-        self._pending: KeyedTasks[tuple[Api, str]] = KeyedTasks("write-back")
         self._targets: dict[tuple[Api, str], set[str]] = {}
 
     def schedule(self, api: Api, session_id: str, credentials: Credentials, targets: Iterable[str]) -> None:
         """Confirm and write the named settlements of the session later (with any named while a
         write of it is already pending)."""
         self._targets.setdefault((api, session_id), set()).update(targets)
-        self._pending.start((api, session_id), lambda: self._confirm_and_write(api, session_id, credentials))
-
-    @property
-    def busy(self) -> bool:
-        return self._pending.busy
-
-    async def idle(self) -> None:
-        """Wait for every scheduled write (tests and the offline command use this)."""
-        await self._pending.idle()
-
-    async def close(self) -> None:
-        """Cancel what has not been written yet: an unconfirmed write is simply not made."""
-        await self._pending.close()
+        self.start((api, session_id), lambda: self._confirm_and_write(api, session_id, credentials))
 
     async def _confirm_and_write(self, api: Api, session_id: str, credentials: Credentials) -> None:
         await asyncio.sleep(self._grace)
