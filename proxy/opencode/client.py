@@ -64,7 +64,7 @@ class UpstreamApi:
         json: Any = None,
     ) -> Any:
         """Send one request and return the parsed 200 answer; anything else raises."""
-        answer, _ = await self._send(method, path, credentials, params=params, json=json)
+        answer, _ = await self._send(method, path, credentials, params or {}, json)
         return answer
 
     async def get(self, path: str, credentials: Credentials, **params: str) -> Any:
@@ -73,19 +73,13 @@ class UpstreamApi:
 
     async def dated_get(self, path: str, credentials: Credentials, **params: str) -> tuple[Any, str | None]:
         """`GET path?params`, parsed, with the answer's `Date` header (the server's clock)."""
-        return await self._send("GET", path, credentials, params=params)
+        return await self._send("GET", path, credentials, params, None)
 
     async def _send(
-        self,
-        method: str,
-        path: str,
-        credentials: Credentials,
-        *,
-        params: dict[str, str] | None = None,
-        json: Any = None,
+        self, method: str, path: str, credentials: Credentials, params: dict[str, str], json: Any
     ) -> tuple[Any, str | None]:
         url = self._origin.with_path(path)
-        query = {**credentials.params, **(params or {})}
+        query = {**credentials.params, **params}
         headers = {**credentials.headers, hdrs.ACCEPT_ENCODING: "identity"}
         body = None
         if json is not None:
