@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from proxy.system.open_files import fd_links
 from proxy.system.procfs import PROC, command_line
 
 _COMPANIONS = ("", "-wal", "-shm", "-journal")
@@ -36,13 +37,6 @@ def holders(database: Path) -> list[Holder]:
     for entry in PROC.iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        if any(link in targets for link in _open_files(entry)):
+        if any(link in targets for link in fd_links(entry / "fd") or ()):
             found.append(Holder(int(entry.name), command_line(int(entry.name))))
     return found
-
-
-def _open_files(process: Path) -> list[str]:
-    try:
-        return [os.readlink(descriptor) for descriptor in (process / "fd").iterdir()]
-    except OSError:  # gone meanwhile, or not ours to read
-        return []

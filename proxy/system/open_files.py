@@ -39,7 +39,7 @@ def open_files(proc: Path, marker: str) -> tuple[dict[int, OpenFiles], int]:
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
-        links = _links(entry / "fd")
+        links = fd_links(entry / "fd")
         if links is None:
             not_inspected += not _gone_or_kernel(proc, int(entry.name))
             continue
@@ -88,7 +88,7 @@ def started_at_ms(proc: Path, pid: int, boot_ms: int) -> int | None:
     return boot_ms + found.started * 1000 // os.sysconf("SC_CLK_TCK")
 
 
-def _links(fd_dir: Path) -> list[str] | None:
+def fd_links(fd_dir: Path) -> list[str] | None:
     """Where the descriptors point; None when they cannot be read (gone, or another user's).
 
     Read relative to the open directory: building a path per descriptor cost more than reading it.
