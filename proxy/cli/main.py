@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import signal
 import sys
@@ -16,21 +15,13 @@ from proxy.cli import offline
 from proxy.cli import orphans as orphans_command
 from proxy.cli import run as run_command
 from proxy.cli.options import build_parser, settings_from
+from proxy.opencode.other_processes import is_loopback
 from proxy.service import logs
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.supervision.supervisor import SUPERVISOR, Supervisor, supervised
 
 log = logging.getLogger("proxy")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int:
@@ -85,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args = build_parser().parse_args(arguments)
         settings, supervisor = settings_from(args), None
     logs.configure(args.log_level, args.log_format)
-    if not _is_loopback(settings.host):
+    if not is_loopback(settings.host):
         log.warning("listening on %s: clients beyond this machine can reach the proxy", settings.host)
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:

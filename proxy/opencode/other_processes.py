@@ -196,7 +196,7 @@ def _databases(
 
 
 def _on_loopback(upstream: URL) -> bool:
-    return _is_loopback(upstream.host or "") and upstream.port is not None
+    return is_loopback(upstream.host or "") and upstream.port is not None
 
 
 def _listening(proc: Path, upstream: URL) -> set[str]:
@@ -206,7 +206,8 @@ def _listening(proc: Path, upstream: URL) -> set[str]:
     return listening_sockets(proc, upstream.port)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name, or an address, IPv6 in brackets or not) is this machine's loopback."""
     if host == "localhost":
         return True
     try:
