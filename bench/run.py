@@ -8,86 +8,28 @@ all columns alike; the ratios in the report compare columns of the same run only
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-import aiohttp
-
-from bench import procs, report, shapes, stream, wrk
-from bench.procs import Cpus, PeakRss
+from bench import procs, report, shapes, wrk
+from bench.measure import MEASUREMENT_ERRORS, kind, measure_one, memory_row
 from bench.report import Results, Row
-from bench.scenarios import (
-    DownloadScenario,
-    HttpScenario,
-    Scenario,
-    SseScenario,
-    all_scenarios,
-    select,
-    tool_counts,
-)
-from bench.shapes import Variant
+from bench.scenarios import DownloadScenario, HttpScenario, Scenario, all_scenarios, select, tool_counts
+from bench.settings import Layout, Settings, choose_layout
 from bench.targets import DEFAULT_PROXY_CMD, TARGETS, Endpoint, TargetContext, TargetUnavailable
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).with_name("results")
-KIB_PER_MIB = 1024
 BUSY_LOAD = 0.5
-MEASUREMENT_ERRORS = (wrk.WrkError, OSError, aiohttp.ClientError, ValueError, subprocess.SubprocessError)
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Which CPUs each role may use; None leaves it to the scheduler.
-
-    `load` holds the fake upstream, wrk and this process's own clients; `hop` holds the
-    intermediary under test. Each role then has the same CPU in every column, and the
-    intermediary never steals cycles from the upstream or the load generator.
-    """
-
-    load: Cpus | None
-    hop: Cpus | None
-
-    def describe(self) -> str:
-        if self.load is None or self.hop is None:
-            return "none: every process may run on any CPU"
-        return (
-            f"split: fake upstream + load generator + clients on CPU {_cpus(self.load)}, "
-            f"the intermediary under test (proxy, nginx, mitmproxy) on CPU {_cpus(self.hop)}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    duration: int
-    warmup: int
-    download_repeats: int
-    layout: Layout
-
-
-def _cpus(cpus: Cpus) -> str:
-    return ",".join(map(str, sorted(cpus)))
-
-
-def choose_layout(name: str, notes: list[str]) -> Layout:
-    cpus = sorted(os.sched_getaffinity(0))
-    if name == "split" and len(cpus) >= 2:
-        return Layout(frozenset(cpus[:1]), frozenset(cpus[1:]))
-    if name == "split":
-        notes.append("only one CPU available: running unpinned")
-    return Layout(None, None)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -217,129 +159,19 @@ def measure(scenario: Scenario, endpoints: list[Endpoint], upstream: str, settin
     rows = []
     for endpoint in endpoints:
         try:
-            row = _measure_one(scenario, endpoint, upstream, settings)
+            row = measure_one(scenario, endpoint, upstream, settings)
         except MEASUREMENT_ERRORS as error:
             row = Row(
-                scenario.name, _kind(scenario), endpoint.name, {}, f"failed: {type(error).__name__}: {error}"
+                scenario.name, kind(scenario), endpoint.name, {}, f"failed: {type(error).__name__}: {error}"
             )
         _log(f"{scenario.name:<24} {endpoint.name:<7} {_summary(row)}")
         rows.append(row)
     return rows
 
 
-def _measure_one(scenario: Scenario, endpoint: Endpoint, upstream: str, settings: Settings) -> Row:
-    if isinstance(scenario, HttpScenario):
-        return measure_http(scenario, endpoint, upstream, settings)
-    if isinstance(scenario, SseScenario):
-        return measure_sse(scenario, endpoint, settings)
-    return measure_download(scenario, endpoint, settings)
-
-
-def _kind(scenario: Scenario) -> str:
-    return {HttpScenario: "http", SseScenario: "sse", DownloadScenario: "download"}[type(scenario)]
-
-
 def _summary(row: Row) -> str:
     shown = ("req/s", "p50 ms", "p99 ms", "MB/s", "RSS peak +MiB")
     return "  ".join(f"{k} {report.fmt(row.metrics[k])}" for k in shown if k in row.metrics) + f"  {row.note}"
-
-
-def measure_http(scenario: HttpScenario, endpoint: Endpoint, upstream: str, settings: Settings) -> Row:
-    url = endpoint.base_url + scenario.path
-    body = fetch(url)
-    note = body_check(scenario, endpoint, body, fetch(upstream + scenario.path))
-    if settings.warmup:
-        wrk.run(url, scenario.connections, settings.warmup, settings.layout.load)
-    before = upstream_requests(endpoint)
-    result = wrk.run(url, scenario.connections, settings.duration, settings.layout.load)
-    after = upstream_requests(endpoint)
-    metrics = {
-        "conns": float(scenario.connections),
-        "body KB": len(body) / 1000,
-        "req/s": result.rps,
-        "p50 ms": result.p50_ms,
-        "p90 ms": result.p90_ms,
-        "p99 ms": result.p99_ms,
-        "max ms": result.max_ms,
-        "errors": float(result.errors),
-    }
-    if before is not None and after is not None and after[0] > before[0]:
-        metrics["upstream req/req"] = 1 + (after[1] - before[1]) / (after[0] - before[0])
-    return Row(scenario.name, "http", endpoint.name, metrics, note, result.raw)
-
-
-def upstream_requests(endpoint: Endpoint) -> tuple[float, float] | None:
-    """(client requests, liveness look-ups) the proxy counted so far, from its own metrics.
-
-    Every client request costs one upstream request plus any liveness look-up, so the ratio
-    of the two differences over a run is the upstream requests per client request.
-    """
-    if not endpoint.rewrites:
-        return None
-    text = fetch(endpoint.base_url + "/_settle/metrics").decode()
-    return _sample_sum(text, "settle_proxy_requests_total"), _sample_sum(
-        text, "settle_proxy_liveness_requests_total"
-    )
-
-
-def _sample_sum(exposition: str, name: str) -> float:
-    return sum(float(line.split()[-1]) for line in exposition.splitlines() if line.startswith(name + "{"))
-
-
-def fetch(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        body: bytes = response.read()
-        return body
-
-
-def body_check(scenario: HttpScenario, endpoint: Endpoint, body: bytes, reference: bytes) -> str:
-    """Confirm the scenario exercises what it claims: only a rewriting target changes only stale lists."""
-    changed = json.loads(body) != json.loads(reference)
-    expected = endpoint.rewrites and scenario.case is not None and scenario.case.variant is Variant.STALE
-    word = "rewritten" if changed else "unchanged"
-    return word if changed == expected else f"{word} (UNEXPECTED)"
-
-
-def measure_sse(scenario: SseScenario, endpoint: Endpoint, settings: Settings) -> Row:
-    result = stream.measure_sse(endpoint.base_url, scenario.rate, settings.duration)
-    values = result.latencies_ms
-    metrics = {
-        "events": float(result.expected),
-        "lost": float(result.lost),
-        "p50 ms": stream.percentile(values, 50),
-        "p99 ms": stream.percentile(values, 99),
-        "max ms": values[-1] if values else float("nan"),
-    }
-    return Row(scenario.name, "sse", endpoint.name, metrics, "", {"latencies_ms": values})
-
-
-def measure_download(scenario: DownloadScenario, endpoint: Endpoint, settings: Settings) -> Row:
-    """Median throughput of a few downloads; peak RSS is over all of them together."""
-    memory = endpoint.memory
-    before = memory.begin_phase() if memory else 0
-    runs = [
-        stream.measure_download(endpoint.base_url, scenario.size) for _ in range(settings.download_repeats)
-    ]
-    metrics = {"MB/s": statistics.median(r.mb_per_s for r in runs)}
-    if memory:
-        peak = memory.phase_peak_kib()
-        metrics |= {"RSS before MiB": before / KIB_PER_MIB, "RSS peak +MiB": (peak - before) / KIB_PER_MIB}
-    short = sum(r.size != scenario.size for r in runs)
-    note = f"{short} of {len(runs)} bodies short" if short else f"median of {len(runs)}"
-    return Row(
-        scenario.name, "download", endpoint.name, metrics, note, {"seconds": [r.seconds for r in runs]}
-    )
-
-
-def memory_row(target: str, memory: PeakRss) -> Row:
-    """The intermediary's resident memory from start to end of the run, and its peak."""
-    metrics = {
-        "RSS start MiB": memory.start_kib / KIB_PER_MIB,
-        "RSS end MiB": memory.rss_kib() / KIB_PER_MIB,
-        "RSS peak MiB": memory.run_peak_kib() / KIB_PER_MIB,
-    }
-    metrics["peak growth MiB"] = metrics["RSS peak MiB"] - metrics["RSS start MiB"]
-    return Row("whole run", "memory", target, metrics)
 
 
 def metadata(args: argparse.Namespace, settings: Settings) -> dict[str, str]:
