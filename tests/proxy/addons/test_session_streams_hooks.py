@@ -60,3 +60,13 @@ async def test_only_a_session_stream_gets_injections(
     flow = await testing.cycle(addon, testing.flow(method, path, status=status, response_headers=headers))
     assert flow.injected is None
     assert not addon.busy
+
+
+async def test_closing_cancels_the_pending_confirmations(upstream_api: UpstreamApi) -> None:
+    addon = SessionStreamSettle(
+        SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=3600)
+    )
+    async with testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE)):
+        assert addon.busy
+        await addon.close()  # KeyedTasks' close, listed before Addon's no-op among the bases
+        assert not addon.busy
