@@ -9,7 +9,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,6 +20,7 @@ from .http_client import Reply
 from .opencode_server import REPO_ROOT, OpencodeServer
 from .polling import WaitTimeout
 from .proxy_process import ProxyProcess
+from .settle_cli import environment, settle_command
 from .turns import Observed
 
 SAMPLE_INTERVAL_S = 0.0001
@@ -55,15 +55,6 @@ class KillableProxy(ProxyProcess):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._process.pid, signal.SIGCONT)
         self.stop()
-
-
-def environment() -> dict[str, str]:
-    """The test's environment without server credentials, as a user would run `settle`."""
-    return {name: value for name, value in os.environ.items() if not name.startswith("OPENCODE_SERVER")}
-
-
-def settle_command(database: Path, upstream: str) -> list[str]:
-    return [sys.executable, "-m", "proxy", "settle", "--db", str(database), "--upstream", upstream]
 
 
 def _all_threads_stopped(pid: int) -> bool | None:
@@ -237,7 +228,7 @@ def kill_settle(
     session in turn, one transaction each."""
     with log.open("ab") as output:
         process = subprocess.Popen(
-            settle_command(server.database, server.url),
+            settle_command(server.database, "--upstream", server.url),
             cwd=REPO_ROOT,
             env=environment(),
             stdin=subprocess.DEVNULL,

@@ -16,17 +16,19 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from proxy.opencode.client import Credentials, UpstreamApi
+from proxy.opencode.client import Credentials
 from proxy.writeback.api_writer import ApiWriter
 from proxy.writeback.locks import SessionLocks
 from rules import Api, Liveness
 
+from . import opencode_db
 from .faults import (
     PASS_TIMEOUT_S,
     REQUEST_TIMEOUT_S,
     Crashed,
     Key,
     fetch_messages,
+    log_problems,
     part_state_of,
     read_stored,
     restale,
@@ -34,6 +36,7 @@ from .faults import (
     written_counts,
 )
 from .http_client import Reply, request
+from .interposed_upstream import InterposedUpstream, Send
 from .opencode_server import OpencodeServer
 from .polling import poll
 from .proxy_process import ProxyProcess
@@ -153,7 +156,7 @@ def run_trials(
     ]
 
 
-class _PatchTogether(UpstreamApi):
+class _PatchTogether(InterposedUpstream):
     """The upstream as one of two API writers sees it, except that a v1 PATCH waits (up to
     PATCH_MEET_TIMEOUT_S) until the other writer has reached its PATCH too: the race of two
     proxies that both read the part before either writes, made certain."""
@@ -162,18 +165,10 @@ class _PatchTogether(UpstreamApi):
         super().__init__(session, origin)
         self._meeting = meeting
 
-    async def call(
-        self,
-        method: str,
-        path: str,
-        credentials: Credentials,
-        *,
-        params: dict[str, str] | None = None,
-        json: Any = None,
-    ) -> Any:
+    async def around(self, method: str, path: str, credentials: Credentials, json: Any, send: Send) -> Any:
         if method == "PATCH":
             await self._meeting.arrive()
-        return await super().call(method, path, credentials, params=params, json=json)
+        return await send()
 
 
 class _Meeting:
@@ -226,3 +221,60 @@ async def forced_race(
         written=[len(result) for result in results],
         part_events=written_counts(stale, baseline, after)["part"],
     )
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """Phase 2: two write-back proxies in front of one server, per mode and runtime."""
+
+    db: list[Trial]
+    api_v2: list[Trial]
+    api_v1: list[Trial]
+    race_separate_locks: ForcedRace
+    race_shared_lock: ForcedRace
+    log_problems: list[str]
+    integrity: str
+
+
+def run_pairs(
+    server: OpencodeServer,
+    crashed: Crashed,
+    logs: Path,
+    *,
+    db_keys: Sequence[Key],
+    api_keys: Sequence[Key],
+    api_v1_trials: int,
+) -> Pairs:
+    """Two db proxies on `db_keys`, then two api proxies on `api_keys` (each v1 session made stale
+    again until there were `api_v1_trials` trials), at once; then the forced race."""
+    database = server.database
+    db_args = ("--write-back", "db", "--db", str(database), "--grace", "0")
+    with two_proxies(server, logs / "db", db_args) as proxies:
+        db_trials = run_trials(server, crashed, proxies, db_keys)
+    with two_proxies(server, logs / "api", ("--write-back", "api", "--grace", "0")) as proxies:
+        api_v2 = run_trials(server, crashed, proxies, [k for k in api_keys if k[1] == "v2"])
+        api_v1 = []
+        v1_keys = [k for k in api_keys if k[1] == "v1"]
+        for trial in range(api_v1_trials):
+            key = v1_keys[trial % len(v1_keys)]
+            again = trial >= len(v1_keys)
+            if again:
+                restale(database, crashed.stale[key], crashed.before[crashed.stale[key].session_id])
+            api_v1 += run_trials(server, crashed, proxies, [key], since_now=again, part_only=True)
+    v1 = crashed.stale[v1_keys[0]]
+    separate = asyncio.run(forced_race(server, crashed, v1, shared=False, locks=logs / "locks"))
+    shared = asyncio.run(forced_race(server, crashed, v1, shared=True, locks=logs / "locks"))
+    result = Pairs(
+        db=db_trials,
+        api_v2=api_v2,
+        api_v1=api_v1,
+        race_separate_locks=separate,
+        race_shared_lock=shared,
+        log_problems=log_problems(database),
+        integrity=opencode_db.integrity(database),
+    )
+    for name, trials in (("db", db_trials), ("api v2", api_v2), ("api v1", api_v1)):
+        counts = [(trial.racing, *trial.counts.values()) for trial in trials]
+        print(f"\n{name} pairs (proxies racing, events per part/message/call): {counts}")  # with -s
+    print(f"forced v1 race: separate locks {separate}, shared lock {shared}")
+    return result

@@ -49,38 +49,21 @@ Measured on 1.18.33 (pinned by the tests named):
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import subprocess
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from . import opencode_db
 from .faults import (
-    PASS_TIMEOUT_S,
     Crashed,
     Key,
-    Stored,
-    fetch_messages,
     keys_of,
-    log_problems,
     read_stored,
-    restale,
-    state_of,
-    stored_now,
-    written_counts,
 )
-from .kills import Kill, environment, kill_proxy, kill_settle, settle_command
+from .kill_rounds import Killed, kill_rounds, report
 from .mock_model import MockModel
-from .opencode_server import REPO_ROOT, OpencodeServer, running_opencode
-from .pairs import ForcedRace, Trial, forced_race, run_trials, two_proxies
-from .polling import WaitTimeout, poll
-from .proxy_process import ProxyProcess
-from .turns import Observed, start_turn, wait_tool_running
+from .opencode_server import OpencodeServer, running_opencode
+from .pairs import ForcedRace, Pairs, run_pairs
+from .turns import observe_running
 
 pytestmark = pytest.mark.integration
 
@@ -114,192 +97,30 @@ def server(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> I
 @pytest.fixture(scope="module")
 def crashed(server: OpencodeServer) -> Crashed:
     """Start every turn first (their start-ups overlap), wait for each tool, SIGKILL, start."""
-    turns = {key: start_turn(key[1], server.url, server.project, "-".join(map(str, key))) for key in STALE}
-    stale = {key: Observed(turn, wait_tool_running(server.url, turn)) for key, turn in turns.items()}
+    stale = observe_running(
+        server.url, server.project, {key: (key[1], "-".join(map(str, key))) for key in STALE}
+    )
     server.crash()
     server.restart()
     return Crashed(stale, read_stored(server.database, list(stale.values())))
-
-
-@dataclass(frozen=True)
-class Pairs:
-    """Phase 2: two write-back proxies in front of one server, per mode and runtime."""
-
-    db: list[Trial]
-    api_v2: list[Trial]
-    api_v1: list[Trial]
-    race_separate_locks: ForcedRace
-    race_shared_lock: ForcedRace
-    log_problems: list[str]
-    integrity: str
 
 
 @pytest.fixture(scope="module")
 def pairs(server: OpencodeServer, crashed: Crashed, tmp_path_factory: pytest.TempPathFactory) -> Pairs:
     """Two db proxies, then two api proxies, on the same sessions at once; then the forced race."""
     logs = tmp_path_factory.mktemp("write-back-pairs")
-    database = server.database
-    db_args = ("--write-back", "db", "--db", str(database), "--grace", "0")
-    with two_proxies(server, logs / "db", db_args) as proxies:
-        db_trials = run_trials(server, crashed, proxies, PAIR_DB_KEYS)
-    with two_proxies(server, logs / "api", ("--write-back", "api", "--grace", "0")) as proxies:
-        api_v2 = run_trials(server, crashed, proxies, [k for k in PAIR_API_KEYS if k[1] == "v2"])
-        api_v1 = []
-        v1_keys = [k for k in PAIR_API_KEYS if k[1] == "v1"]
-        for trial in range(API_V1_TRIALS):
-            key = v1_keys[trial % len(v1_keys)]
-            again = trial >= len(v1_keys)
-            if again:
-                restale(database, crashed.stale[key], crashed.before[crashed.stale[key].session_id])
-            api_v1 += run_trials(server, crashed, proxies, [key], since_now=again, part_only=True)
-    v1 = crashed.stale[v1_keys[0]]
-    separate = asyncio.run(forced_race(server, crashed, v1, shared=False, locks=logs / "locks"))
-    shared = asyncio.run(forced_race(server, crashed, v1, shared=True, locks=logs / "locks"))
-    result = Pairs(
-        db=db_trials,
-        api_v2=api_v2,
-        api_v1=api_v1,
-        race_separate_locks=separate,
-        race_shared_lock=shared,
-        log_problems=log_problems(database),
-        integrity=opencode_db.integrity(database),
+    return run_pairs(
+        server, crashed, logs, db_keys=PAIR_DB_KEYS, api_keys=PAIR_API_KEYS, api_v1_trials=API_V1_TRIALS
     )
-    for name, trials in (("db", db_trials), ("api v2", api_v2), ("api v1", api_v1)):
-        counts = [(trial.racing, *trial.counts.values()) for trial in trials]
-        print(f"\n{name} pairs (proxies racing, events per part/message/call): {counts}")  # with -s
-    print(f"forced v1 race: separate locks {separate}, shared lock {shared}")
-    return result
-
-
-@dataclass(frozen=True)
-class Round:
-    """One writer started on the kill group's open sessions and SIGKILLed mid-pass (if caught)."""
-
-    writer: str
-    targets: int
-    """Sessions still open when the round began."""
-    kill: Kill
-    after_kill: dict[str, Stored]
-    """The targets' storage after the SIGKILL (must be `kill.at_kill`: the open transaction left nothing)."""
-    integrity: str
-    states: dict[str, str]
-    """Every kill-group session: "old", "settled" or "torn: <why>"."""
-    log_problems: list[str]
-
-
-@dataclass(frozen=True)
-class Killed:
-    """Phase 3: the kill rounds, then the kill group after a final pass and a last `settle`."""
-
-    rounds: list[Round]
-    final_states: dict[str, str]
-    final_counts: dict[str, dict[str, int]]
-    final_integrity: str
-    final_log_problems: list[str]
-    last_settle: tuple[int, str]
-    """Exit code and output of `settle --upstream` after the final pass."""
-    seconds: float
 
 
 @pytest.fixture(scope="module")
 def killed(
     server: OpencodeServer, crashed: Crashed, pairs: Pairs, tmp_path_factory: pytest.TempPathFactory
 ) -> Killed:
-    """Kill rounds while at least two sessions are open, a final uninterrupted proxy pass, then
-    `settle --upstream`. Runs after `pairs`: `settle` settles the whole database."""
+    """Runs after `pairs`: the last `settle` settles the whole database."""
     del pairs  # only its order matters: every other stale session is settled by now
-    started = time.monotonic()
-    logs = tmp_path_factory.mktemp("write-back-kills")
-    sessions = crashed.sessions(KILL)
-    rounds = []
-    for number, writer in enumerate(KILL_ROUNDS):
-        open_now = [
-            s for s in sessions if state_of(s, crashed.before[s.session_id], stored_now(server, s)) == "old"
-        ]
-        if len(open_now) < 2:
-            break
-        rounds.append(_kill_round(server, crashed, writer, open_now, logs / f"round-{number}.log"))
-    _final_pass(server, crashed, sessions, logs / "final.log")
-    last = subprocess.run(
-        settle_command(server.database, server.url),
-        cwd=REPO_ROOT,
-        env=environment(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=PASS_TIMEOUT_S * 2,
-        check=False,
-    )
-    after = read_stored(server.database, sessions)
-    result = Killed(
-        rounds=rounds,
-        final_states={
-            s.session_id: state_of(s, crashed.before[s.session_id], after[s.session_id]) for s in sessions
-        },
-        final_counts={
-            s.session_id: written_counts(s, crashed.before[s.session_id], after[s.session_id])
-            for s in sessions
-        },
-        final_integrity=opencode_db.integrity(server.database),
-        final_log_problems=log_problems(server.database),
-        last_settle=(last.returncode, last.stdout + last.stderr),
-        seconds=time.monotonic() - started,
-    )
-    print(f"\nkill rounds ({result.seconds:.1f}s): {_report(result)}")  # the figures, with -s
-    return result
-
-
-def _kill_round(
-    server: OpencodeServer, crashed: Crashed, writer: str, targets: list[Observed], log: Path
-) -> Round:
-    database = server.database
-    if writer == "proxy":
-        kill = kill_proxy(server, targets, crashed.before, log)
-    else:
-        kill = kill_settle(server, targets, crashed.before, log)
-    everyone = crashed.sessions(KILL)
-    after = read_stored(database, everyone)
-    return Round(
-        writer=writer,
-        targets=len(targets),
-        kill=kill,
-        after_kill={s.session_id: after[s.session_id] for s in targets},
-        integrity=opencode_db.integrity(database),
-        states={
-            s.session_id: state_of(s, crashed.before[s.session_id], after[s.session_id]) for s in everyone
-        },
-        log_problems=log_problems(database),
-    )
-
-
-def _final_pass(server: OpencodeServer, crashed: Crashed, sessions: list[Observed], log: Path) -> None:
-    """A proxy nobody kills fetches every session; wait until none is left old (bounded: the
-    tests then say which was not settled)."""
-    proxy = ProxyProcess(
-        server.url, log, ("--write-back", "db", "--db", str(server.database), "--grace", "0")
-    )
-    try:
-        proxy.start()
-        for stale in sessions:
-            assert fetch_messages(proxy.url, stale.turn).status == 200
-
-        def none_old() -> bool | None:
-            after = read_stored(server.database, sessions)
-            states = [state_of(s, crashed.before[s.session_id], after[s.session_id]) for s in sessions]
-            return None if "old" in states else True
-
-        with contextlib.suppress(WaitTimeout):
-            poll(none_old, what="the final pass", timeout=PASS_TIMEOUT_S, interval=0.1)
-    finally:
-        proxy.stop()
-
-
-def _report(killed: Killed) -> str:
-    return "; ".join(
-        f"{r.writer}: {r.targets} open, {'killed in a transaction' if r.kill.landed else 'not caught'} "
-        f"with {r.kill.committed} committed, {r.kill.samples} crash points checked"
-        for r in killed.rounds
-    )
+    return kill_rounds(server, crashed, KILL, KILL_ROUNDS, tmp_path_factory.mktemp("write-back-kills"))
 
 
 def test_kills_landed_inside_a_transaction_mid_pass(killed: Killed) -> None:
@@ -307,9 +128,9 @@ def test_kills_landed_inside_a_transaction_mid_pass(killed: Killed) -> None:
     committed and part still to do (else the checks below would prove nothing)."""
     for writer in ("proxy", "settle"):
         landed = [r for r in killed.rounds if r.writer == writer and r.kill.landed]
-        assert len(landed) >= MIN_LANDED_PER_WRITER, f"{writer}: {_report(killed)}"
+        assert len(landed) >= MIN_LANDED_PER_WRITER, f"{writer}: {report(killed)}"
         for round_ in landed:
-            assert 1 <= round_.kill.committed < round_.targets, _report(killed)
+            assert 1 <= round_.kill.committed < round_.targets, report(killed)
 
 
 def test_integrity_after_every_kill(killed: Killed) -> None:
@@ -332,7 +153,7 @@ def test_the_transaction_open_at_the_kill_left_nothing(killed: Killed) -> None:
     inside its transaction: the open transaction was rolled back, nothing else moved."""
     for round_ in killed.rounds:
         if round_.kill.landed:
-            assert round_.after_kill == round_.kill.at_kill, _report(killed)
+            assert round_.after_kill == round_.kill.at_kill, report(killed)
 
 
 def test_event_logs_stay_contiguous_after_every_kill(killed: Killed) -> None:

@@ -7,9 +7,10 @@ opencode or through the proxy by changing only the base URL.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from .http_client import request
 from .opencode_server import directory_header
@@ -19,6 +20,8 @@ Runtime = Literal["v1", "v2"]
 RUNTIMES: tuple[Runtime, ...] = ("v1", "v2")
 
 _TOOL_START_TIMEOUT_S = 60.0
+
+K = TypeVar("K")
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,17 @@ def start_turn(runtime: Runtime, base_url: str, directory: Path, prompt: str) ->
     """Start a turn in the given runtime, so tests can be written once for both."""
     starter = start_v1_turn if runtime == "v1" else start_v2_turn
     return starter(base_url, directory, prompt)
+
+
+def observe_running(
+    base_url: str, directory: Path, prompts: Mapping[K, tuple[Runtime, str]]
+) -> dict[K, Observed]:
+    """Start every turn of `prompts` ((runtime, prompt) by key) first, so that their start-ups
+    overlap, then wait for each one's tool to run."""
+    turns = {
+        key: start_turn(runtime, base_url, directory, prompt) for key, (runtime, prompt) in prompts.items()
+    }
+    return {key: Observed(turn, wait_tool_running(base_url, turn)) for key, turn in turns.items()}
 
 
 def send_prompt(base_url: str, turn: Turn, text: str) -> None:
