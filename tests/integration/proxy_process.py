@@ -6,11 +6,12 @@ is deployed, and keeps its event loop and any crash apart from the harness.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from .http_client import free_port, port_open
@@ -109,3 +110,26 @@ class ProxyProcess:
 
     def _log_tail(self) -> str:
         return self.log()[-_LOG_TAIL_CHARS:]
+
+
+def write_back_proxies(upstream: str, database: Path, logs: Path, grace_s: float) -> dict[str, ProxyProcess]:
+    """A `--write-back api` and a `--write-back db` proxy in front of one server, by mode, each
+    confirming an orphan `grace_s` after it saw it; not started yet (see `running`)."""
+    grace = ("--grace", str(grace_s))
+    return {
+        "api": ProxyProcess(upstream, logs / "api.log", ("--write-back", "api", *grace)),
+        "db": ProxyProcess(upstream, logs / "db.log", ("--write-back", "db", "--db", str(database), *grace)),
+    }
+
+
+@contextlib.contextmanager
+def running(proxies: Iterable[ProxyProcess]) -> Iterator[None]:
+    """Every proxy started; all of them stopped however the block ends."""
+    started = list(proxies)
+    try:
+        for proxy in started:
+            proxy.start()
+        yield
+    finally:
+        for proxy in started:
+            proxy.stop()

@@ -28,7 +28,7 @@ from .http_client import get_json, request, with_credentials
 from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer, directory_header, opencode_binary
 from .proxy_process import ProxyProcess
-from .test_races import TURN_TIMEOUT_S, Race, Urls, _fetcher, _threads
+from .races import Race, Urls, fetcher
 from .turns import (
     Turn,
     find_running_tool,
@@ -218,21 +218,15 @@ def test_a_session_that_keeps_moving_is_never_shown_settled(
             Urls(base, with_credentials(proxy.url, "opencode", PASSWORD)) for proxy in (asking, following)
         ]
         lane = functools.partial(_moving_lane, race, base, mock_model, moving)
-        fetchers = [functools.partial(_fetcher, race, url) for url in urls for _ in range(MOVING_FETCHERS)]
-        threads = _threads([lane, *fetchers])
-        try:
-            race.stop.wait(MOVING_RACE_S)
-        finally:
-            race.stop.set()
-            for thread in threads:
-                thread.join(TURN_TIMEOUT_S)
+        fetchers = [functools.partial(fetcher, race, url) for url in urls for _ in range(MOVING_FETCHERS)]
+        all_stopped = race.run([lane, *fetchers], MOVING_RACE_S)
         time.sleep(GRACE_S + 1.0)
         logs = asking.log() + following.log()
     finally:
         asking.stop()
         following.stop()
     print(f"\nmoving race: {dict(race.counts)}")
-    assert not any(thread.is_alive() for thread in threads), "a lane or fetcher did not stop"
+    assert all_stopped, "a lane or fetcher did not stop"
     assert race.errors == [], race.errors[:5]
     assert race.false_settles == [], race.false_settles[:5]
     assert race.counts["moves"] > 0

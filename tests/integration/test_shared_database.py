@@ -16,8 +16,7 @@ its lanes in B while its fetchers read through a `--write-back api` proxy in fro
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import functools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,19 +28,19 @@ import pytest
 from . import opencode_db
 from .http_client import get_json, request
 from .mock_model import MockModel
-from .opencode_server import REPO_ROOT, OpencodeServer, opencode_binary
+from .opencode_server import OpencodeServer, opencode_binary
 from .polling import poll
-from .proxy_process import ProxyProcess
-from .test_races import RACE_S, TURN_TIMEOUT_S, Race, Urls, _fetcher, _lane, _threads
+from .proxy_process import ProxyProcess, running, write_back_proxies
+from .races import RACE_S, Race, Urls, fetcher, lane
+from .settle_cli import SettleRun, run_settle
 from .turns import (
     RUNTIMES,
     Observed,
     Runtime,
     find_running_tool,
     is_active,
+    observe_running,
     read_messages,
-    start_turn,
-    wait_tool_running,
 )
 
 pytestmark = pytest.mark.integration
@@ -51,6 +50,7 @@ MODES = ("api", "db")
 WRITERS = (*MODES, "offline")
 WRITE_TIMEOUT_S = 30.0
 Key = tuple[str, Runtime]
+Views = dict[Key, list[tuple[dict[str, str], list[dict[str, Any]]]]]
 
 
 @dataclass(frozen=True)
@@ -63,14 +63,14 @@ class Shared:
     """(mode, runtime): orphaned by the SIGKILL of A, before B existed."""
     live: dict[Runtime, Observed]
     """Running in B all along."""
-    proxied: dict[Key, list[tuple[dict[str, str], list[dict[str, Any]]]]]
+    proxied: Views
     """(mode, runtime) of a live tool: every view of it through that mode's proxy (headers, messages)."""
     rows_before: opencode_db.Snapshot
     rows_after: opencode_db.Snapshot
     written: dict[Key, list[dict[str, Any]]]
     """The orphans' direct views from A once written back."""
     busy_after: dict[Runtime, bool]
-    offline: subprocess.CompletedProcess[str]
+    offline: SettleRun
     """`settle-proxy settle --upstream A` on the shared database."""
     logs: dict[str, str]
     health: dict[str, Any]
@@ -81,71 +81,67 @@ def shared(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> I
     root = tmp_path_factory.mktemp("shared-database")
     first = OpencodeServer(opencode_binary(), root, mock_model.base_url)
     second = OpencodeServer(opencode_binary(), root, mock_model.base_url)
-    proxies: dict[str, ProxyProcess] = {}
+    proxies = write_back_proxies(first.url, first.database, root, GRACE_S)
     try:
-        first.start()
-        stale = _observe(first, [(mode, runtime) for mode in WRITERS for runtime in RUNTIMES])
-        first.crash()
-        first.restart()
-        second.start()
-        assert second.database == first.database
-        live = {
-            key[1]: observed for key, observed in _observe(second, [("live", r) for r in RUNTIMES]).items()
-        }
+        stale, live = _orphan_then_share(first, second)
         rows_before = opencode_db.snapshot(first.database)
-        grace = ("--grace", str(GRACE_S))
-        proxies = {
-            "api": ProxyProcess(first.url, root / "api.log", ("--write-back", "api", *grace)),
-            "db": ProxyProcess(
-                first.url, root / "db.log", ("--write-back", "db", "--db", str(first.database), *grace)
-            ),
-        }
-        for proxy in proxies.values():
-            proxy.start()
-        proxied: dict[Key, list[tuple[dict[str, str], list[dict[str, Any]]]]] = {}
-        for _ in range(3):
-            for mode, proxy in proxies.items():
-                for runtime, observed in live.items():
-                    proxied.setdefault((mode, runtime), []).append(_view(proxy.url, observed))
-            time.sleep(0.3)
-        last_live_fetch = time.monotonic()
-        for (mode, _), observed in stale.items():
-            if mode in proxies:
-                read_messages(proxies[mode].url, observed.turn)
-        offline = subprocess.run(
-            [sys.executable, "-m", "proxy", "settle", "--db", str(first.database), "--upstream", first.url],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        written = _wait_written(first, stale)
-        time.sleep(max(0.0, last_live_fetch + 2 * GRACE_S + 1.0 - time.monotonic()))
-        yield Shared(
-            first=first,
-            second=second,
-            stale=stale,
-            live=live,
-            proxied=proxied,
-            rows_before=rows_before,
-            rows_after=opencode_db.snapshot(first.database),
-            written=written,
-            busy_after={runtime: is_active(second.url, observed.turn) for runtime, observed in live.items()},
-            offline=offline,
-            logs={mode: proxy.log() for mode, proxy in proxies.items()},
-            health=get_json(f"{proxies['api'].url}/_settle/health"),
-        )
+        with running(proxies.values()):
+            proxied = _views_of(proxies, live)
+            last_live_fetch = time.monotonic()
+            for (mode, _), observed in stale.items():
+                if mode in proxies:
+                    read_messages(proxies[mode].url, observed.turn)
+            offline = run_settle(first.database, "--upstream", first.url)
+            written = _wait_written(first, stale)
+            time.sleep(max(0.0, last_live_fetch + 2 * GRACE_S + 1.0 - time.monotonic()))
+            yield Shared(
+                first=first,
+                second=second,
+                stale=stale,
+                live=live,
+                proxied=proxied,
+                rows_before=rows_before,
+                rows_after=opencode_db.snapshot(first.database),
+                written=written,
+                busy_after={
+                    runtime: is_active(second.url, observed.turn) for runtime, observed in live.items()
+                },
+                offline=offline,
+                logs={mode: proxy.log() for mode, proxy in proxies.items()},
+                health=get_json(f"{proxies['api'].url}/_settle/health"),
+            )
     finally:
-        for proxy in proxies.values():
-            proxy.stop()
         second.stop()
         first.stop()
 
 
+def _orphan_then_share(
+    first: OpencodeServer, second: OpencodeServer
+) -> tuple[dict[Key, Observed], dict[Runtime, Observed]]:
+    """Steps 1 and 2: A's orphans (per writer and runtime), then B's live tools (per runtime)."""
+    first.start()
+    stale = _observe(first, [(mode, runtime) for mode in WRITERS for runtime in RUNTIMES])
+    first.crash()
+    first.restart()
+    second.start()
+    assert second.database == first.database
+    live = _observe(second, [("live", runtime) for runtime in RUNTIMES])
+    return stale, {runtime: observed for (_, runtime), observed in live.items()}
+
+
+def _views_of(proxies: dict[str, ProxyProcess], live: dict[Runtime, Observed]) -> Views:
+    """Every live tool through every proxy, a few times over."""
+    proxied: Views = {}
+    for _ in range(3):
+        for mode, proxy in proxies.items():
+            for runtime, observed in live.items():
+                proxied.setdefault((mode, runtime), []).append(_view(proxy.url, observed))
+        time.sleep(0.3)
+    return proxied
+
+
 def _observe(server: OpencodeServer, keys: list[Key]) -> dict[Key, Observed]:
-    turns = {key: start_turn(key[1], server.url, server.project, f"{key[0]} {key[1]}") for key in keys}
-    return {key: Observed(turn, wait_tool_running(server.url, turn)) for key, turn in turns.items()}
+    return observe_running(server.url, server.project, {key: (key[1], f"{key[0]} {key[1]}") for key in keys})
 
 
 def _view(base_url: str, observed: Observed) -> tuple[dict[str, str], list[dict[str, Any]]]:
@@ -212,8 +208,8 @@ def test_a_tool_orphaned_before_the_other_server_started_is_still_written(
 def test_offline_settle_with_upstream_settles_the_orphans_and_leaves_the_other_servers_tools(
     shared: Shared,
 ) -> None:
-    assert shared.offline.returncode == 10, shared.offline.stderr
-    assert "2 tool call(s) left alone: another process may run them" in shared.offline.stdout
+    assert shared.offline.code == 10, shared.offline.err
+    assert "2 tool call(s) left alone: another process may run them" in shared.offline.out
     for runtime in RUNTIMES:
         observed = shared.stale[("offline", runtime)]
         assert _tool(shared.written[("offline", runtime)], observed)["state"]["status"] == "error"
@@ -233,23 +229,16 @@ def test_a_race_in_the_other_server_is_never_shown_settled(
     """Every tool here completes normally in B: one settled view, or one tool that B's own view
     shows interrupted (a false write), is a failure."""
     proxy = ProxyProcess(shared.first.url, tmp_path / "race.log", ("--write-back", "api", "--grace", "0.5"))
-    proxy.start()
     race = Race()
     in_b = Urls(shared.second.url, shared.second.url)
     through_a = Urls(shared.second.url, proxy.url)
     lanes = [
-        lambda runtime=runtime: _lane(race, in_b, mock_model, runtime, shared.second.project)
+        functools.partial(lane, race, in_b, mock_model, runtime, shared.second.project)
         for runtime in RUNTIMES
     ]
-    threads = _threads([*lanes, *[lambda: _fetcher(race, through_a)] * 3])
-    try:
-        race.stop.wait(RACE_S / 2)
-    finally:
-        race.stop.set()
-        for thread in threads:
-            thread.join(TURN_TIMEOUT_S)
-        proxy.stop()
-    assert not any(thread.is_alive() for thread in threads), "a lane or fetcher did not stop"
+    with running([proxy]):
+        all_stopped = race.run([*lanes, *[functools.partial(fetcher, race, through_a)] * 3], RACE_S / 2)
+    assert all_stopped, "a lane or fetcher did not stop"
     print(f"\nrace in B: {dict(race.counts)}, turns started {len(race.turns)}")
     assert race.errors == [], race.errors[:5]
     assert race.false_settles == [], race.false_settles[:5]

@@ -28,7 +28,7 @@ from ..event_tap import EventTap
 from ..interposed_upstream import InterposedUpstream, Send
 from ..opencode_server import OpencodeServer, directory_header
 from ..polling import WaitTimeout, poll
-from ..proxy_process import ProxyProcess
+from ..proxy_process import ProxyProcess, running, write_back_proxies
 from ..turns import Observed, Turn, is_active, read_messages, send_prompt, wait_turn_done
 from .restarts import Crashed
 from .sessions import GRACE_S, LATE, LIVE, WRITTEN, Events, Key, observe, stored
@@ -83,16 +83,10 @@ def write_back(server: OpencodeServer, crashed: Crashed, logs: Path) -> WrittenB
     the live sessions run; the late sessions are prompted between the two readings; the race."""
     live = observe(server, LIVE)
     live_before = {key: stored(server, observed) for key, observed in live.items()}
-    grace = ("--grace", str(GRACE_S))
-    api = ProxyProcess(server.url, logs / "api.log", ("--write-back", "api", *grace))
-    db = ProxyProcess(
-        server.url, logs / "db.log", ("--write-back", "db", "--db", str(server.database), *grace)
-    )
-    tap = EventTap(f"{server.url}/event", directory_header(server.project))
-    try:
-        api.start()
-        db.start()
-        tap.start()
+    proxies = write_back_proxies(server.url, server.database, logs, GRACE_S)
+    api, db = proxies["api"], proxies["db"]
+    events = EventTap(f"{server.url}/event", directory_header(server.project))
+    with running(proxies.values()), events as tap:
         late = {key: _prompt_between_readings(server, db, crashed.stale[key]) for key in LATE}
         for key in WRITTEN:
             _fetch(api.url if key[0] == "api" else db.url, crashed.stale[key].turn)
@@ -113,10 +107,6 @@ def write_back(server: OpencodeServer, crashed: Crashed, logs: Path) -> WrittenB
             late={key: _late_after(server, crashed.stale[key], observed) for key, observed in late.items()},
             race=race,
         )
-    finally:
-        tap.stop()
-        api.stop()
-        db.stop()
 
 
 def _fetch(base_url: str, turn: Turn) -> None:
