@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from .event_tap import EventTap
-from .expected import V1_MESSAGE_ERROR, V1_PART_ERROR, V2_TOOL_ERROR
+from .expected import V2_TOOL_ERROR, assert_v1_settled, assert_v2_settled
 from .http_client import Reply, request
 from .opencode_server import OpencodeServer, directory_header
 from .polling import poll
@@ -27,6 +27,7 @@ from .turns import (
     Observed,
     Runtime,
     find_running_tool,
+    observe_running,
     read_messages,
     start_turn,
     wait_tool_running,
@@ -47,9 +48,10 @@ class CrashScene:
 
 
 def _observe_turns(base_url: str, directory: Path, label: str) -> dict[Runtime, Observed]:
-    """Start one turn per runtime (both before waiting, to overlap their start-up) and wait."""
-    turns = {runtime: start_turn(runtime, base_url, directory, f"{label} {runtime}") for runtime in RUNTIMES}
-    return {runtime: Observed(turn, wait_tool_running(base_url, turn)) for runtime, turn in turns.items()}
+    """A running tool in one turn per runtime."""
+    return observe_running(
+        base_url, directory, {runtime: (runtime, f"{label} {runtime}") for runtime in RUNTIMES}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -95,19 +97,6 @@ def _other_messages(body: Any, runtime: Runtime, message_id: str) -> list[dict[s
     return [m for m in payload if _message_id(m, runtime) != message_id]
 
 
-def _by_id(items: list[dict[str, Any]], item_id: str) -> dict[str, Any]:
-    matches = [item for item in items if item.get("id") == item_id]
-    assert len(matches) == 1, f"{item_id} appears {len(matches)} times"
-    return matches[0]
-
-
-def _kept(direct: dict[str, Any], proxied: dict[str, Any], *, except_keys: set[str]) -> None:
-    """Every field of `direct` outside `except_keys` is in `proxied` with the same value."""
-    for key, value in direct.items():
-        if key not in except_keys:
-            assert proxied.get(key) == value, f"field {key!r} changed: {value!r} -> {proxied.get(key)!r}"
-
-
 def _assert_passes_through(opencode_url: str, proxy_url: str, observed: Observed) -> None:
     """Both routes of the proxy serve exactly what opencode serves, and say nothing was settled."""
     for path in observed.paths():
@@ -135,46 +124,6 @@ def _fetch_settled(proxy_url: str, path: str) -> Reply:
     return first
 
 
-def _assert_v2_settled(direct: dict[str, Any], proxied: dict[str, Any], call_id: str) -> None:
-    """The v2 item looks like opencode's own interrupt: error state, both `time.completed` set."""
-    d_tool, p_tool = _by_id(direct["content"], call_id), _by_id(proxied["content"], call_id)
-    state = p_tool["state"]
-    assert state["status"] == "error"
-    assert state["error"] == V2_TOOL_ERROR
-    _kept(d_tool["state"], state, except_keys={"status"})
-    _kept(d_tool, p_tool, except_keys={"state", "time"})
-    _kept(d_tool["time"], p_tool["time"], except_keys=set())
-    assert p_tool["time"]["completed"] >= p_tool["time"]["ran"]
-    assert proxied["time"]["completed"] >= p_tool["time"]["completed"]
-    _kept(direct, proxied, except_keys={"time", "content"})
-    _kept(direct["time"], proxied["time"], except_keys=set())
-    assert [c for c in proxied["content"] if c.get("id") != call_id] == [
-        c for c in direct["content"] if c.get("id") != call_id
-    ]
-
-
-def _assert_v1_settled(direct: dict[str, Any], proxied: dict[str, Any], part_id: str) -> None:
-    """The v1 part looks like opencode's in-process cleanup; the message like a graceful abort."""
-    d_part, p_part = _by_id(direct["parts"], part_id), _by_id(proxied["parts"], part_id)
-    state, d_state = p_part["state"], d_part["state"]
-    assert state["status"] == "error"
-    assert state["error"] == V1_PART_ERROR
-    assert state["metadata"]["interrupted"] is True
-    assert state["metadata"]["output"] == d_state["metadata"]["output"]
-    assert state["input"] == d_state["input"]
-    assert state["time"]["start"] == d_state["time"]["start"]
-    assert state["time"]["end"] >= state["time"]["start"]
-    _kept(d_part, p_part, except_keys={"state"})
-    assert [p for p in proxied["parts"] if p["id"] != part_id] == [
-        p for p in direct["parts"] if p["id"] != part_id
-    ]
-    info, d_info = proxied["info"], direct["info"]
-    assert info["time"]["completed"] >= info["time"]["created"]
-    assert info["error"] == V1_MESSAGE_ERROR
-    _kept(d_info, info, except_keys={"time"})
-    _kept(d_info["time"], info["time"], except_keys=set())
-
-
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_running_tool_passes_through_untouched(
     runtime: Runtime, opencode: OpencodeServer, proxy_url: str
@@ -200,35 +149,24 @@ def test_crash_leaves_tool_running_in_direct_view(
     assert observed.turn.session_id not in live
 
 
-def test_v2_stale_tool_settled_in_proxy_view(
-    scene: CrashScene, opencode: OpencodeServer, proxy_url: str
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_stale_tool_settled_in_proxy_view(
+    runtime: Runtime, scene: CrashScene, opencode: OpencodeServer, proxy_url: str
 ) -> None:
-    """(b, v2) Both message routes show the orphaned call as interrupted, the rest as stored."""
-    observed = scene.stale["v2"]
-    call_id, message_id = observed.running.tool["id"], observed.running.message_id
+    """(b) Both message routes show the orphaned call as interrupted (v2) or the part as aborted
+    (v1), the rest as stored."""
+    observed = scene.stale[runtime]
+    tool_id, message_id = observed.running.tool["id"], observed.running.message_id
+    assert_settled = assert_v1_settled if runtime == "v1" else assert_v2_settled
     for path in observed.paths():
         direct = _get_ok(opencode.url + path).json()
         proxied = _fetch_settled(proxy_url, path).json()
-        _assert_v2_settled(
-            _pick_message(direct, "v2", message_id), _pick_message(proxied, "v2", message_id), call_id
+        assert_settled(
+            _pick_message(direct, runtime, message_id), _pick_message(proxied, runtime, message_id), tool_id
         )
-        assert _other_messages(proxied, "v2", message_id) == _other_messages(direct, "v2", message_id)
-        assert proxied.get("cursor") == direct.get("cursor")
-
-
-def test_v1_stale_tool_settled_in_proxy_view(
-    scene: CrashScene, opencode: OpencodeServer, proxy_url: str
-) -> None:
-    """(b, v1) Both message routes show the orphaned part as aborted, the rest as stored."""
-    observed = scene.stale["v1"]
-    part_id, message_id = observed.running.tool["id"], observed.running.message_id
-    for path in observed.paths():
-        direct = _get_ok(opencode.url + path).json()
-        proxied = _fetch_settled(proxy_url, path).json()
-        _assert_v1_settled(
-            _pick_message(direct, "v1", message_id), _pick_message(proxied, "v1", message_id), part_id
-        )
-        assert _other_messages(proxied, "v1", message_id) == _other_messages(direct, "v1", message_id)
+        assert _other_messages(proxied, runtime, message_id) == _other_messages(direct, runtime, message_id)
+        if runtime == "v2":
+            assert proxied.get("cursor") == direct.get("cursor")
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

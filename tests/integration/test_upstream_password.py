@@ -29,9 +29,8 @@ from .turns import (
     Observed,
     Runtime,
     find_running_tool,
+    observe_running,
     read_messages,
-    start_turn,
-    wait_tool_running,
 )
 
 pytestmark = pytest.mark.integration
@@ -55,13 +54,8 @@ class Guarded:
 def guarded(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
     root = tmp_path_factory.mktemp("password")
     with running_opencode(root, mock_model.base_url, password=PASSWORD) as server:
-        turns = {
-            runtime: start_turn(runtime, server.url, server.project, f"guarded {runtime}")
-            for runtime in RUNTIMES
-        }
-        stale = {
-            runtime: Observed(turn, wait_tool_running(server.url, turn)) for runtime, turn in turns.items()
-        }
+        prompts = {runtime: (runtime, f"guarded {runtime}") for runtime in RUNTIMES}
+        stale = observe_running(server.url, server.project, prompts)
         server.crash()
         server.restart()
         yield Guarded(server, stale)
