@@ -1,7 +1,7 @@
 """The real `opencode serve` as a test fixture: start, crash (SIGKILL with all tools), restart, stop.
 
 One instance owns one root directory holding fresh XDG data/state/cache dirs and the project
-directories (the config dir is shared by the test run, see `opencode_environment`). The dirs
+directories (the config dir is shared by the test run, see `opencode_config`). The dirs
 survive `crash()`/`restart()`, which is the point: the restarted server reads the same SQLite
 store and shows what the crash left behind.
 """
@@ -21,6 +21,7 @@ from urllib.parse import quote
 import orjson
 
 from .http_client import free_port, get_json, request, with_credentials
+from .opencode_config import opencode_environment, project_config
 from .polling import poll
 from .proctree import descendants, kill_tree
 
@@ -46,27 +47,6 @@ def opencode_binary() -> Path:
             "repo root or set OPENCODE_BIN"
         )
     return binary
-
-
-def opencode_environment(root: Path) -> dict[str, str]:
-    """The environment an opencode process of the tests gets: data, state and cache dirs of its own
-    under `root`, no auto-update, and no password inherited from the developer's shell.
-
-    The config dir is shared by every opencode of the test run (it sits beside `root`, in pytest's
-    base temp dir): the first start npm-installs `@opencode-ai/plugin` (~64 MB) into it, and doing
-    that once per run instead of once per server keeps a slow registry answer out of every start-up.
-    It holds nothing per server: each project's provider config is in the project's own directory.
-    """
-    env = dict(os.environ)
-    dirs = {"CONFIG": root.parent / "opencode-shared-config"} | {
-        name: root / "xdg" / name.lower() for name in ("DATA", "STATE", "CACHE")
-    }
-    for name, xdg_dir in dirs.items():
-        xdg_dir.mkdir(parents=True, exist_ok=True)
-        env[f"XDG_{name}_HOME"] = str(xdg_dir)
-    env["OPENCODE_DISABLE_AUTOUPDATE"] = "1"
-    env.pop("OPENCODE_SERVER_PASSWORD", None)
-    return env
 
 
 def directory_header(directory: Path) -> dict[str, str]:
@@ -142,7 +122,7 @@ class OpencodeServer:
         """
         directory = self._root / "projects" / name
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / "opencode.json").write_bytes(orjson.dumps(self._project_config()))
+        (directory / "opencode.json").write_bytes(orjson.dumps(project_config(self._model_base_url)))
         self._projects.append(directory)
         if self._process is not None:
             self._warm_project(directory)
@@ -238,15 +218,6 @@ class OpencodeServer:
         if self._process is None:
             raise RuntimeError("opencode is not running")
         return self._process
-
-    def _project_config(self) -> dict[str, object]:
-        provider = {
-            "npm": "@ai-sdk/openai-compatible",
-            "name": "Mock",
-            "options": {"baseURL": self._model_base_url, "apiKey": "x"},
-            "models": {"m": {"name": "Mock", "tool_call": True}},
-        }
-        return {"provider": {"mock": provider}, "model": "mock/m", "permission": "allow"}
 
     def _environment(self) -> dict[str, str]:
         env = opencode_environment(self._root)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from .opencode_server import opencode_environment
+from .opencode_config import opencode_environment
 from .polling import WaitTimeout
 
 WIDTH, HEIGHT = 200, 50
