@@ -26,10 +26,11 @@ from typing import Any
 
 import pytest
 
+from .crash_views import CrashViews
 from .mock_model import DEFAULT_COMMAND, MockModel, Plan
 from .opencode_server import OpencodeServer, opencode_binary
 from .polling import poll
-from .proxy_process import ProxyProcess
+from .proxy_process import ProxyProcess, running
 from .tui import Terminal, Terminals, idle_output, is_spinner, tool_mark
 from .turns import RUNTIMES, Runtime, Turn, read_messages, start_turn, wait_tool_running
 
@@ -65,13 +66,7 @@ class Seen:
         return f"{self.idle_bytes} bytes in {IDLE_WINDOW_S:.0f}s of idle; screen:\n{screen}"
 
 
-@dataclass(frozen=True)
-class TuiScene:
-    """`direct` and `proxied` attached after the restart; `across_crash` (through the proxy) before."""
-
-    direct: Seen
-    proxied: Seen
-    across_crash: Seen
+TuiScene = CrashViews[Seen]
 
 
 def shows_running(screen: str) -> bool:
@@ -104,8 +99,7 @@ def scene(opencode: OpencodeServer, tmp_path_factory: pytest.TempPathFactory) ->
     """The module's crash/restart cycle, with three TUIs watching (see the module docstring)."""
     root = tmp_path_factory.mktemp("tui")
     proxy = ProxyProcess(opencode.url, root / "proxy.log")
-    try:
-        proxy.start()
+    with running([proxy]):
         turn = start_turn("v1", opencode.url, opencode.project, "tui stale v1")
         with Terminals(root, opencode_binary()) as terminals:
             across = terminals.attach("across_crash", proxy.url, turn.session_id, turn.directory)
@@ -118,9 +112,7 @@ def scene(opencode: OpencodeServer, tmp_path_factory: pytest.TempPathFactory) ->
             direct = terminals.attach("direct", opencode.url, turn.session_id, turn.directory)
             proxied = terminals.attach("proxied", proxy.url, turn.session_id, turn.directory)
             seen = watch({direct: _spinning, proxied: shows_settled, across: shows_settled})
-    finally:
-        proxy.stop()
-    return TuiScene(seen["direct"], seen["proxied"], seen["across_crash"])
+    return CrashViews.of(seen)
 
 
 def assert_settled(seen: Seen, who: str) -> None:

@@ -34,8 +34,9 @@ import orjson
 import pytest
 
 from .browser import Chromium, Page
+from .crash_views import CrashViews
 from .opencode_server import OpencodeServer
-from .proxy_process import ProxyProcess
+from .proxy_process import ProxyProcess, running
 from .turns import Turn, start_turn, wait_tool_running
 
 pytestmark = pytest.mark.integration
@@ -118,13 +119,7 @@ class Seen:
         )
 
 
-@dataclass(frozen=True)
-class WebScene:
-    """`direct` and `proxied` opened after the restart; `across_crash` (through the proxy) before."""
-
-    direct: Seen
-    proxied: Seen
-    across_crash: Seen
+WebScene = CrashViews[Seen]
 
 
 def session_path(turn: Turn) -> str:
@@ -207,7 +202,7 @@ async def _play(opencode: OpencodeServer, proxy_url: str, root: Path) -> WebScen
             part_id,
             root,
         )
-    return WebScene(seen["direct"], seen["proxied"], seen["across_crash"])
+    return CrashViews.of(seen)
 
 
 @pytest.fixture(scope="module")
@@ -215,11 +210,8 @@ def scene(opencode: OpencodeServer, tmp_path_factory: pytest.TempPathFactory) ->
     """The module's crash/restart cycle, with three pages watching (see the module docstring)."""
     root = tmp_path_factory.mktemp("web-ui")
     proxy = ProxyProcess(opencode.url, root / "proxy.log")
-    try:
-        proxy.start()
+    with running([proxy]):
         return asyncio.run(_play(opencode, proxy.url, root))
-    finally:
-        proxy.stop()
 
 
 def _assert_settled(seen: Seen, who: str) -> None:
