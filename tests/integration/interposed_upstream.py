@@ -16,17 +16,9 @@ Send = Callable[[], Awaitable[Any]]
 class InterposedUpstream(UpstreamApi):
     """`UpstreamApi` whose every call goes through `around`, which by default just sends it."""
 
-    async def call(
-        self,
-        method: str,
-        path: str,
-        credentials: Credentials,
-        *,
-        params: dict[str, str] | None = None,
-        json: Any = None,
-    ) -> Any:
-        send = functools.partial(super().call, method, path, credentials, params=params, json=json)
-        return await self.around(method, path, credentials, json, send)
+    async def call(self, method: str, path: str, credentials: Credentials, **options: Any) -> Any:
+        send = functools.partial(super().call, method, path, credentials, **options)
+        return await self.around(method, path, credentials, options.get("json"), send)
 
     async def around(self, method: str, path: str, credentials: Credentials, json: Any, send: Send) -> Any:
         """What the test does around one call of the writer's; `send` makes the call itself."""
