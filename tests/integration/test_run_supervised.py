@@ -83,6 +83,10 @@ def test_crash_restart_settle_and_a_clean_stop(supervised: OpencodeServer) -> No
     poll(partial(following, supervised), what="the proxy following the server's events", timeout=60)
     turns = [start_turn(runtime, supervised.url, supervised.project, "run the demo") for runtime in RUNTIMES]
     observed = [Observed(turn, wait_tool_running(supervised.url, turn)) for turn in turns]
+    # A process is tied to its call by a look moments after the call starts (README); a crash
+    # before that look leaves it untied, only reported, so the crash waits for the ties.
+    records = supervised.state_home / "settle-proxy" / "processes.db"
+    poll(partial(tied, records, len(observed)), what="the running tools tied to their calls", timeout=30)
     server = health(supervised)["server"]["pid"]
     tools = descendants(server) - {server}
     assert tools, "the tools run below the server"
