@@ -1,0 +1,283 @@
+"""settle-proxy against the real `opencode serve`: message lists direct and through the proxy.
+
+Run from the repository root: `python -m bench.real_server [--duration S] [--rounds N]`. The fake
+upstream of `python -m bench` answers in microseconds, which makes the proxy's share look large;
+here opencode builds each list itself (tens of milliseconds for a few hundred KB), which is what
+a user waits for. Each round measures every scenario direct and through the proxy back to back
+(alternating which goes first), so the ratios compare figures taken moments apart.
+
+The server, its turns and the crash come from the integration tests' harness
+(`tests/integration`), not a copy of it: it already knows opencode 1.18.33's quirks (the mock
+provider's warm-up before a v2 prompt, the v1 directory header, when a running tool is stable),
+and the stale sessions measured here are then made exactly as the ones the tests settle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+
+from bench import procs, wrk
+from bench.procs import Cpus
+from bench.real_sessions import NotMeasurable, Scenario, check, get, seed
+from bench.report import fmt, markdown_table
+from bench.targets import DEFAULT_PROXY_CMD, Endpoint, TargetContext, TargetUnavailable, start_proxy
+from tests.integration.mock_model import MockModel
+from tests.integration.opencode_server import running_opencode
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = Path(__file__).with_name("results")
+TARGETS = ("direct", "proxy")
+CONNECTIONS = 1
+LIST_BYTES = 444_000
+"""The v1 list size the project's goal is stated for (opencode needs ~33 ms to build it)."""
+BUSY_LOAD = 0.5
+KIB_PER_MIB = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One wrk run: a scenario through one target in one round."""
+
+    scenario: str
+    round: int
+    target: str
+    body_kb: float
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    duration: int
+    warmup: int
+    rounds: int
+    load: Cpus | None
+    hop: Cpus | None
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.real_server", description=__doc__)
+    parser.add_argument("--duration", type=int, default=5, help="seconds per measurement (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured wrk seconds before each one")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every scenario (default 3)")
+    parser.add_argument("--list-kb", type=int, default=LIST_BYTES // 1000, help="seeded list size")
+    parser.add_argument("--pinning", choices=("split", "none"), default="split", help="as python -m bench")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where real-latest.{md,json} go")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not wrk.available():
+        print("wrk not found (Debian: apt-get install -y wrk)", file=sys.stderr)
+        return 2
+    if args.duration < 1 or args.warmup < 0 or args.rounds < 1:
+        print("--duration and --rounds must be at least 1, --warmup at least 0", file=sys.stderr)
+        return 2
+    settings = _settings(args)
+    meta = metadata(settings)
+    notes = [f"load average {os.getloadavg()[0]:.2f} at start: expect noise"] if _busy() else []
+    started = time.monotonic()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        samples, sizes, memory = run(settings, args.list_kb * 1000, notes)
+    except KeyboardInterrupt:
+        print("interrupted: every process started was stopped", file=sys.stderr)
+        return 130
+    except (NotMeasurable, procs.StartupError, TargetUnavailable) as error:
+        print(f"cannot measure: {error}", file=sys.stderr)
+        return 1
+    meta["run time"] = f"{time.monotonic() - started:.0f} s, seeding and restarts included"
+    meta["seeded lists"] = ", ".join(f"{name} {kb:.0f} KB" for name, kb in sizes.items())
+    meta["proxy RSS"] = memory
+    publish(args.out, samples, meta, notes)
+    return 0
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """Turn SIGTERM into SystemExit, so opencode, its tools and the proxy are stopped on the way out."""
+    raise SystemExit(128 + signum)
+
+
+def _busy() -> bool:
+    return os.getloadavg()[0] > BUSY_LOAD
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """The `split` layout of `python -m bench`: opencode, wrk and this process on the first CPU,
+    the proxy on the others, so the proxy's work never takes CPU from opencode or wrk."""
+    cpus = sorted(os.sched_getaffinity(0))
+    split = args.pinning == "split" and len(cpus) >= 2
+    load, hop = (frozenset(cpus[:1]), frozenset(cpus[1:])) if split else (None, None)
+    return Settings(args.duration, args.warmup, args.rounds, load, hop)
+
+
+def run(settings: Settings, list_bytes: int, notes: list[str]) -> tuple[list[Sample], dict[str, float], str]:
+    """Seed on an unpinned server (faster), crash it, restart it pinned, measure through both paths."""
+    with tempfile.TemporaryDirectory(prefix="settle-real-bench-") as tmp, ExitStack() as stack:
+        model = MockModel()
+        model.start()
+        stack.callback(model.stop)
+        server = stack.enter_context(running_opencode(Path(tmp) / "opencode", model.base_url))
+        _log(f"seeding four sessions of {list_bytes // 1000} KB (a few minutes)")
+        scenarios = seed(server, model, list_bytes)
+        if settings.load is not None:
+            os.sched_setaffinity(0, settings.load)
+        server.restart()
+        ctx = TargetContext(server.url, REPO, Path(tmp), settings.hop, DEFAULT_PROXY_CMD)
+        proxy = start_proxy(ctx, stack)
+        endpoints = {"direct": Endpoint("direct", server.url), "proxy": proxy}
+        sizes = {s.name: len(get(server.url + s.path).body) / 1000 for s in scenarios}
+        samples = list(_rounds(scenarios, endpoints, settings, notes))
+        return samples, sizes, _memory(proxy)
+
+
+def _rounds(
+    scenarios: list[Scenario], endpoints: dict[str, Endpoint], settings: Settings, notes: list[str]
+) -> Iterator[Sample]:
+    for number in range(1, settings.rounds + 1):
+        for scenario in scenarios:
+            direct = get(endpoints["direct"].base_url + scenario.path)
+            note = check(scenario, direct, get(endpoints["proxy"].base_url + scenario.path))
+            if number == 1:
+                notes.append(f"{scenario.name}: checked every round before measuring, {note}")
+            order = TARGETS if number % 2 else TARGETS[::-1]
+            for target in order:
+                sample = measure(scenario, number, endpoints[target], settings)
+                _log(f"round {number} {scenario.name:<15} {target:<6} {sample.rps:7.1f} req/s")
+                yield sample
+
+
+def measure(scenario: Scenario, number: int, endpoint: Endpoint, settings: Settings) -> Sample:
+    url = endpoint.base_url + scenario.path
+    body_kb = len(get(url).body) / 1000
+    if settings.warmup:
+        wrk.run(url, CONNECTIONS, settings.warmup, settings.load)
+    result = wrk.run(url, CONNECTIONS, settings.duration, settings.load)
+    return Sample(
+        scenario.name,
+        number,
+        endpoint.name,
+        body_kb,
+        result.rps,
+        result.p50_ms,
+        result.p99_ms,
+        result.errors,
+    )
+
+
+def _memory(proxy: Endpoint) -> str:
+    if proxy.memory is None:
+        return "-"
+    now, peak = proxy.memory.rss_kib() / KIB_PER_MIB, proxy.memory.run_peak_kib() / KIB_PER_MIB
+    return f"{proxy.memory.start_kib / KIB_PER_MIB:.1f} MiB at start, {now:.1f} at end, peak {peak:.1f}"
+
+
+def metadata(settings: Settings) -> dict[str, str]:
+    pinning = (
+        f"split: opencode + wrk on CPU {_cpus(settings.load)}, the proxy on CPU {_cpus(settings.hop)}"
+        if settings.load is not None and settings.hop is not None
+        else "none"
+    )
+    return {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()) + " (should be near 0)",
+        "pinning": pinning,
+        "per measurement": f"wrk, {CONNECTIONS} connection, {settings.duration} s after {settings.warmup} s"
+        " warm-up",
+        "rounds": f"{settings.rounds}; figures are the median (min-max) over them",
+        "proxy command": DEFAULT_PROXY_CMD,
+        "command": shlex.join(["python", "-m", "bench.real_server", *sys.argv[1:]]),
+    }
+
+
+def _cpus(cpus: Cpus | None) -> str:
+    return ",".join(map(str, sorted(cpus or ())))
+
+
+def render(samples: list[Sample], meta: dict[str, str], notes: Sequence[str]) -> str:
+    parts = ["# settle-proxy against the real opencode", "", *(f"- **{k}**: {v}" for k, v in meta.items())]
+    parts += ["", "## Message lists, direct and through the proxy (median, min-max over rounds)", ""]
+    parts.append(figures_table(samples))
+    parts += ["", "## proxy/direct req/s, per round (below 1: the proxy is slower)", ""]
+    parts.append(ratio_table(samples))
+    if notes:
+        parts += ["", "## Notes", "", *(f"- {note}" for note in notes)]
+    return "\n".join(parts) + "\n"
+
+
+def figures_table(samples: list[Sample]) -> str:
+    lines = []
+    for scenario in _scenarios(samples):
+        for target in TARGETS:
+            mine = [s for s in samples if s.scenario == scenario and s.target == target]
+            lines.append(
+                [
+                    scenario,
+                    target,
+                    fmt(mine[0].body_kb),
+                    *(_spread([getattr(s, name) for s in mine]) for name in ("rps", "p50_ms", "p99_ms")),
+                    str(sum(s.errors for s in mine)),
+                ]
+            )
+    return markdown_table(["scenario", "target", "body KB", "req/s", "p50 ms", "p99 ms", "errors"], lines)
+
+
+def ratio_table(samples: list[Sample]) -> str:
+    lines = []
+    for scenario in _scenarios(samples):
+        ratios = ratios_per_round(samples, scenario)
+        lines.append([scenario, fmt(statistics.median(ratios)), _range(ratios), ", ".join(map(fmt, ratios))])
+    return markdown_table(["scenario", "median", "min-max", "rounds"], lines)
+
+
+def ratios_per_round(samples: list[Sample], scenario: str) -> list[float]:
+    """proxy/direct throughput of each round, from the two measurements taken in that round."""
+    rps = {(s.round, s.target): s.rps for s in samples if s.scenario == scenario}
+    rounds = sorted({number for number, _ in rps})
+    return [rps[n, "proxy"] / rps[n, "direct"] for n in rounds if rps.get((n, "direct"))]
+
+
+def _scenarios(samples: list[Sample]) -> list[str]:
+    return list(dict.fromkeys(s.scenario for s in samples))
+
+
+def _spread(values: list[float]) -> str:
+    return f"{fmt(statistics.median(values))} ({_range(values)})"
+
+
+def _range(values: list[float]) -> str:
+    return f"{fmt(min(values))}-{fmt(max(values))}"
+
+
+def publish(out: Path, samples: list[Sample], meta: dict[str, str], notes: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    text = render(samples, meta, notes)
+    print(text)
+    (out / "real-latest.md").write_text(text)
+    payload = {"meta": meta, "notes": notes, "samples": [asdict(s) for s in samples]}
+    (out / "real-latest.json").write_text(json.dumps(payload, indent=2) + "\n")
+    _log(f"wrote {out / 'real-latest.md'} and real-latest.json")
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
