@@ -15,50 +15,33 @@ and the stale sessions measured here are then made exactly as the ones the tests
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import signal
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 from bench import procs, wrk
 from bench.procs import Cpus
+from bench.real_report import TARGETS, Sample, publish
 from bench.real_sessions import NotMeasurable, Scenario, check, get, seed
-from bench.report import fmt, markdown_table
 from bench.targets import DEFAULT_PROXY_CMD, Endpoint, TargetContext, TargetUnavailable, start_proxy
 from tests.integration.mock_model import MockModel
 from tests.integration.opencode_server import running_opencode
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).with_name("results")
-TARGETS = ("direct", "proxy")
 CONNECTIONS = 1
 LIST_BYTES = 444_000
 """The v1 list size the project's goal is stated for (opencode needs ~33 ms to build it)."""
 BUSY_LOAD = 0.5
 KIB_PER_MIB = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One wrk run: a scenario through one target in one round."""
-
-    scenario: str
-    round: int
-    target: str
-    body_kb: float
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    errors: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,17 +151,28 @@ def measure(scenario: Scenario, number: int, endpoint: Endpoint, settings: Setti
     body_kb = len(get(url).body) / 1000
     if settings.warmup:
         wrk.run(url, CONNECTIONS, settings.warmup, settings.load)
+    before = _proxy_counts(endpoint)
     result = wrk.run(url, CONNECTIONS, settings.duration, settings.load)
-    return Sample(
-        scenario.name,
-        number,
-        endpoint.name,
-        body_kb,
-        result.rps,
-        result.p50_ms,
-        result.p99_ms,
-        result.errors,
+    after = _proxy_counts(endpoint)
+    upstream = None
+    if before is not None and after is not None and after[0] > before[0]:
+        upstream = 1 + (after[1] - before[1]) / (after[0] - before[0])
+    figures = (result.rps, result.p50_ms, result.p99_ms, result.errors, upstream)
+    return Sample(scenario.name, number, endpoint.name, body_kb, *figures)
+
+
+def _proxy_counts(endpoint: Endpoint) -> tuple[float, float] | None:
+    """(client requests, liveness look-ups) the proxy counted so far: each client request costs
+    one upstream request plus its look-ups, so their growth over a run gives upstream req/req
+    (1 in the steady state, where liveness comes from opencode's event stream)."""
+    if not endpoint.rewrites:
+        return None
+    text = get(endpoint.base_url + "/_settle/metrics").body.decode()
+    requests, lookups = (
+        sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+        for name in ("settle_proxy_requests_total", "settle_proxy_liveness_requests_total")
     )
+    return requests, lookups
 
 
 def _memory(proxy: Endpoint) -> str:
@@ -208,71 +202,6 @@ def metadata(settings: Settings) -> dict[str, str]:
 
 def _cpus(cpus: Cpus | None) -> str:
     return ",".join(map(str, sorted(cpus or ())))
-
-
-def render(samples: list[Sample], meta: dict[str, str], notes: Sequence[str]) -> str:
-    parts = ["# settle-proxy against the real opencode", "", *(f"- **{k}**: {v}" for k, v in meta.items())]
-    parts += ["", "## Message lists, direct and through the proxy (median, min-max over rounds)", ""]
-    parts.append(figures_table(samples))
-    parts += ["", "## proxy/direct req/s, per round (below 1: the proxy is slower)", ""]
-    parts.append(ratio_table(samples))
-    if notes:
-        parts += ["", "## Notes", "", *(f"- {note}" for note in notes)]
-    return "\n".join(parts) + "\n"
-
-
-def figures_table(samples: list[Sample]) -> str:
-    lines = []
-    for scenario in _scenarios(samples):
-        for target in TARGETS:
-            mine = [s for s in samples if s.scenario == scenario and s.target == target]
-            lines.append(
-                [
-                    scenario,
-                    target,
-                    fmt(mine[0].body_kb),
-                    *(_spread([getattr(s, name) for s in mine]) for name in ("rps", "p50_ms", "p99_ms")),
-                    str(sum(s.errors for s in mine)),
-                ]
-            )
-    return markdown_table(["scenario", "target", "body KB", "req/s", "p50 ms", "p99 ms", "errors"], lines)
-
-
-def ratio_table(samples: list[Sample]) -> str:
-    lines = []
-    for scenario in _scenarios(samples):
-        ratios = ratios_per_round(samples, scenario)
-        lines.append([scenario, fmt(statistics.median(ratios)), _range(ratios), ", ".join(map(fmt, ratios))])
-    return markdown_table(["scenario", "median", "min-max", "rounds"], lines)
-
-
-def ratios_per_round(samples: list[Sample], scenario: str) -> list[float]:
-    """proxy/direct throughput of each round, from the two measurements taken in that round."""
-    rps = {(s.round, s.target): s.rps for s in samples if s.scenario == scenario}
-    rounds = sorted({number for number, _ in rps})
-    return [rps[n, "proxy"] / rps[n, "direct"] for n in rounds if rps.get((n, "direct"))]
-
-
-def _scenarios(samples: list[Sample]) -> list[str]:
-    return list(dict.fromkeys(s.scenario for s in samples))
-
-
-def _spread(values: list[float]) -> str:
-    return f"{fmt(statistics.median(values))} ({_range(values)})"
-
-
-def _range(values: list[float]) -> str:
-    return f"{fmt(min(values))}-{fmt(max(values))}"
-
-
-def publish(out: Path, samples: list[Sample], meta: dict[str, str], notes: list[str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    text = render(samples, meta, notes)
-    print(text)
-    (out / "real-latest.md").write_text(text)
-    payload = {"meta": meta, "notes": notes, "samples": [asdict(s) for s in samples]}
-    (out / "real-latest.json").write_text(json.dumps(payload, indent=2) + "\n")
-    _log(f"wrote {out / 'real-latest.md'} and real-latest.json")
 
 
 def _log(message: str) -> None:
