@@ -152,7 +152,6 @@ class Settle(Addon):
 
     async def _ask(self, route: MessageRoute, credentials: Credentials) -> Liveness:
         """A fresh reading from the upstream, kept for later fetches while the stream vouches for it."""
-        self._metrics.liveness_requests.labels(route.api).inc()
         liveness = await self._probe.read(route.api, route.session_id, credentials)
         self._tracker.store(route.api, liveness)
         return liveness
