@@ -19,8 +19,8 @@ V = TypeVar("V")
 
 class Bounded(MutableMapping[K, V]):
     """A dict of at most `capacity` entries: setting a key beyond it forgets the least
-    recently set or read one. Iterating (keys, values, items) goes oldest first and reads
-    nothing, so it may be done while entries are read."""
+    recently set or read one. Iteration goes oldest first; `in`, `values()` and `items()`
+    refresh nothing: only reading or setting an entry makes it the most recent."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
