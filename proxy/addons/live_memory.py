@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.opencode.runtimes import v1_status_active
 from proxy.opencode.tracker import GlobalEvent
 from proxy.relay.bounded import Bounded
 from rules import V1, OpenTool
@@ -107,6 +108,7 @@ class StreamMemory:
 
 
 def _went_idle(event: GlobalEvent) -> bool:
+    """Whether `event` says its session runs no turn now (a status unknown here does not)."""
     if event.kind == "session.status":
-        return (event.properties.get("status") or {}).get("type") == "idle"
+        return v1_status_active(event.properties.get("status")) is False
     return event.kind in _IDLE_KINDS
