@@ -62,17 +62,19 @@ async def event_lines(
     until the stream ends; a last line without its line end is dropped, as an event is only
     whole once it ended. A wait of more than `silence` seconds for the next piece raises
     `TimeoutError`."""
-    pending, skipping = bytearray(), False
+    pending, skipping, searched = bytearray(), False, 0
     while True:
         start = 0
-        while (end := pending.find(b"\n", start)) >= 0:
+        while (end := pending.find(b"\n", searched)) >= 0:
             too_long = skipping or end + 1 - start > limit
             yield None if too_long else bytes(pending[start : end + 1])
-            start, skipping = end + 1, False
+            start = searched = end + 1
+            skipping = False
         del pending[:start]
         if len(pending) > limit:
             skipping = True
             pending.clear()
+        searched = len(pending)
         async with asyncio.timeout(silence):
             piece = await content.read(PIECE)
         if not piece:

@@ -64,9 +64,11 @@ SILENCE_LIMIT_S = 35.0
 EVENT_LINE_LIMIT = 4 * 2**20
 """The longest event line read: a longer one (a tool's whole output or input) is skipped."""
 KEPT_SESSIONS = 10_000
+CLEAN_SESSIONS = 1_000
 CLEAN_VIEWS = 32
-"""How many views (path and query) of one session are remembered clean: a client that busts
-caches with a new query string each time gets a scan each time, and nothing more is kept."""
+"""How many views (path and query) of one session are remembered clean, for how many sessions:
+a client that busts caches with a new query string each time gets a scan each time, and
+nothing more is kept."""
 _RETRY_SECONDS = (0.0, 0.25, 1.0, 2.0, 5.0)
 _RESTART_PAUSE_S = 1.0
 
@@ -145,7 +147,7 @@ class LivenessTracker:
         self._metrics = metrics or StreamMetrics.unregistered()
         self._line_limit = line_limit
         self._readings: Bounded[tuple[Api, str], KeptReading] = Bounded(KEPT_SESSIONS)
-        self._clean: Bounded[str, Bounded[str, None]] = Bounded(KEPT_SESSIONS)
+        self._clean: Bounded[str, Bounded[str, None]] = Bounded(CLEAN_SESSIONS)
         """Per session, the views (path and query) last seen without an open tool."""
         self._said: set[str] = set()
         self.state = StreamState.CONNECTING

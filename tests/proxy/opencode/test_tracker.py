@@ -7,6 +7,7 @@ import pytest
 
 from proxy.opencode.global_events import UnreadableEvent
 from proxy.opencode.tracker import (
+    CLEAN_SESSIONS,
     CLEAN_VIEWS,
     KEPT_SESSIONS,
     TRACKER,
@@ -174,6 +175,9 @@ async def test_cache_busting_queries_leave_a_bounded_number_of_clean_marks(
     assert tracker.known_clean(V2, f"{path}?_=2999")
     assert not tracker.known_clean(V2, f"{path}?_=0")
     assert len(tracker._clean[V2]) == CLEAN_VIEWS
+    for number in range(CLEAN_SESSIONS + 50):
+        tracker.mark_clean(f"ses_{number}", path)
+    assert len(tracker._clean) == CLEAN_SESSIONS
 
 
 async def test_readings_are_kept_for_a_bounded_number_of_sessions(proxy: ProxyClient) -> None:

@@ -291,3 +291,30 @@ async def test_the_server_that_opens_late_is_waited_for_and_said_so_once(
         finally:
             fake.drop_streams()
             await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("pieces", "lines"),
+    [
+        ([b"a\nbb\n", b"c\n"], [b"a\n", b"bb\n", b"c\n"]),
+        ([b"aa", b"aa\nb", b"b\n"], [b"aaaa\n", b"bb\n"]),
+        ([b"12345678\n"], [b"12345678\n"]),  # exactly the limit, its line end included
+        ([b"123456789\n", b"ok\n"], [None, b"ok\n"]),
+        ([b"1234", b"56789012", b"345\nok\n"], [None, b"ok\n"]),
+        ([b"whole\n", b"cut off"], [b"whole\n"]),
+    ],
+)
+async def test_event_lines_cut_at_line_ends_up_to_the_limit(
+    pieces: list[bytes], lines: list[bytes | None]
+) -> None:
+    content = aiohttp.StreamReader(mock.Mock(), 2**16, loop=asyncio.get_running_loop())
+
+    async def feed() -> None:
+        for piece in pieces:
+            content.feed_data(piece)
+            await asyncio.sleep(0)
+        content.feed_eof()
+
+    feeding = asyncio.create_task(feed())
+    assert [line async for line in event_lines(content, 9, silence=WAIT_S)] == lines
+    await feeding
