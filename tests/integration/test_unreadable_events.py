@@ -1,11 +1,11 @@
 """The real server's own stream carries events the proxy cannot read, and liveness goes on.
 
 A client (a plugin, the SDK) can PATCH any part, and opencode publishes the whole part on
-`/global/event`: one whose metadata is nested past 1,000 levels (a decoder's `RecursionError`)
-and one with a 5 MiB text (past aiohttp's 512 KiB line and the proxy's own 4 MiB limit). A
-model writing a tool input makes the same events. Before, either one ended the proxy's tracker
-silently while health still said `following`, so after the next crash the last `busy` it had
-kept was believed for ever and the orphan was never settled.
+`/global/event`, twice (plain and in its sync form): here one whose metadata is nested 3,000
+levels deep (the decoder's `RecursionError`) and one with a 5 MiB text (past aiohttp's 512 KiB
+line and the proxy's own 4 MiB limit). Before, either one ended the proxy's tracker silently
+while health still said `following`, so after the next crash the `busy` it had kept was
+believed for ever: the orphan was never settled, in views or by live settle.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pytest
 
 from proxy.opencode.ids import ascending_id
 
+from .event_tap import EventTap
 from .http_client import get_json, request
 from .opencode_server import OpencodeServer
 from .polling import poll
@@ -53,6 +54,14 @@ def _unreadable(proxy: ProxyProcess) -> dict[str, float]:
     return {reason: float(count) for reason, count in found}
 
 
+def _settles(event: Any, part_id: str) -> bool:
+    payload = event.get("payload") if isinstance(event, dict) else None
+    if not isinstance(payload, dict) or payload.get("type") != "message.part.updated":
+        return False
+    part = payload["properties"]["part"]
+    return bool(part["id"] == part_id and part["state"]["status"] == "error")
+
+
 def _settled(proxy: ProxyProcess, turn: Turn) -> Any:
     reply = request("GET", f"{proxy.url}{turn.messages_path}")
     return reply if int(reply.headers.get("x-settle-settled", "0")) >= 1 else None
@@ -72,7 +81,7 @@ def test_unreadable_events_on_the_real_stream_leave_the_orphan_settled_after_a_c
             timeout=30,
         )
         orphan = start_v1_turn(opencode.url, opencode.project, "the orphan to settle")
-        wait_tool_running(opencode.url, orphan)
+        orphan_part = wait_tool_running(opencode.url, orphan).tool["id"]
         other = start_v1_turn(opencode.url, opencode.project, "the session the odd parts go to")
         wait_tool_running(opencode.url, other)
         user_message = read_messages(opencode.url, other)[0]["info"]["id"]
@@ -96,5 +105,10 @@ def test_unreadable_events_on_the_real_stream_leave_the_orphan_settled_after_a_c
         part = next(p for m in reply.json() for p in m["parts"] if p.get("type") == "tool")
         assert part["state"]["status"] == "error"
         assert part["state"]["metadata"]["interrupted"] is True
+        with EventTap(f"{proxy.url}/global/event") as client:  # live settle tells clients, too
+            told = client.wait_for(
+                lambda event: _settles(event, orphan_part), what="live settle telling a client", timeout=30
+            )
+        assert told["payload"]["properties"]["part"]["state"]["metadata"]["interrupted"] is True
     finally:
         proxy.stop()
