@@ -94,7 +94,7 @@ async def test_close_cancels_an_unconfirmed_write(probe: LivenessProbe) -> None:
 
 
 class Held(Recording):
-    """A recording writer whose first write waits, after its reading, until `release` is set."""
+    """A recording writer whose first write waits until `release` is set: a pass held in its write."""
 
     def __init__(self) -> None:
         super().__init__()
