@@ -5,6 +5,11 @@ dies its commands live on. Made a child subreaper (Linux `PR_SET_CHILD_SUBREAPER
 becomes their parent instead of PID 1: it can see them, reap them and end them. The server it
 starts is told to die with it (`PR_SET_PDEATHSIG`), so even a SIGKILL of the proxy leaves no
 server running unsupervised. Elsewhere (macOS) neither exists: the functions say so and do nothing.
+
+Adopted processes and the proxy's own children look the same (both have the proxy as parent),
+and reaping one the proxy waits on itself takes its exit status from the waiter: asyncio then
+reports 255, and under uvloop the wait never returns. So every child the proxy waits on is
+started within `own_child()`, and no reap here ever touches it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 
 from proxy.system.procfs import pids, stat
 
@@ -41,19 +48,77 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def adopted(*, besides: int | None = None) -> list[int]:
-    """The proxy's children other than `besides` (its server): processes the server left behind."""
+class _OwnChildren:
+    """The children this process waits on itself, each by pid and start time (a pid the kernel
+    hands out again is no longer one of them); while one is being started it has no pid yet, so
+    no reap runs at all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started: dict[int, int] = {}
+        self._starting = 0
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[Callable[[int], None]]:
+        with self._lock:
+            self._starting += 1
+        try:
+            yield self._keep
+        finally:
+            with self._lock:
+                self._starting -= 1
+
+    def _keep(self, pid: int) -> None:
+        found = stat(pid)
+        with self._lock:
+            self._started = {
+                pid: started for pid, started in self._started.items() if self._same(pid, started)
+            }
+            if found is not None:
+                self._started[pid] = found.started
+
+    def reap(self, pids: list[int]) -> None:
+        with self._lock:
+            if self._starting:
+                return  # what is left now is reaped by the next reap
+            for pid in pids:
+                if not self.owns(pid):
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
+
+    def owns(self, pid: int) -> bool:
+        started = self._started.get(pid)
+        return started is not None and self._same(pid, started)
+
+    @staticmethod
+    def _same(pid: int, started: int) -> bool:
+        found = stat(pid)
+        return found is not None and found.started == started
+
+
+_own_children = _OwnChildren()
+
+
+def own_child() -> contextlib.AbstractContextManager[Callable[[int], None]]:
+    """Around starting a child this process waits on itself: call what it gives with the child's
+    pid once started; from then on no reap takes the child's exit status."""
+    return _own_children.starting()
+
+
+def adopted() -> list[int]:
+    """The proxy's children other than its own (its server): processes the server left behind."""
     own = os.getpid()
     return [
-        pid for pid in pids() if pid != besides and (found := stat(pid)) is not None and found.parent == own
+        pid
+        for pid in pids()
+        if (found := stat(pid)) is not None and found.parent == own and not _own_children.owns(pid)
     ]
 
 
 def reap(pids: list[int]) -> None:
-    """Collect the exit status of adopted processes that have ended, so no zombie stays."""
-    for pid in pids:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
+    """Collect the exit status of adopted processes that have ended, so no zombie stays; a child
+    of the proxy's own (or one being started) is left to whoever waits on it."""
+    _own_children.reap(pids)
 
 
 def end_groups(pids: list[int], grace: float) -> None:
