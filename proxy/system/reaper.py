@@ -48,52 +48,61 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+_BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def _ticks_since_boot() -> int:
+    """Now, in the unit of /proc's start times (clock ticks since boot); 0 where unknown."""
+    if _BOOT_CLOCK is None:
+        return 0
+    return time.clock_gettime_ns(_BOOT_CLOCK) * os.sysconf("SC_CLK_TCK") // 1_000_000_000
+
+
+def _start_of(pid: int) -> int | None:
+    found = stat(pid)
+    return found.started if found is not None else None
+
+
 class _OwnChildren:
     """The children this process waits on itself, each by pid and start time (a pid the kernel
-    hands out again is no longer one of them); while one is being started it has no pid yet, so
-    no reap runs at all."""
+    hands out again is no longer one of them). A child being started has no pid yet: until it is
+    kept, every child started since its start began is taken for it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._started: dict[int, int] = {}
-        self._starting = 0
+        self._kept: dict[int, int] = {}
+        self._starting: list[int] = []
 
     @contextlib.contextmanager
     def starting(self) -> Iterator[Callable[[int], None]]:
+        since = _ticks_since_boot()
         with self._lock:
-            self._starting += 1
+            self._starting.append(since)
         try:
             yield self._keep
         finally:
             with self._lock:
-                self._starting -= 1
+                self._starting.remove(since)
 
     def _keep(self, pid: int) -> None:
-        found = stat(pid)
+        started = _start_of(pid)
         with self._lock:
-            self._started = {
-                pid: started for pid, started in self._started.items() if self._same(pid, started)
-            }
-            if found is not None:
-                self._started[pid] = found.started
+            self._kept = {known: at for known, at in self._kept.items() if _start_of(known) == at}
+            if started is not None:
+                self._kept[pid] = started
 
     def reap(self, pids: list[int]) -> None:
         with self._lock:
-            if self._starting:
-                return  # what is left now is reaped by the next reap
             for pid in pids:
                 if not self.owns(pid):
                     with contextlib.suppress(ChildProcessError):
                         os.waitpid(pid, os.WNOHANG)
 
     def owns(self, pid: int) -> bool:
-        started = self._started.get(pid)
-        return started is not None and self._same(pid, started)
-
-    @staticmethod
-    def _same(pid: int, started: int) -> bool:
-        found = stat(pid)
-        return found is not None and found.started == started
+        started = _start_of(pid)
+        if started is None:
+            return False
+        return self._kept.get(pid) == started or any(started >= since for since in self._starting)
 
 
 _own_children = _OwnChildren()

@@ -56,13 +56,14 @@ def test_a_child_the_proxy_waits_on_itself_is_neither_adopted_nor_reaped() -> No
     assert child.wait() == 7  # its status is still there for its waiter
 
 
-def test_nothing_is_reaped_while_a_child_is_being_started() -> None:
+def test_a_child_started_while_one_is_being_started_is_taken_for_it() -> None:
     orphan = a_zombie(subprocess.Popen([sys.executable, "-c", "pass"]))
+    time.sleep(0.03)  # a few clock ticks: start times are counted in them
     with own_child():
-        reap([orphan.pid])
-        found = stat(orphan.pid)
-        assert found is not None
-        assert found.state == "Z"
-    reap([orphan.pid])
-    assert stat(orphan.pid) is None
+        starting = a_zombie(subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"]))
+        assert orphan.pid in adopted()
+        assert starting.pid not in adopted()
+        reap([orphan.pid, starting.pid])
+        assert stat(orphan.pid) is None
+        assert starting.wait() == 3
     orphan.wait()  # already reaped: Popen only learns it
