@@ -1,19 +1,114 @@
-"""What both command lines share: one-line errors, typed values, and the upstream URL's checks."""
+"""What every command line shares: one-line errors, a variable for every flag, typed values, and
+the upstream URL's checks."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import NoReturn
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
 
 from yarl import URL
 
+_SWITCH = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
+_NOT_SETTINGS = (argparse._HelpAction, argparse._VersionAction)
+
 
 class OneLineParser(argparse.ArgumentParser):
-    """A bad flag gets one clear line on stderr, not the whole usage block."""
+    """A bad flag gets one clear line on stderr, not the whole usage block; and every flag can be
+    set by an environment variable, which its help names: `SETTLE_DRY_RUN` for `--dry-run`, unless
+    `add_argument(..., variable=...)` names another. A switch is turned on by 1, true, yes or on.
+
+    The variables are applied where the parser parses (or shows its help), to every flag however
+    it was added, argument groups included: a new flag cannot be without one. A bad value gets one
+    line naming the variable; `secret=True` keeps the value out of both --help and that line.
+    """
+
+    def __init__(self, *args: Any, environ: Mapping[str, str] = os.environ, **kwargs: Any) -> None:
+        self._environ = environ
+        self._declared: dict[str, tuple[str | None, bool, bool]] = {}
+        self._applied: set[int] = set()
+        super().__init__(*args, **kwargs)  # adds --help, through `add_argument`
+
+    def add_argument(
+        self,
+        *name_or_flags: str,
+        variable: str | None = None,
+        shown: bool = True,
+        secret: bool = False,
+        **kwargs: Any,
+    ) -> argparse.Action:
+        """As argparse's, and: `variable` names the flag's variable, `shown=False` keeps its default
+        out of --help (where it says nothing useful), `secret=True` its value out of everything."""
+        action = super().add_argument(*name_or_flags, **kwargs)
+        self._declared[action.dest] = (variable, shown and not secret, secret)
+        return action
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._apply_environment()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._apply_environment()
+        return super().format_help()
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def _apply_environment(self) -> None:
+        for action in self._actions:
+            if id(action) in self._applied or not action.option_strings or isinstance(action, _NOT_SETTINGS):
+                continue
+            self._applied.add(id(action))
+            named, shown, secret = self._declared.get(action.dest, (None, True, False))
+            variable = named or variable_of(action)
+            _describe(action, variable, shown=shown and action.default is not None)
+            text = self._environ.get(variable)
+            if text is not None:
+                action.default = self._value(action, variable, text, secret=secret)
+
+    def _value(self, action: argparse.Action, variable: str, text: str, *, secret: bool) -> Any:
+        """What `text`, the value of `variable`, sets `action` to; one line and exit 2 if it cannot."""
+        if action.nargs == 0:  # a switch
+            if text.strip().lower() not in _SWITCH:
+                self.error(f"{variable}: 1, true, yes or on, or 0, false, no or off, got {text!r}")
+            return action.const if _SWITCH[text.strip().lower()] else action.default
+        shown = "the value is not shown" if secret else f"got {text!r}"
+        try:
+            value = action.type(text) if callable(action.type) else text
+        except argparse.ArgumentTypeError as error:
+            self.error(f"{variable}: {error}")
+        except (TypeError, ValueError):
+            self.error(f"{variable}: not a valid value, {shown}")
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(repr(choice) for choice in action.choices)
+            self.error(f"{variable}: invalid choice {text!r} (choose from {choices})")
+        return value
+
+
+def variable_of(action: argparse.Action) -> str:
+    """`SETTLE_DRY_RUN` for `--dry-run`: a flag's variable unless it names another."""
+    flag = max(action.option_strings, key=len)
+    return "SETTLE_" + flag.lstrip("-").upper().replace("-", "_")
+
+
+def _describe(action: argparse.Action, variable: str, *, shown: bool) -> None:
+    """End the flag's help with its variable (and its default), unless the help names it already."""
+    if action.help == argparse.SUPPRESS or variable in (action.help or ""):
+        return
+    suffix = f"[{variable}, default %(default)s]" if shown and action.nargs != 0 else f"[{variable}]"
+    action.help = f"{action.help} {suffix}" if action.help else suffix
 
 
 def typed(parse: Callable[[str], object], what: str, *, secret: bool = False) -> Callable[[str], object]:

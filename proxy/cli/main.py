@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
@@ -22,6 +23,14 @@ from proxy.service.config import Settings
 from proxy.supervision.supervisor import SUPERVISOR, Supervisor, supervised
 
 log = logging.getLogger("proxy")
+
+PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
+    "": build_parser,
+    "run": run_command.build_run_parser,
+    "settle": offline.build_parser,
+    "orphans": orphans_command.build_parser,
+}
+"""The parser of each command, by the word that selects it (none for the proxy itself)."""
 
 
 async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int:

@@ -79,6 +79,7 @@ def build_parser(environ: Environ = os.environ) -> argparse.ArgumentParser:
         description=__doc__,
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        environ=environ,
     )
     add_database_option(parser, "opencode's database", environ)
     parser.add_argument("--dry-run", action="store_true", help="print what would be settled; write nothing")

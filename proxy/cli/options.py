@@ -1,17 +1,17 @@
 """The proxy's command-line options, shared by `settle-proxy` and `settle-proxy run`, and what
 the other commands share with them.
 
-This is the one module that reads the environment: the flags' defaults (`SETTLE_*`), opencode's
-own credentials (`OPENCODE_SERVER_PASSWORD` / `OPENCODE_SERVER_USERNAME`) and the default
-locations (`XDG_*`); every other module is handed values. Each reader takes the environment as a
-mapping, `os.environ` unless a caller (a test) hands it another.
+With the parsers (`proxy.cli.arguments`, which apply every flag's `SETTLE_*` variable), this is
+the one module that reads the environment: opencode's own credentials (`OPENCODE_SERVER_PASSWORD`
+/ `OPENCODE_SERVER_USERNAME`) and the default locations (`XDG_*`); every other module is handed
+values. Each reader takes the environment as a mapping, `os.environ` unless a caller (a test)
+hands it another.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,8 @@ message views (v1 /session/{id}/message..., v2 /api/session/{id}/message...) a t
 still "running" in a session the server says is not active -- left behind by a crashed
 server -- is shown settled, in the shape opencode writes for an interrupted tool.
 
-Every flag can also be set by the environment variable named in its help. For its own
+Every flag can also be set by the environment variable named in its help (a switch by 1,
+true, yes or on). For its own
 liveness look-ups the proxy uses the client's credentials; when a client sends none it uses
 OPENCODE_SERVER_PASSWORD (user OPENCODE_SERVER_USERNAME, default "opencode"). It never
 answers a client with data the upstream refused that client.
@@ -69,12 +70,7 @@ def state_path(environ: Environ = os.environ) -> Path:
 
 def add_database_option(parser: argparse.ArgumentParser, help: str, environ: Environ = os.environ) -> None:
     """`--db`, opencode's database: the proxy's for `--write-back db`, the offline command's to settle."""
-    parser.add_argument(
-        "--db",
-        type=Path,
-        default=environ.get("SETTLE_DB", str(opencode_database_path(environ))),
-        help=f"{help} [SETTLE_DB, default %(default)s]",
-    )
+    parser.add_argument("--db", type=Path, default=str(opencode_database_path(environ)), help=help)
 
 
 def _port(text: str) -> int:
@@ -85,21 +81,17 @@ def _port(text: str) -> int:
 
 
 class _Flags:
-    """Adds flags whose default comes from an environment variable, which their help names."""
+    """Adds the proxy's flags, each set by `variable` as well (the parser applies it)."""
 
-    def __init__(self, parser: argparse.ArgumentParser, environ: Environ) -> None:
+    def __init__(self, parser: OneLineParser) -> None:
         self._parser = parser
-        self._environ = environ
 
     def add(
         self, flag: str, variable: str, default: str, help: str, *, shown: bool = True, **kwargs: Any
     ) -> None:
         """`flag`, defaulting to `$variable` or else `default`; `shown=False` keeps the default out of
         --help (where it says nothing useful)."""
-        suffix = f"[{variable}, default %(default)s]" if shown else f"[{variable}]"
-        self._parser.add_argument(
-            flag, default=self._environ.get(variable, default), help=f"{help} {suffix}", **kwargs
-        )
+        self._parser.add_argument(flag, variable=variable, shown=shown, default=default, help=help, **kwargs)
 
     def seconds(self, flag: str, variable: str, default: str, help: str, *, shown: bool = True) -> None:
         self.add(flag, variable, default, help, shown=shown, type=typed(float, "a number of seconds"))
@@ -110,10 +102,13 @@ def build_parser(
 ) -> argparse.ArgumentParser:
     """The command-line interface; defaults come from `environ`."""
     parser = OneLineParser(
-        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        environ=environ,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    flags = _Flags(parser, environ)
+    flags = _Flags(parser)
     _connection_flags(flags)
     _settling_flags(flags)
     add_database_option(parser, "opencode's database, for --write-back db", environ)
@@ -122,14 +117,14 @@ def build_parser(
         metavar="USER:PASSWORD",
         type=typed(parse_credentials, "USER:PASSWORD", secret=True),
         default=None,
+        secret=True,
         help="require this HTTP Basic login (or ?auth_token=) on every route of the proxy; what the client "
-        "sends is forwarded as is, so use the server's own credentials to log in once for both [SETTLE_AUTH]",
+        "sends is forwarded as is, so use the server's own credentials to log in once for both",
     )
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        default=environ.get("SETTLE_DRY_RUN", "") not in ("", "0", "false"),
-        help="log and count what would be settled, but change no response and write nothing [SETTLE_DRY_RUN]",
+        help="log and count what would be settled, but change no response and write nothing",
     )
     flags.add(
         "--log-format",
@@ -203,8 +198,8 @@ def _settling_flags(flags: _Flags) -> None:
 
 
 def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Settings:
-    """Settings from parsed flags and, from `environ`, opencode's credentials, the proxy's own
-    login (SETTLE_AUTH) and where tool processes are recorded."""
+    """Settings from parsed flags and, from `environ`, opencode's credentials and where tool
+    processes are recorded."""
     return Settings(
         upstream=args.upstream,
         host=args.host,
@@ -219,16 +214,5 @@ def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Se
         dry_run=args.dry_run,
         lock_dir=default_lock_dir(environ),
         state_db=state_path(environ),
-        auth=args.auth or _auth_from(environ),
+        auth=args.auth,
     )
-
-
-def _auth_from(environ: Environ) -> tuple[str, str] | None:
-    """SETTLE_AUTH is read here, not as a flag default, so that --help never prints it."""
-    text = environ.get("SETTLE_AUTH")
-    if not text:
-        return None
-    try:
-        return parse_credentials(text)
-    except ValueError:
-        sys.exit("settle-proxy: error: SETTLE_AUTH: expected USER:PASSWORD")

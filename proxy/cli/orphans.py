@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from enum import IntEnum
@@ -21,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from proxy.cli.arguments import OneLineParser
-from proxy.cli.options import state_path
+from proxy.cli.options import Environ, state_path
 from proxy.supervision.process_records import ProcessRecords, Recorded
 from proxy.system.reaper import end_groups
 
@@ -34,15 +35,18 @@ class Exit(IntEnum):
     """Orphaned processes were found (and, with --terminate, the running calls' ones ended)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(environ: Environ = os.environ) -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="settle-proxy orphans", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="settle-proxy orphans",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        environ=environ,
     )
     parser.add_argument(
         "--state",
         type=Path,
-        default=state_path(),
-        help="the state database settle-proxy run keeps (default %(default)s)",
+        default=str(state_path(environ)),
+        help="the state database settle-proxy run keeps",
     )
     parser.add_argument(
         "--terminate",

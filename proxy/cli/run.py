@@ -8,12 +8,13 @@ there and the server is moved to a free loopback port; without them, the proxy's
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 
 from yarl import URL
 
-from proxy.cli.options import DESCRIPTION, build_parser, settings_from
+from proxy.cli.options import DESCRIPTION, Environ, build_parser, settings_from
 from proxy.service.config import Settings
 from proxy.supervision.server_command import LOOPBACK, ServerCommand, free_loopback_port
 from proxy.supervision.supervisor import Orphans, Restart, Supervisor
@@ -21,12 +22,13 @@ from proxy.supervision.supervisor import Orphans, Restart, Supervisor
 USAGE = "settle-proxy run [options] -- opencode serve [server options]"
 
 
-def build_run_parser() -> argparse.ArgumentParser:
+def build_run_parser(environ: Environ = os.environ) -> argparse.ArgumentParser:
     parser = build_parser(
         "settle-proxy run",
         "Start the server command given after `--` and proxy it: the proxy listens where the "
         "command asked to (its --port/--hostname), restarts it after a crash, and never lets it "
         "outlive the proxy.\n\n" + DESCRIPTION,
+        environ,
     )
     parser.usage = USAGE
     parser.add_argument(

@@ -9,7 +9,9 @@ cannot be running in any of them.
 
 A survey finds the upstream's process (the one listening on the upstream's loopback port),
 the `opencode*.db` it holds open, and every other process holding that file, with their
-start times. One pass over `/proc` does it all. Linux only; where it cannot be known (no
+start times. One pass over `/proc` does it all. The database is told by device and inode: a
+second server may reach the same file by another path (a hard link, a bind mount, another mount
+namespace), and it is the same database. Linux only; where it cannot be known (no
 `/proc`, an upstream on another host or in another network namespace, processes of other
 users) the survey says why, and the caller says so once and settles as before.
 
@@ -33,7 +35,15 @@ from typing import Any
 from aiohttp import web
 from yarl import URL
 
-from proxy.system.open_files import OpenFiles, boot_time_ms, listening_sockets, open_files, started_at_ms
+from proxy.system.open_files import (
+    File,
+    FileId,
+    OpenFiles,
+    boot_time_ms,
+    listening_sockets,
+    open_files,
+    started_at_ms,
+)
 from proxy.system.procfs import PROC, command_line, program_name
 
 log = logging.getLogger(__name__)
@@ -63,6 +73,8 @@ class OtherProcess:
     started_at: int
     """Epoch ms, erring early by `START_MARGIN_MS`."""
     command: str
+    database: str
+    """The path it holds the database by, as its own mount namespace names it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,15 +164,16 @@ def survey(
     own = os.getpid() if own_pid is None else own_pid
     others = []
     for pid, process in sorted(seen.items()):
-        if pid == own or pid in upstream_pids or process.marked or not process.databases & found:
+        shared = sorted(process.databases[file] for file in process.databases.keys() & found.keys())
+        if pid == own or pid in upstream_pids or process.marked or not shared:
             continue
         started = started_at_ms(proc, pid, boot_ms)
         if started is not None:
-            others.append(OtherProcess(pid, started - START_MARGIN_MS, command_line(pid, proc)))
+            others.append(OtherProcess(pid, started - START_MARGIN_MS, command_line(pid, proc), shared[0]))
     return Survey(
         scanned_at,
         upstream_pids=upstream_pids,
-        databases=tuple(sorted(found)),
+        databases=tuple(sorted(set(found.values()))),
         listeners=tuple(sorted(listening)),
         others=tuple(others),
         not_inspected=not_inspected,
@@ -173,18 +186,19 @@ def _databases(
     seen: dict[int, OpenFiles],
     upstream_pids: tuple[int, ...],
     not_inspected: int,
-) -> set[str] | str:
-    """The database files the survey is about: `database`, else the opencode databases the
-    upstream's process holds open; or why they cannot be known."""
+) -> dict[File, str] | str:
+    """The database files the survey is about, each with its path: `database`, else the opencode
+    databases the upstream's process holds open; or why they cannot be known."""
     if database is not None:
-        return {str(database.resolve())}
+        path = str(database.resolve())
+        return {FileId.of(path) or path: path}
     if not upstream_pids:
         why = "(another user's?)" if not_inspected else "(another container?)"
         return f"the process listening on {upstream.origin()} is not among those readable here {why}"
     databases = {
-        path
+        file: path
         for pid in upstream_pids
-        for path in seen[pid].databases
+        for file, path in seen[pid].databases.items()
         if os.path.basename(path).startswith("opencode")
     }
     if not databases:
@@ -259,10 +273,12 @@ class OtherProcesses:
         for other in found.others:
             if other.pid not in before:
                 log.info(
-                    "pid %d also holds %s: what was alive after its start is never settled (%s)",
+                    "pid %d also holds %s (as %s): what was alive after its start is never settled (%s)",
                     other.pid,
                     ", ".join(found.databases),
+                    other.database,
                     other.command[:80],
+                    extra={"fields": {"pid": other.pid, "database": other.database}},
                 )
 
     def _once(self, topic: str, message: str) -> None:

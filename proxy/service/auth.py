@@ -1,4 +1,6 @@
-"""`--auth`: the proxy's own HTTP Basic auth in front of everything it serves.
+"""Who may reach what: `--auth`, the proxy's own HTTP Basic auth in front of everything it
+serves, and `DetailsGuard`, which keeps the proxy's own routes (`/_settle/*`) behind the
+upstream's password.
 
 For an upstream without a password, or to guard the proxy's own routes. A request must
 carry the configured credentials (header, or opencode's `?auth_token=base64(user:pass)`
@@ -20,6 +22,9 @@ from proxy.opencode.client import AUTH_TOKEN_PARAM
 from proxy.service.config import basic_authorization
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+UpstreamCheck = Callable[[web.Request], Awaitable[int | None]]
+"""The status the upstream answers the proxy's look-up without credentials with; None when it
+cannot be reached."""
 REALM = 'Basic realm="settle-proxy"'
 
 
@@ -40,6 +45,65 @@ def require_basic_auth(username: str, password: str) -> Middleware:
     return guard
 
 
+class DetailsGuard:
+    """Keeps what the proxy knows about itself and the server (health, metrics, orphans) from
+    anyone the server itself would refuse.
+
+    With the upstream's credentials configured (`OPENCODE_SERVER_PASSWORD`), a request must
+    present them, as Basic or as `?auth_token=`; they are checked here, in constant time, and
+    never sent upstream. Without them the proxy cannot check anything: it shows its details
+    only while the upstream answers a request without credentials (asked on every request,
+    the last answer standing in while the upstream cannot be reached, nothing shown before
+    its first answer). Behind `--auth` the proxy's own login, checked on every route, suffices.
+    """
+
+    def __init__(self, authorization: str | None, check: UpstreamCheck, *, behind_own_auth: bool) -> None:
+        self._expected = authorization.encode() if authorization else None
+        self._check = check
+        self._behind_own_auth = behind_own_auth
+        self._upstream_is_open: bool | None = None
+        """Whether the upstream's last answer to a request without credentials let it through."""
+
+    def guard(self, handler: Handler) -> Handler:
+        """`handler`, answered only for whom the guard admits."""
+
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            return await self._refusal(request) or await handler(request)
+
+        return guarded
+
+    async def _refusal(self, request: web.Request) -> web.Response | None:
+        if self._behind_own_auth:
+            return None
+        if self._expected is not None:
+            if _presented_matches(request, self._expected):
+                return None
+            return _refuse(
+                401, "unauthorized", "the upstream requires credentials: present them, as to opencode"
+            )
+        if (status := await self._check(request)) is not None:
+            self._upstream_is_open = status != web.HTTPUnauthorized.status_code
+        if self._upstream_is_open:
+            return None
+        if self._upstream_is_open is None:
+            return _refuse(
+                503,
+                "unknown",
+                "the upstream has not answered yet: whether it requires credentials is unknown",
+            )
+        return _refuse(
+            403,
+            "forbidden",
+            "the upstream requires credentials and the proxy has none to check them against: "
+            "give it OPENCODE_SERVER_PASSWORD (and OPENCODE_SERVER_USERNAME), or --auth",
+        )
+
+
+def _refuse(status: int, error: str, message: str) -> web.Response:
+    headers = {hdrs.WWW_AUTHENTICATE: REALM} if status == web.HTTPUnauthorized.status_code else {}
+    return web.json_response({"error": error, "message": message}, status=status, headers=headers)
+
+
 def _presented_matches(request: web.Request, expected: bytes) -> bool:
     presented = request.headers.get(hdrs.AUTHORIZATION, "")
     if not presented and (token := request.query.get(AUTH_TOKEN_PARAM)):
@@ -56,4 +120,4 @@ def parse_credentials(text: str) -> tuple[str, str]:
     return username, password
 
 
-__all__ = ["REALM", "parse_credentials", "require_basic_auth"]
+__all__ = ["REALM", "DetailsGuard", "UpstreamCheck", "parse_credentials", "require_basic_auth"]

@@ -1,6 +1,11 @@
-"""The proxy's own routes under `/_settle/`: they are answered here and never reach upstream."""
+"""The proxy's own routes under `/_settle/`: they are answered here and never reach upstream.
+
+`up` answers anyone; the others only whom `DetailsGuard` admits (with a password on the
+upstream: who presents it)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import aiohttp
 from aiohttp import hdrs, web
@@ -9,12 +14,14 @@ from proxy import __version__
 from proxy.opencode.other_processes import OTHER_PROCESSES
 from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamState
 from proxy.relay.upstream import UPSTREAM
+from proxy.service.auth import DetailsGuard
 from proxy.service.config import SETTINGS
 from proxy.service.metrics import CONTENT_TYPE_LATEST, METRICS
 from proxy.supervision.supervisor import SUPERVISOR
 from proxy.supervision.tool_processes import TOOL_PROCESSES
 
 PREFIX = "/_settle"
+_UPSTREAM_ANSWER = web.RequestKey("settle_upstream_answer", dict[str, object])
 
 
 async def health(request: web.Request) -> web.Response:
@@ -22,20 +29,11 @@ async def health(request: web.Request) -> web.Response:
     other processes share the upstream's database (`other_processes`: who, or why unknown).
 
     503 while the upstream is unreachable, so a supervisor can tell; the proxy itself keeps
-    serving (and answering 502 on forwarded routes) until it is back.
+    serving (and answering 502 on forwarded routes) until it is back. Under `run`, the server's
+    state, with its program's name only: the rest of a command line may hold a secret.
     """
     settings = request.app[SETTINGS]
-    upstream: dict[str, object] = {"url": str(settings.upstream_origin)}
-    headers = {hdrs.AUTHORIZATION: settings.authorization} if settings.authorization else {}
-    try:
-        async with request.app[UPSTREAM].get(
-            settings.upstream_origin.with_path("/global/health"),
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=settings.connect_timeout),
-        ) as answer:
-            upstream |= {"reachable": True, "status": answer.status}
-    except (aiohttp.ClientError, TimeoutError) as error:
-        upstream |= {"reachable": False, "error": str(error) or type(error).__name__}
+    upstream = {"url": str(settings.upstream_origin)} | await _upstream_answer(request)
     body = {
         "status": "ok" if upstream["reachable"] else "upstream unreachable",
         "version": __version__,
@@ -46,8 +44,46 @@ async def health(request: web.Request) -> web.Response:
         "dry_run": settings.dry_run,
     }
     if (supervisor := request.app.get(SUPERVISOR)) is not None:
-        body["server"] = supervisor.health()
+        server = supervisor.health()
+        command = server.pop("command", None)
+        if isinstance(command, list) and command:
+            server["program"] = Path(str(command[0])).name
+        body["server"] = server
     return web.json_response(body, status=200 if upstream["reachable"] else 503)
+
+
+async def up(request: web.Request) -> web.Response:
+    """Up or down, and nothing else: open to anyone who reaches the port (health checkers that
+    hold no password); 503 while the upstream cannot be reached."""
+    reachable = (await _upstream_answer(request))["reachable"]
+    return web.json_response({"status": "up" if reachable else "down"}, status=200 if reachable else 503)
+
+
+async def _upstream_answer(request: web.Request) -> dict[str, object]:
+    """How the upstream's `/global/health` answers the proxy (with its configured credentials,
+    if any), asked once per request."""
+    if _UPSTREAM_ANSWER in request:
+        return request[_UPSTREAM_ANSWER]
+    settings = request.app[SETTINGS]
+    headers = {hdrs.AUTHORIZATION: settings.authorization} if settings.authorization else {}
+    answer: dict[str, object]
+    try:
+        async with request.app[UPSTREAM].get(
+            settings.upstream_origin.with_path("/global/health"),
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=settings.connect_timeout),
+        ) as response:
+            answer = {"reachable": True, "status": response.status}
+    except (aiohttp.ClientError, TimeoutError) as error:
+        answer = {"reachable": False, "error": str(error) or type(error).__name__}
+    request[_UPSTREAM_ANSWER] = answer
+    return answer
+
+
+async def _status_without_credentials(request: web.Request) -> int | None:
+    """The guard's check; asked only when the proxy has no credentials, so its own look-up has none."""
+    status = (await _upstream_answer(request)).get("status")
+    return status if isinstance(status, int) else None
 
 
 def _liveness_source(tracker: LivenessTracker) -> dict[str, object]:
@@ -87,8 +123,14 @@ async def not_found(_: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    """Register the routes; they must come before the catch-all forwarder."""
-    app.router.add_get(f"{PREFIX}/health", health)
-    app.router.add_get(f"{PREFIX}/metrics", metrics)
-    app.router.add_get(f"{PREFIX}/orphans", orphans)
-    app.router.add_route("*", PREFIX + "/{tail:.*}", not_found)
+    """Register the routes; they must come before the catch-all forwarder. Every one but the
+    probe (`up`) is behind the `DetailsGuard`."""
+    settings = app[SETTINGS]
+    guard = DetailsGuard(
+        settings.authorization, _status_without_credentials, behind_own_auth=settings.auth is not None
+    ).guard
+    app.router.add_get(f"{PREFIX}/up", up)
+    app.router.add_get(f"{PREFIX}/health", guard(health))
+    app.router.add_get(f"{PREFIX}/metrics", guard(metrics))
+    app.router.add_get(f"{PREFIX}/orphans", guard(orphans))
+    app.router.add_route("*", PREFIX + "/{tail:.*}", guard(not_found))

@@ -25,7 +25,7 @@ from aiohttp import web
 from proxy.supervision.process_records import ProcessRecords
 from proxy.supervision.server_command import ServerCommand
 from proxy.supervision.tool_processes import Orphan, ToolProcesses, described
-from proxy.system.reaper import adopted, become_subreaper, end_groups, reap
+from proxy.system.reaper import adopted, become_subreaper, end_groups, own_child, reap
 
 log = logging.getLogger(__name__)
 
@@ -197,14 +197,16 @@ class Supervisor:
     async def _run_once(self) -> int:
         self._set(ChildState.STARTING, f"starting {' '.join(self._command)}")
         # Output goes where the proxy's goes: the user sees the server as if started directly.
-        self._process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "proxy.system.die_with_parent",
-            str(os.getpid()),
-            *self._command,
-            stdin=subprocess.DEVNULL,
-        )
+        with own_child() as keep:
+            self._process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "proxy.system.die_with_parent",
+                str(os.getpid()),
+                *self._command,
+                stdin=subprocess.DEVNULL,
+            )
+            keep(self._process.pid)
         self._set(ChildState.RUNNING, f"server running, pid {self._process.pid}")
         return await self._process.wait()
 
@@ -224,9 +226,8 @@ class Supervisor:
         """The processes dead servers left that still run, with the calls that started them."""
         if not self.subreaper:
             return []
-        left = adopted(besides=self.pid)
-        reap(left)
-        return self.tool_processes.orphans(adopted(besides=self.pid))
+        reap(adopted())
+        return self.tool_processes.orphans(adopted())
 
     def _account_for_orphans(self) -> None:
         """One log line per process the dead server left running; with `--orphans terminate`, the

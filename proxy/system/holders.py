@@ -2,7 +2,9 @@
 
 A running opencode keeps `opencode.db` (and its `-wal`/`-shm` companions) open for as long as
 it runs, so an open descriptor is direct evidence, unlike a guess from ports or pid files.
-Linux only (`/proc`); elsewhere nothing can be seen and the caller must be told so.
+Linux only (`/proc`); elsewhere nothing can be seen and the caller must be told so. Files are
+told by device and inode, so a process that reached the database by another path (a hard link,
+a bind mount, another mount namespace) holds it all the same.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.system.open_files import fd_links
+from proxy.system.open_files import File, FileId, fd_links
 from proxy.system.procfs import PROC, command_line
 
 _COMPANIONS = ("", "-wal", "-shm", "-journal")
@@ -32,11 +34,23 @@ def can_see_holders() -> bool:
 
 def holders(database: Path) -> list[Holder]:
     """Other processes that have `database` or one of its companion files open."""
-    targets = {str(database.resolve()) + suffix for suffix in _COMPANIONS}
+    targets = _files(database)
     found = []
     for entry in PROC.iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        if any(link in targets for link in fd_links(entry / "fd") or ()):
+        descriptors = fd_links(entry / "fd", identify=_is_file) or ()
+        if any(descriptor.identity in targets for descriptor in descriptors):
             found.append(Holder(int(entry.name), command_line(int(entry.name))))
     return found
+
+
+def _files(database: Path) -> set[File]:
+    """The database and its companions, each by identity where it exists, and by path."""
+    paths = [str(database.resolve()) + suffix for suffix in _COMPANIONS]
+    return {*paths, *(file for path in paths if (file := FileId.of(path)) is not None)}
+
+
+def _is_file(link: str) -> bool:
+    """A descriptor that may be a file on disk (not a socket, pipe or anonymous inode)."""
+    return link.startswith("/")

@@ -4,19 +4,58 @@
 Every reader takes the `/proc` root (a test's fake tree, else /proc). A process whose fd table
 cannot be read (another user's) is counted, never guessed at; one that ended meanwhile, or a
 kernel thread (it holds no files), hides nothing and is not.
+
+A file is told by its device and inode (a `stat` of `/proc/PID/fd/N` reaches the file itself),
+never by the path `readlink` gives: another process may reach the same file through a hard
+link, a bind mount, or a path only its own mount namespace has. The path is kept for the report.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from proxy.system.procfs import stat
 
 PF_KTHREAD = 0x00200000
 _LISTEN = "0A"
+
+
+@dataclass(frozen=True, slots=True)
+class FileId:
+    """A file as the kernel knows it, by whatever path it is reached."""
+
+    device: int
+    inode: int
+
+    @classmethod
+    def of(cls, path: str | Path, *, dir_fd: int | None = None) -> FileId | None:
+        """The file at `path` (through symlinks); None when it cannot be reached."""
+        try:
+            found = os.stat(path, dir_fd=dir_fd)
+        except OSError:
+            return None
+        return cls(found.st_dev, found.st_ino)
+
+
+File = FileId | str
+"""A file by its identity, or by its path when it cannot be reached (gone meanwhile, or a fake /proc
+whose links name no real file)."""
+
+
+class Descriptor(NamedTuple):
+    """One open descriptor: where `readlink` says it points, and the file it is, if asked for."""
+
+    link: str
+    file: FileId | None
+
+    @property
+    def identity(self) -> File:
+        return self.link if self.file is None else self.file
 
 
 @dataclass(slots=True)
@@ -25,8 +64,8 @@ class OpenFiles:
 
     sockets: set[str] = field(default_factory=set)
     """Inodes of its sockets."""
-    databases: set[str] = field(default_factory=set)
-    """Paths of the `*.db` files it holds open."""
+    databases: dict[File, str] = field(default_factory=dict)
+    """The `*.db` files it holds open, each with the path it reached it by."""
     marked: bool = False
     """Whether it holds the marker link a survey was asked to look for."""
 
@@ -39,16 +78,16 @@ def open_files(proc: Path, marker: str) -> tuple[dict[int, OpenFiles], int]:
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
-        links = fd_links(entry / "fd")
-        if links is None:
+        descriptors = fd_links(entry / "fd", identify=_is_database)
+        if descriptors is None:
             not_inspected += not _gone_or_kernel(proc, int(entry.name))
             continue
         process = seen[int(entry.name)] = OpenFiles()
-        for link in links:
+        for link, file in descriptors:
             if link.startswith("socket:["):
                 process.sockets.add(link[8:-1])
-            elif link.endswith(".db"):
-                process.databases.add(link)
+            elif _is_database(link):
+                process.databases[link if file is None else file] = link
             elif link == marker:
                 process.marked = True
     return seen, not_inspected
@@ -88,21 +127,32 @@ def started_at_ms(proc: Path, pid: int, boot_ms: int) -> int | None:
     return boot_ms + found.started * 1000 // os.sysconf("SC_CLK_TCK")
 
 
-def fd_links(fd_dir: Path) -> list[str] | None:
-    """Where the descriptors point; None when they cannot be read (gone, or another user's).
+def _is_database(link: str) -> bool:
+    return link.endswith(".db")
+
+
+def _never(_: str) -> bool:
+    return False
+
+
+def fd_links(fd_dir: Path, *, identify: Callable[[str], bool] = _never) -> list[Descriptor] | None:
+    """Where the descriptors point, and for those whose link `identify` picks, the file they are;
+    None when they cannot be read (gone, or another user's).
 
     Read relative to the open directory: building a path per descriptor cost more than reading it.
+    Only picked descriptors are `stat`ed: a survey reads every process's table.
     """
     try:
         directory = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return None
     try:
-        links = []
+        found = []
         for name in os.listdir(directory):
             with contextlib.suppress(OSError):  # closed meanwhile
-                links.append(os.readlink(name, dir_fd=directory))
-        return links
+                link = os.readlink(name, dir_fd=directory)
+                found.append(Descriptor(link, FileId.of(name, dir_fd=directory) if identify(link) else None))
+        return found
     except OSError:
         return None
     finally:

@@ -5,6 +5,11 @@ dies its commands live on. Made a child subreaper (Linux `PR_SET_CHILD_SUBREAPER
 becomes their parent instead of PID 1: it can see them, reap them and end them. The server it
 starts is told to die with it (`PR_SET_PDEATHSIG`), so even a SIGKILL of the proxy leaves no
 server running unsupervised. Elsewhere (macOS) neither exists: the functions say so and do nothing.
+
+Adopted processes and the proxy's own children look the same (both have the proxy as parent),
+and reaping one the proxy waits on itself takes its exit status from the waiter: asyncio then
+reports 255, and under uvloop the wait never returns. So every child the proxy waits on is
+started within `own_child()`, and no reap here ever touches it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 
 from proxy.system.procfs import pids, stat
 
@@ -41,19 +48,86 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def adopted(*, besides: int | None = None) -> list[int]:
-    """The proxy's children other than `besides` (its server): processes the server left behind."""
+_BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def _ticks_since_boot() -> int:
+    """Now, in the unit of /proc's start times (clock ticks since boot); 0 where unknown."""
+    if _BOOT_CLOCK is None:
+        return 0
+    return time.clock_gettime_ns(_BOOT_CLOCK) * os.sysconf("SC_CLK_TCK") // 1_000_000_000
+
+
+def _start_of(pid: int) -> int | None:
+    found = stat(pid)
+    return found.started if found is not None else None
+
+
+class _OwnChildren:
+    """The children this process waits on itself, each by pid and start time (a pid the kernel
+    hands out again is no longer one of them). A child being started has no pid yet: until it is
+    kept, every child started since its start began is taken for it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[int, int] = {}
+        self._starting: list[int] = []
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[Callable[[int], None]]:
+        since = _ticks_since_boot()
+        with self._lock:
+            self._starting.append(since)
+        try:
+            yield self._keep
+        finally:
+            with self._lock:
+                self._starting.remove(since)
+
+    def _keep(self, pid: int) -> None:
+        started = _start_of(pid)
+        with self._lock:
+            self._kept = {known: at for known, at in self._kept.items() if _start_of(known) == at}
+            if started is not None:
+                self._kept[pid] = started
+
+    def reap(self, pids: list[int]) -> None:
+        with self._lock:
+            for pid in pids:
+                if not self.owns(pid):
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
+
+    def owns(self, pid: int) -> bool:
+        started = _start_of(pid)
+        if started is None:
+            return False
+        return self._kept.get(pid) == started or any(started >= since for since in self._starting)
+
+
+_own_children = _OwnChildren()
+
+
+def own_child() -> contextlib.AbstractContextManager[Callable[[int], None]]:
+    """Around starting a child this process waits on itself: call what it gives with the child's
+    pid once started; from then on no reap takes the child's exit status."""
+    return _own_children.starting()
+
+
+def adopted() -> list[int]:
+    """The proxy's children other than its own (its server): processes the server left behind."""
     own = os.getpid()
     return [
-        pid for pid in pids() if pid != besides and (found := stat(pid)) is not None and found.parent == own
+        pid
+        for pid in pids()
+        if (found := stat(pid)) is not None and found.parent == own and not _own_children.owns(pid)
     ]
 
 
 def reap(pids: list[int]) -> None:
-    """Collect the exit status of adopted processes that have ended, so no zombie stays."""
-    for pid in pids:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
+    """Collect the exit status of adopted processes that have ended, so no zombie stays; a child
+    of the proxy's own (or one being started) is left to whoever waits on it."""
+    _own_children.reap(pids)
 
 
 def end_groups(pids: list[int], grace: float) -> None:

@@ -156,19 +156,23 @@ class ApiWriter:
                     "POST", "/sync/replay", credentials, json={"directory": directory, "events": [event]}
                 )
             except UpstreamRefused as refusal:
-                log.info(
-                    "replay at seq %d refused (%s); re-reading the log of %s",
-                    event["seq"],
-                    refusal,
-                    session_id,
-                )
+                why = f"replay at seq {event['seq']} refused ({refusal}): the server appended meanwhile"
+                fields = _fields(session_id, call, "retried", why)
+                log.info("%s; re-reading the log of %s", why, session_id, extra={"fields": fields})
                 fresh = await self._read_log(session_id, credentials)
                 event_log.last_seq, event_log.events = fresh.last_seq, fresh.events
                 continue
             event_log.last_seq += 1
             event_log.events.append((event_log.last_seq, event_name(event["type"]), call.call))
             return True
-        log.warning("gave up appending tool.failed for %s in %s: the log kept moving", call.call, session_id)
+        why = f"gave up appending tool.failed after {_APPEND_ATTEMPTS} attempts: the log kept moving"
+        log.warning(
+            "%s for %s in %s",
+            why,
+            call.call,
+            session_id,
+            extra={"fields": _fields(session_id, call, "skipped", why)},
+        )
         return False
 
     async def _v2_messages(self, session_id: str, credentials: Credentials) -> AsyncIterator[Any]:
@@ -217,6 +221,20 @@ def _open_calls(
             (change, settlement.settled(change)) for change in settlement.changes if targeted(change, targets)
         ]
     return calls
+
+
+def _fields(session_id: str, call: Target, outcome: str, why: str) -> dict[str, object]:
+    """A v2 append's decision, with the fields of every write-back decision (`decisions`)."""
+    return {
+        "session": session_id,
+        "message": call.message,
+        "part": call.part,
+        "mode": str(WriteBackMode.API),
+        "api": str(V2_HTTP.api),
+        "rule": OrphanedTool.name,
+        "outcome": outcome,
+        "why": why,
+    }
 
 
 def _tool_failed(session_id: str, message_id: str, item: JSONObject, seq: int) -> JSONObject:

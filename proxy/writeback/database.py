@@ -97,7 +97,10 @@ class OpencodeDatabase:
         await self._db.execute("BEGIN IMMEDIATE")
         try:
             if await self._snapshot(api, session_id) != before:
-                log.info("write-back of %s skipped: the session changed after its re-read", session_id)
+                why = "the session changed after its re-read"
+                fields = {"session": session_id, "message": None, "part": None, "mode": "db", "api": str(api)}
+                fields |= {"rule": None, "outcome": "skipped", "why": why}
+                log.info("write-back of %s skipped: %s", session_id, why, extra={"fields": fields})
                 written: list[Written] = []
             else:
                 written = await self._runtimes[api].settle(session_id, before[0], liveness, targets)

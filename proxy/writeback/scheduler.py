@@ -7,17 +7,21 @@ for a change to the message itself. The write waits a grace period and hands the
 a writer, which re-reads the session, then takes the second reading, then writes only the
 named parts still open in the re-read that this reading vouches for (inactive, and taken well
 after their last sign of life, in the server's clock). A turn that starts in between is seen
-in the reading, and its new parts were never named. One write per session runs at a time;
-ids named while one is pending join it. The pass is idempotent, so a later fetch that
-schedules another finds nothing left to do.
+in the reading, and its new parts were never named. One pass per session runs at a time;
+ids named while one is pending join it, and ids named while one is writing (it has taken its
+batch) get the next pass, after a grace period of their own, with no later fetch needed. The
+pass is idempotent, so a later fetch that schedules another finds nothing left to do.
+
+Every decision on a named id (written, skipped and why, failed) is one log line with the same
+structured fields as the view path's settle lines, and `WriteBack.settled` awaits them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import itertools
 from collections.abc import Awaitable, Callable, Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
@@ -26,9 +30,27 @@ from prometheus_client import Counter
 from proxy.opencode.client import Credentials
 from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
 from proxy.relay.tasks import KeyedTasks
+from proxy.writeback.decisions import (
+    BECAME_ACTIVE,
+    NOT_VOUCHED,
+    VIEW_ONLY,
+    Decisions,
+    Outcome,
+    Written,
+    is_message,
+)
 from rules import Api, Change, Liveness
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "Confirm",
+    "CountingWriter",
+    "Outcome",
+    "WriteBack",
+    "WriteBackMode",
+    "Writer",
+    "Written",
+    "targeted",
+]
 
 
 class WriteBackMode(StrEnum):
@@ -41,18 +63,6 @@ class WriteBackMode(StrEnum):
 
 Confirm = Callable[[], Awaitable[Liveness]]
 """Takes the reading a write rests on; a writer calls it after its re-read, never before."""
-
-
-@dataclass(frozen=True, slots=True)
-class Written:
-    """One settled part (or message) made durable, for the log."""
-
-    api: Api
-    session_id: str
-    message_id: str
-    part: str | None
-    """The part (v1) or call (v2) written; None for a change to the message itself."""
-    rule: str
 
 
 class Writer(Protocol):
@@ -95,50 +105,113 @@ def targeted(change: Change, targets: Collection[str]) -> bool:
     return change.target.key in targets
 
 
-class WriteBack(KeyedTasks[tuple[Api, str]]):
+Session = tuple[Api, str]
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Ids named for one session's next pass, with the credentials of the first fetch naming them."""
+
+    credentials: Credentials
+    targets: set[str] = field(default_factory=set)
+
+
+class WriteBack(KeyedTasks[tuple[Api, str, int]]):
     """Schedules confirmations and writes; owns their tasks until `close()`, which cancels what
-    has not been written yet: an unconfirmed write is simply not made."""
+    has not been written yet: an unconfirmed write is simply not made.
+
+    A session's passes run one after another in one task, for as long as ids are pending; each
+    task has a key of its own, so that a session named just as its task ends starts a new one.
+    """
 
     def __init__(self, probe: LivenessProbe, writer: Writer, grace: float) -> None:
         super().__init__("write-back")
         self._probe = probe
         self._writer = writer
         self._grace = grace
-        self._targets: dict[tuple[Api, str], set[str]] = {}
+        self._pending: dict[Session, _Batch] = {}
+        self._writing: dict[Session, set[str]] = {}
+        self._running: set[Session] = set()
+        self._serial = itertools.count()
+        self._decisions = Decisions(writer.mode)
 
     def schedule(self, api: Api, session_id: str, credentials: Credentials, targets: Iterable[str]) -> None:
-        """Confirm and write the named settlements of the session later (with any named while a
-        write of it is already pending)."""
-        self._targets.setdefault((api, session_id), set()).update(targets)
-        self.start((api, session_id), lambda: self._confirm_and_write(api, session_id, credentials))
+        """Confirm and write the named settlements of the session later: with any named while a
+        pass of it is pending, or in a pass of their own after the one writing now."""
+        session = (api, session_id)
+        self._pending.setdefault(session, _Batch(credentials)).targets.update(targets)
+        if session not in self._running:
+            self._running.add(session)
+            self.start((api, session_id, next(self._serial)), lambda: self._passes(session))
 
-    async def _confirm_and_write(self, api: Api, session_id: str, credentials: Credentials) -> None:
-        await asyncio.sleep(self._grace)
-        targets = self._targets.pop((api, session_id), set())
+    async def settled(self, api: Api, session_id: str, ids: Collection[str]) -> dict[str, Outcome]:
+        """Wait until no pass is pending or writing for any of `ids` of the session, and say how
+        each ended: `WRITTEN` is durable; anything else was not written by this proxy (re-read
+        the session to see whether it is open). An id never named, or decided so long ago that
+        it is forgotten, is `UNKNOWN` at once. For callers that must not act before settlement
+        is durable (a resumed turn must not start while its orphan could still be written)."""
+        session, wanted = (api, session_id), set(ids)
+        while wanted & self._undecided(session):
+            await self._decisions.changed()
+        return {item: self._decisions.outcome(api, session_id, item) for item in wanted}
+
+    def _undecided(self, session: Session) -> set[str]:
+        batch = self._pending.get(session)
+        return (batch.targets if batch else set()) | self._writing.get(session, set())
+
+    async def _passes(self, session: Session) -> None:
+        """One pass after another while ids are pending for the session."""
+        try:
+            while (batch := self._pending.get(session)) is not None:
+                await asyncio.sleep(self._grace)
+                del self._pending[session]
+                self._writing[session] = batch.targets
+                await self._pass(session, batch)
+                del self._writing[session]
+                self._decisions.announce()
+        finally:
+            self._end(session)
+
+    async def close(self) -> None:
+        """Cancel every pass (a task cancelled before it ran never ran its own `finally`), and
+        end every wait on what they would have written."""
+        await super().close()
+        for session in {*self._running, *self._pending, *self._writing}:
+            self._end(session)
+
+    def _end(self, session: Session) -> None:
+        """The session has no pass any more: what is still named is not written."""
+        self._running.discard(session)
+        left = self._writing.pop(session, set())
+        if (batch := self._pending.pop(session, None)) is not None:
+            left |= batch.targets
+        self._decisions.skipped(session, left, "the proxy closed before writing it")
+
+    async def _pass(self, session: Session, batch: _Batch) -> None:
+        api, session_id = session
+        became_active = False
 
         async def confirm() -> Liveness:
-            liveness = await self._probe.read(api, session_id, credentials)
-            if liveness.active:
-                log.info("write-back of %s skipped: the session became active", session_id)
+            nonlocal became_active
+            liveness = await self._probe.read(api, session_id, batch.credentials)
+            became_active = liveness.active
             return liveness
 
         try:
-            written = await self._writer.write(api, session_id, credentials, targets, confirm)
+            written = await self._writer.write(api, session_id, batch.credentials, batch.targets, confirm)
         except LivenessUnknown as error:
-            log.warning("write-back of %s skipped: liveness unknown (%s)", session_id, error)
+            self._decisions.failed(session, batch.targets, f"liveness unknown ({error})")
             return
-        except Exception:
-            log.exception(
-                "write-back of %s failed (mode=%s); nothing half-written", session_id, self._writer.mode
-            )
+        except Exception as error:
+            self._decisions.failed(session, batch.targets, f"{type(error).__name__}: {error}", error=error)
             return
-        for item in written:
-            log.info(
-                "wrote back mode=%s api=%s session=%s message=%s part=%s rule=%s",
-                self._writer.mode,
-                item.api,
-                item.session_id,
-                item.message_id,
-                item.part or "-",
-                item.rule,
-            )
+        self._decisions.written(written)
+        left = batch.targets - {item.key for item in written}
+        if became_active:
+            self._decisions.skipped(session, left, BECAME_ACTIVE)
+            return
+        if self._writer.mode is WriteBackMode.API:
+            messages = {key for key in left if is_message(key)}
+            self._decisions.skipped(session, messages, VIEW_ONLY)
+            left -= messages
+        self._decisions.skipped(session, left, NOT_VOUCHED)

@@ -61,7 +61,8 @@ def terminating(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory)
 def following(server: OpencodeServer) -> bool | None:
     """Whether the proxy follows the server's event stream, from which it learns of tool calls."""
     try:
-        return True if health(server)["liveness"]["source"] == "events" else None
+        # Before the server first answers, the details are not shown (their body has no liveness).
+        return True if health(server).get("liveness", {}).get("source") == "events" else None
     except TimeoutError:
         return None
 

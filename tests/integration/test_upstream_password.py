@@ -11,6 +11,7 @@ Every test runs against a proxy without credentials of its own and one with them
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,15 +125,58 @@ def test_only_a_proxy_given_the_password_follows_the_event_stream(
 ) -> None:
     """With its own credentials the proxy keeps liveness from `/global/event`; without, the server
     refuses it the stream and it asks on every fetch, with the fetching client's credentials."""
-
-    def source() -> str:
-        return str(get_json(f"{proxy.url}/_settle/health")["liveness"]["source"])
-
-    if "OPENCODE_SERVER_PASSWORD" in proxy.environment:
+    if _knows_the_password(proxy):
+        health = with_credentials(proxy.url, "opencode", PASSWORD) + "/_settle/health"
         poll(
-            lambda: True if source() == "events" else None, what="the event stream", timeout=_EVENTS_TIMEOUT_S
+            lambda: True if get_json(health)["liveness"]["source"] == "events" else None,
+            what="the event stream",
+            timeout=_EVENTS_TIMEOUT_S,
         )
     else:
+        poll(
+            lambda: True if "/global/event refused (HTTP 401)" in proxy.log() else None,
+            what="the proxy's stream refused",
+            timeout=_EVENTS_TIMEOUT_S,
+        )
         through = with_credentials(proxy.url, "opencode", PASSWORD)
-        read_messages(through, guarded.stale["v1"].turn)
-        assert source() == "asked on every fetch"
+        state = _tool(read_messages(through, guarded.stale["v1"].turn), "v1", guarded.stale["v1"].tool_id)
+        assert state["state"]["status"] == "error"
+
+
+def _knows_the_password(proxy: ProxyProcess) -> bool:
+    return "OPENCODE_SERVER_PASSWORD" in proxy.environment
+
+
+SETTLE_ROUTES = ("/_settle/health", "/_settle/metrics", "/_settle/orphans")
+_TOKEN = base64.b64encode(f"opencode:{PASSWORD}".encode()).decode()
+_WRONG_TOKEN = base64.b64encode(b"opencode:wrong").decode()
+
+
+@pytest.mark.parametrize("route", SETTLE_ROUTES)
+def test_the_proxys_own_routes_want_the_servers_password(
+    route: str, guarded: Guarded, proxy: ProxyProcess
+) -> None:
+    """Checked by the proxy against the password it was given; a proxy given none shows nothing,
+    since the real server answers it 401 (it cannot check what it does not know)."""
+    wrong = [
+        request("GET", proxy.url + route),
+        request("GET", with_credentials(proxy.url, "opencode", "wrong") + route),
+        request("GET", f"{proxy.url}{route}?auth_token={_WRONG_TOKEN}"),
+    ]
+    right = [
+        request("GET", with_credentials(proxy.url, "opencode", PASSWORD) + route),
+        request("GET", f"{proxy.url}{route}?auth_token={_TOKEN}"),
+    ]
+    if _knows_the_password(proxy):
+        assert [reply.status for reply in wrong] == [401, 401, 401]
+        assert [reply.status for reply in right] == [200, 200]
+        assert all(reply.headers.get("WWW-Authenticate") == 'Basic realm="settle-proxy"' for reply in wrong)
+    else:
+        assert [reply.status for reply in wrong + right] == [403] * 5
+    for reply in wrong if _knows_the_password(proxy) else wrong + right:
+        assert set(reply.json()) == {"error", "message"}, reply.body[:300]
+
+
+def test_the_probe_says_up_to_anyone_and_nothing_else(guarded: Guarded, proxy: ProxyProcess) -> None:
+    reply = request("GET", proxy.url + "/_settle/up")
+    assert (reply.status, reply.json()) == (200, {"status": "up"})

@@ -131,8 +131,7 @@ async def test_upstream_down_at_start_then_up(tmp_path: Path) -> None:
     port = free_port()
     upstream = URL(f"http://127.0.0.1:{port}")
     async with proxy_subprocess(upstream, tmp_path / "proxy.log") as proxy:
-        health = await _poll_status(proxy.url.with_path("/_settle/health"), 503, within=5)
-        assert health["upstream"]["reachable"] is False
+        assert await _poll_status(proxy.url.with_path("/_settle/up"), 503, within=5) == {"status": "down"}
         await assert_json_error(proxy.url.with_path("/small"), 502, "bad_gateway")
         async with serve(LoadUpstream().app(), port=port):
             health = await _poll_status(proxy.url.with_path("/_settle/health"), 200, within=10)

@@ -2,13 +2,14 @@
 
 import asyncio
 import json
+import os
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
@@ -72,14 +73,14 @@ def test_rows_cut_inside_an_emoji_are_settled(db_path: Path) -> None:
     assert all('"cut":"\\ud83d"' in data for (data,) in rows)
 
 
-@pytest.fixture
-def database_in_use(db_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Another process holding the database open, started now: after every time the fixture records."""
+@contextmanager
+def held_open(path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Another process with the database at `path` open, started now."""
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            f"import sqlite3, time; c = sqlite3.connect({str(db_path)!r}); "
+            f"import sqlite3, time; c = sqlite3.connect({str(path)!r}); "
             "c.execute('select 1 from part').fetchall(); print('open', flush=True); time.sleep(60)",
         ],
         stdout=subprocess.PIPE,
@@ -93,6 +94,13 @@ def database_in_use(db_path: Path) -> Iterator[subprocess.Popen[bytes]]:
         holder.wait()
 
 
+@pytest.fixture
+def database_in_use(db_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Another process holding the database open, started now: after every time the fixture records."""
+    with held_open(db_path) as holder:
+        yield holder
+
+
 def test_refuses_when_another_process_has_the_database_open(
     db_path: Path, database_in_use: subprocess.Popen[bytes]
 ) -> None:
@@ -101,6 +109,20 @@ def test_refuses_when_another_process_has_the_database_open(
     assert f"pid {database_in_use.pid}" in result.stderr
     assert "--upstream" in result.stderr
     assert settle_proxy("settle", "--db", str(db_path), "--dry-run").returncode == Exit.REFUSED
+
+
+def test_refuses_when_another_process_has_the_database_open_through_a_hard_link(
+    db_path: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "mirror").mkdir()
+    other_path = tmp_path / "mirror" / "opencode.db"
+    os.link(db_path, other_path)
+    before = db_path.read_bytes()
+    with held_open(other_path) as holder:
+        result = settle_proxy("settle", "--db", str(db_path))
+    assert result.returncode == Exit.REFUSED
+    assert f"pid {holder.pid}" in result.stderr
+    assert db_path.read_bytes() == before
 
 
 async def test_upstream_says_which_sessions_are_live(

@@ -29,8 +29,8 @@ def test_finds_the_upstream_its_database_and_the_other_holders(proc: FakeProc) -
     assert found.upstream_pids == (100,)
     assert found.databases == (DB,)
     assert found.others == (
-        OtherProcess(200, BOOT_S * 1000 + 50_000 - START_MARGIN_MS, "opencode serve"),
-        OtherProcess(700, BOOT_S * 1000 + 40_000 - START_MARGIN_MS, "tui (x) y serve"),
+        OtherProcess(200, BOOT_S * 1000 + 50_000 - START_MARGIN_MS, "opencode serve", DB),
+        OtherProcess(700, BOOT_S * 1000 + 40_000 - START_MARGIN_MS, "tui (x) y serve", DB),
     )
     assert found.bound == BOOT_S * 1000 + 40_000 - START_MARGIN_MS
     assert found.not_inspected == 0
@@ -129,7 +129,7 @@ def test_with_a_known_database_an_unidentified_upstream_counts_as_another_holder
 
 
 def test_the_bound_is_the_earliest_other_start_or_the_survey_time() -> None:
-    others = (OtherProcess(1, 5_000, "a"), OtherProcess(2, 3_000, "b"))
+    others = (OtherProcess(1, 5_000, "a", DB), OtherProcess(2, 3_000, "b", DB))
     assert Survey(10_000, others=others).bound == 3_000
     assert Survey(2_000, others=others).bound == 2_000
     assert Survey(10_000, unknown="why", others=others).bound is None

@@ -36,9 +36,11 @@ async def test_health_reports_upstream_and_version(proxy: ProxyClient, fake: Fak
 async def test_health_says_when_upstream_is_down(aiohttp_client: ClientFactory) -> None:
     port = free_loopback_port()
     client = await aiohttp_client(create_app(Settings(upstream=URL(f"http://127.0.0.1:{port}"))))
-    response = await client.get("/_settle/health")
+    response = await client.get("/_settle/up")
     assert response.status == 503
-    assert (await response.json())["upstream"]["reachable"] is False
+    assert await response.json() == {"status": "down"}
+    # Never answered: whether it wants a password is unknown, so its details stay closed (503 too).
+    assert (await client.get("/_settle/health")).status == 503
 
 
 async def test_other_settle_paths_never_reach_upstream(proxy: ProxyClient, fake: FakeOpencode) -> None:

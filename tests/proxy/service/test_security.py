@@ -80,7 +80,7 @@ async def self_guarded_proxy(upstream: TestServer, aiohttp_client: ClientFactory
 async def test_auth_guards_every_route_before_the_upstream(
     self_guarded_proxy: ProxyClient, fake: FakeOpencode
 ) -> None:
-    for path in ("/echo", "/_settle/health", "/_settle/metrics", "/pty/x/connect"):
+    for path in ("/echo", "/_settle/health", "/_settle/metrics", "/_settle/up", "/pty/x/connect"):
         response = await self_guarded_proxy.get(path)
         assert response.status == 401, path
         assert response.headers["WWW-Authenticate"] == 'Basic realm="settle-proxy"'

@@ -5,7 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from proxy.system.open_files import PF_KTHREAD, boot_time_ms, listening_sockets, open_files, started_at_ms
+from proxy.system.open_files import (
+    PF_KTHREAD,
+    FileId,
+    boot_time_ms,
+    listening_sockets,
+    open_files,
+    started_at_ms,
+)
 from tests.proxy.system.fake_proc import BOOT_S, DB, PORT, FakeProc
 
 MARKER = "/memfd:settle-proxy (deleted)"
@@ -16,8 +23,12 @@ def test_sockets_databases_and_the_marker_are_told_apart(proc: FakeProc) -> None
     proc.process(200, MARKER, "/srv/other.db")
     seen, not_inspected = open_files(proc.root, MARKER)
     assert set(seen) == {100, 200}
-    assert (seen[100].sockets, seen[100].databases, seen[100].marked) == ({"111"}, {DB}, False)
-    assert (seen[200].sockets, seen[200].databases, seen[200].marked) == (set(), {"/srv/other.db"}, True)
+    assert (seen[100].sockets, seen[100].databases, seen[100].marked) == ({"111"}, {DB: DB}, False)
+    assert (seen[200].sockets, seen[200].databases, seen[200].marked) == (
+        set(),
+        {"/srv/other.db": "/srv/other.db"},  # a path no file is at: told by its path
+        True,
+    )
     assert not_inspected == 0
 
 
@@ -64,4 +75,4 @@ def test_the_real_proc_shows_this_processes_open_file(tmp_path: Path) -> None:
     database = tmp_path / "opencode.db"
     with database.open("w"):
         seen, _ = open_files(Path("/proc"), MARKER)
-    assert str(database) in seen[os.getpid()].databases
+    assert seen[os.getpid()].databases[FileId.of(database) or ""] == str(database)

@@ -1,13 +1,15 @@
 """The write-back scheduler: after the grace period, one write per session with every id named
 meanwhile, resting on a reading the writer takes; a failing write is logged, never raised."""
 
+import asyncio
 from collections.abc import Collection
 
 import pytest
 
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
-from proxy.writeback.scheduler import Confirm, WriteBack, WriteBackMode, Written
+from proxy.writeback import decisions
+from proxy.writeback.scheduler import Confirm, Outcome, WriteBack, WriteBackMode, Written
 from rules import Api, Liveness
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -15,7 +17,8 @@ V2 = "ses_v2"
 
 
 class Recording:
-    """A writer that takes the reading and records what it was asked to write."""
+    """A writer that takes the reading, records what it was asked to write, and writes it all
+    unless the reading finds the session active."""
 
     def __init__(self, *, fails: bool = False) -> None:
         self.calls: list[tuple[str, set[str], Liveness | None]] = []
@@ -35,6 +38,8 @@ class Recording:
             self.calls.append((session_id, set(targets), liveness))
         if self._fails:
             raise RuntimeError("disk full")
+        if liveness is None or liveness.active:
+            return []
         return [Written(api, session_id, "msg_1", target, "orphaned-tool") for target in targets]
 
 
@@ -86,3 +91,65 @@ async def test_close_cancels_an_unconfirmed_write(probe: LivenessProbe) -> None:
     await write_back.close()
     assert writer.calls == []
     assert not write_back.busy
+
+
+class Held(Recording):
+    """A recording writer whose first write waits until `release` is set: a pass held in its write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def write(
+        self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        if not self.writing.is_set():
+            self.writing.set()
+            await self.release.wait()
+        return await super().write(api, session_id, credentials, targets, confirm)
+
+
+async def test_ids_named_while_a_pass_writes_get_a_pass_of_their_own(probe: LivenessProbe) -> None:
+    """The pass under way has taken its batch: a later id is written by a second pass, without
+    any further fetch naming it."""
+    writer = Held()
+    write_back = WriteBack(probe, writer, grace=0.01)
+    write_back.schedule(Api.V2, V2, Credentials(), {"call_1"})
+    await asyncio.wait_for(writer.writing.wait(), 5)
+    write_back.schedule(Api.V2, V2, Credentials(), {"call_2"})
+    writer.release.set()
+    outcomes = await asyncio.wait_for(write_back.settled(Api.V2, V2, {"call_1", "call_2"}), 5)
+    assert [targets for _, targets, _ in writer.calls] == [{"call_1"}, {"call_2"}]
+    assert outcomes == {"call_1": Outcome.WRITTEN, "call_2": Outcome.WRITTEN}
+
+
+async def test_settled_waits_for_the_pass_and_says_how_each_id_ended(
+    probe: LivenessProbe, fake: FakeOpencode
+) -> None:
+    fake.v2_active.add(V2)
+    write_back = WriteBack(probe, Recording(), grace=0.01)
+    assert await write_back.settled(Api.V2, V2, {"call_1"}) == {"call_1": Outcome.UNKNOWN}
+    write_back.schedule(Api.V2, V2, Credentials(), {"call_1"})
+    assert await asyncio.wait_for(write_back.settled(Api.V2, V2, {"call_1"}), 5) == {
+        "call_1": Outcome.SKIPPED
+    }
+
+
+async def test_close_ends_a_wait_on_an_unwritten_id(probe: LivenessProbe) -> None:
+    write_back = WriteBack(probe, Recording(), grace=60)
+    write_back.schedule(Api.V2, V2, Credentials(), {"call_1"})
+    waiting = asyncio.create_task(write_back.settled(Api.V2, V2, {"call_1"}))
+    await write_back.close()
+    assert await asyncio.wait_for(waiting, 5) == {"call_1": Outcome.SKIPPED}
+
+
+async def test_only_the_latest_outcomes_are_remembered(
+    probe: LivenessProbe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(decisions, "OUTCOMES_KEPT", 2)
+    write_back = WriteBack(probe, Recording(), grace=0)
+    write_back.schedule(Api.V2, V2, Credentials(), {"call_1", "call_2", "call_3"})
+    await write_back.idle()
+    found = await write_back.settled(Api.V2, V2, {"call_1", "call_2", "call_3"})
+    assert sorted(found.values()) == sorted([Outcome.UNKNOWN, Outcome.WRITTEN, Outcome.WRITTEN])

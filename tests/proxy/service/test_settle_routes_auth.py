@@ -1,0 +1,166 @@
+"""Who may see the proxy's own routes (`/_settle/*`) when the upstream wants a password.
+
+The proxy checks what a client presents against the credentials it was given
+(`OPENCODE_SERVER_PASSWORD` / `OPENCODE_SERVER_USERNAME`), in both forms opencode accepts, and
+never sends them upstream. Given none while the upstream answers 401, it cannot check anything,
+so it shows nothing. `/_settle/up` answers anyone, with up or down and nothing else.
+"""
+
+import base64
+from collections.abc import Awaitable, Callable
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from yarl import URL
+
+from proxy.service.app import create_app
+from proxy.service.config import Settings, basic_authorization
+from proxy.supervision.server_command import free_loopback_port
+from tests.proxy.conftest import ProxyClient
+from tests.proxy.fake_opencode import FakeOpencode
+
+PASSWORD = "s3cret-Pa55"
+GOOD = basic_authorization("opencode", PASSWORD)
+TOKEN = base64.b64encode(f"opencode:{PASSWORD}".encode()).decode()
+DETAILS = ("/_settle/health", "/_settle/metrics", "/_settle/orphans", "/_settle/nothing")
+OPEN_STATUS = {
+    "/_settle/health": 200,
+    "/_settle/metrics": 200,
+    "/_settle/orphans": 200,
+    "/_settle/nothing": 404,
+}
+ClientFactory = Callable[[web.Application], Awaitable[ProxyClient]]
+Presented = tuple[dict[str, str], dict[str, str]]
+
+NONE: Presented = ({}, {})
+WRONG: list[Presented] = [
+    ({"Authorization": basic_authorization("opencode", PASSWORD + "x")}, {}),
+    ({"Authorization": basic_authorization("someone", PASSWORD)}, {}),
+    ({}, {"auth_token": base64.b64encode(b"opencode:nope").decode()}),
+    ({"Authorization": f"Bearer {PASSWORD}"}, {}),
+]
+RIGHT: list[Presented] = [({"Authorization": GOOD}, {}), ({}, {"auth_token": TOKEN})]
+
+
+def _proxy_settings(upstream: TestServer, authorization: str | None) -> Settings:
+    return Settings(upstream=URL(str(upstream.make_url("/"))), authorization=authorization)
+
+
+@pytest.fixture
+async def knowing(fake: FakeOpencode, upstream: TestServer, aiohttp_client: ClientFactory) -> ProxyClient:
+    """The upstream wants a password, and the proxy was given it."""
+    fake.password = PASSWORD
+    return await aiohttp_client(create_app(_proxy_settings(upstream, GOOD)))
+
+
+@pytest.fixture
+async def unknowing(fake: FakeOpencode, upstream: TestServer, aiohttp_client: ClientFactory) -> ProxyClient:
+    """The upstream wants a password, and the proxy was given none."""
+    fake.password = PASSWORD
+    return await aiohttp_client(create_app(_proxy_settings(upstream, None)))
+
+
+async def _refused(proxy: ProxyClient, path: str, presented: Presented, status: int) -> None:
+    headers, params = presented
+    response = await proxy.get(path, headers=headers, params=params)
+    assert response.status == status, (path, presented)
+    body = await response.json()
+    assert set(body) == {"error", "message"}, body
+    text = await response.text()
+    for detail in ("reachable", "127.0.0.1", "liveness", "settle_proxy_", '"orphans"', "version", "pid"):
+        assert detail not in text, (path, text)
+
+
+@pytest.mark.parametrize("path", DETAILS)
+async def test_without_the_password_nothing_is_shown(knowing: ProxyClient, path: str) -> None:
+    for presented in [NONE, *WRONG]:
+        await _refused(knowing, path, presented, 401)
+    response = await knowing.get(path)
+    assert response.headers["WWW-Authenticate"] == 'Basic realm="settle-proxy"'
+
+
+@pytest.mark.parametrize("path", DETAILS)
+@pytest.mark.parametrize("presented", RIGHT, ids=["basic", "auth_token"])
+async def test_the_upstreams_password_opens_them_by_basic_or_auth_token(
+    knowing: ProxyClient, fake: FakeOpencode, path: str, presented: Presented
+) -> None:
+    headers, params = presented
+    response = await knowing.get(path, headers=headers, params=params)
+    assert response.status == OPEN_STATUS[path]
+    assert not [r for r in fake.seen if r.path.startswith("/_settle")]
+    # What the client presented stays here: the proxy's own look-ups carry its configured header only.
+    assert not [r for r in fake.seen if "auth_token" in r.query]
+
+
+async def test_the_health_of_a_knowing_proxy_says_its_credentials_work(knowing: ProxyClient) -> None:
+    health = await (await knowing.get("/_settle/health", headers={"Authorization": GOOD})).json()
+    assert health["upstream"]["reachable"] is True
+    assert health["upstream"]["status"] != 401  # (the fake has no /global/health: 404)
+
+
+@pytest.mark.parametrize("path", DETAILS)
+async def test_a_proxy_without_the_password_shows_nothing_even_to_the_right_one(
+    unknowing: ProxyClient, path: str
+) -> None:
+    """It cannot check credentials it does not know, and checking them upstream would lend the
+    proxy's routes to anyone guessing the server's password."""
+    for presented in [NONE, *WRONG, *RIGHT]:
+        await _refused(unknowing, path, presented, 403)
+
+
+async def _probe_says_up(proxy: ProxyClient) -> None:
+    response = await proxy.get("/_settle/up")
+    assert response.status == 200
+    assert await response.json() == {"status": "up"}
+
+
+async def test_the_probe_answers_anyone_with_up_and_nothing_else(knowing: ProxyClient) -> None:
+    await _probe_says_up(knowing)
+
+
+async def test_the_probe_answers_anyone_even_when_nothing_else_can_be_shown(unknowing: ProxyClient) -> None:
+    await _probe_says_up(unknowing)
+
+
+async def test_without_a_password_anywhere_everything_stays_open(
+    upstream: TestServer, aiohttp_client: ClientFactory
+) -> None:
+    proxy = await aiohttp_client(create_app(_proxy_settings(upstream, None)))
+    for path in DETAILS:
+        assert (await proxy.get(path)).status == OPEN_STATUS[path], path
+    assert await (await proxy.get("/_settle/up")).json() == {"status": "up"}
+
+
+async def test_an_upstream_never_reached_opens_nothing_but_the_probe(aiohttp_client: ClientFactory) -> None:
+    """Without credentials, whether the upstream wants a password is known only once it answers."""
+    settings = Settings(upstream=URL(f"http://127.0.0.1:{free_loopback_port()}"), connect_timeout=2)
+    proxy = await aiohttp_client(create_app(settings))
+    for path in DETAILS:
+        await _refused(proxy, path, NONE, 503)
+    probe = await proxy.get("/_settle/up")
+    assert (probe.status, await probe.json()) == (503, {"status": "down"})
+
+
+async def test_an_open_upstream_that_goes_away_keeps_its_health_readable(
+    fake: FakeOpencode, aiohttp_client: ClientFactory
+) -> None:
+    """Its last answer wanted no password: the health that says it is unreachable stays readable."""
+    fake.events_refused = True  # no event stream, whose end the closing server would wait for
+    upstream = TestServer(fake.app())
+    await upstream.start_server()
+    proxy = await aiohttp_client(create_app(_proxy_settings(upstream, None)))
+    assert (await proxy.get("/_settle/health")).status == 200
+    await upstream.close()
+    down = await proxy.get("/_settle/health")
+    assert down.status == 503
+    assert (await down.json())["upstream"]["reachable"] is False
+
+
+async def test_an_open_upstream_that_starts_asking_for_a_password_closes_them(
+    fake: FakeOpencode, upstream: TestServer, aiohttp_client: ClientFactory
+) -> None:
+    proxy = await aiohttp_client(create_app(_proxy_settings(upstream, None)))
+    assert (await proxy.get("/_settle/metrics")).status == 200
+    fake.password = PASSWORD
+    await _refused(proxy, "/_settle/metrics", NONE, 403)

@@ -1,0 +1,126 @@
+"""Every write-back decision is one log line with the view path's structured fields, so that
+`--log-format json` can follow a part from the view that settled it to its write."""
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from yarl import URL
+
+from proxy.opencode.client import Credentials, UpstreamApi
+from proxy.opencode.liveness import LivenessProbe
+from proxy.service.app import create_app
+from proxy.service.config import Settings, WriteBackMode
+from proxy.service.logs import JsonFormatter
+from proxy.testing import idle
+from proxy.writeback.scheduler import WriteBack
+from rules import Api
+from tests.fixtures import compact
+from tests.proxy.conftest import ProxyClient
+from tests.proxy.fake_opencode import FakeOpencode
+from tests.proxy.writeback.test_scheduler import Recording
+from tests.proxy.writeback.test_writeback import CALL, V1, V2, v2_log
+
+FIELDS = {"session", "message", "part", "mode", "api", "rule", "outcome", "why"}
+MESSAGE = "msg_229432faa0010ifWjJPo42f8Zo"
+PART = "prt_229433856001UdZM6dtgAYZqVe"
+
+
+@pytest.fixture
+async def proxy(
+    upstream: TestServer, aiohttp_client: Callable[[web.Application], Awaitable[ProxyClient]]
+) -> ProxyClient:
+    settings = Settings(upstream=URL(str(upstream.make_url("/"))), write_back=WriteBackMode.API, grace=0.01)
+    return await aiohttp_client(create_app(settings))
+
+
+@pytest.fixture
+def probe(upstream_api: UpstreamApi) -> LivenessProbe:
+    return LivenessProbe(upstream_api)
+
+
+def _json_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    """The write-back's log lines as `--log-format json` prints them."""
+    formatter = JsonFormatter()
+    return [orjson.loads(formatter.format(r)) for r in caplog.records if r.name.startswith("proxy.writeback")]
+
+
+def _decided(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    assert lines, "premise: write-back decided something"
+    for line in lines:
+        assert line.keys() >= FIELDS, line
+    return lines
+
+
+async def test_a_write_and_a_skip_carry_session_part_and_mode(
+    proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    with caplog.at_level(logging.INFO, logger="proxy.writeback"):
+        await proxy.get(f"/session/{V1}/message")
+        await idle(proxy.app)
+    lines = _json_lines(caplog)
+    by_outcome = {line["outcome"]: line for line in _decided(lines)}
+    assert {key: by_outcome["written"][key] for key in FIELDS - {"why"}} == {
+        "session": V1,
+        "message": MESSAGE,
+        "part": PART,
+        "mode": "api",
+        "api": "v1",
+        "rule": "orphaned-tool",
+        "outcome": "written",
+    }
+    # The API cannot close a v1 message: the message's own change is a skip, said as such.
+    assert (by_outcome["skipped"]["message"], by_outcome["skipped"]["part"]) == (MESSAGE, None)
+    assert by_outcome["skipped"]["session"] == V1
+
+
+async def test_a_session_found_active_is_a_skip_per_named_id(
+    proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    with caplog.at_level(logging.INFO, logger="proxy.writeback"):
+        await proxy.get(f"/session/{V1}/message")
+        fake.v1_busy["/cwd"] = {V1}
+        await idle(proxy.app)
+    lines = _json_lines(caplog)
+    assert {(line["part"], line["outcome"], line["why"]) for line in _decided(lines)} == {
+        (PART, "skipped", "the session became active"),
+        (None, "skipped", "the session became active"),
+    }
+    assert fake.patches == []
+
+
+async def test_a_refused_append_carries_them_too(
+    proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+) -> None:
+    v2_log(fake)
+    fake.before_replay = [{"aggregate_id": V2, "seq": 7, "type": "session.updated.1", "data": {}}]
+    with caplog.at_level(logging.INFO, logger="proxy.writeback"):
+        await proxy.get(f"/api/session/{V2}/message")
+        await idle(proxy.app)
+    lines = _json_lines(caplog)
+    outcomes = [(line["part"], line["api"], line["outcome"]) for line in _decided(lines)]
+    assert (CALL, "v2", "retried") in outcomes
+    assert (CALL, "v2", "written") in outcomes
+
+
+@pytest.mark.parametrize("liveness_fails", [False, True])
+async def test_a_failed_pass_is_a_failure_per_named_id(
+    fake: FakeOpencode, caplog: pytest.LogCaptureFixture, liveness_fails: bool, probe: LivenessProbe
+) -> None:
+    fake.liveness_fails = liveness_fails
+    write_back = WriteBack(probe, Recording(fails=True), grace=0)
+    with caplog.at_level(logging.INFO, logger="proxy.writeback"):
+        write_back.schedule(Api.V2, V2, Credentials(), {"call_1", "call_2"})
+        await write_back.idle()
+    lines = _decided(_json_lines(caplog))
+    assert sorted((line["part"], line["outcome"], line["level"]) for line in lines) == [
+        ("call_1", "failed", "warning"),
+        ("call_2", "failed", "warning"),
+    ]
+    assert sum("exception" in line for line in lines) == (0 if liveness_fails else 1)
