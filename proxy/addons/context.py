@@ -19,9 +19,6 @@ class SettleMetrics(Protocol):
     def rewrites(self) -> Counter: ...
 
     @property
-    def liveness_requests(self) -> Counter: ...
-
-    @property
     def injected_events(self) -> Counter: ...
 
 

@@ -8,7 +8,6 @@ to streams that open later, until the stream says something newer about the sess
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -20,10 +19,13 @@ from proxy.addons.events import event_frame
 from proxy.addons.live_memory import REMEMBERED, Place
 from proxy.addons.routing import route_of
 from proxy.opencode.routes import EventStream
+from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Flow, FlowKey
 from rules import OpenTool
 
 _DIRECTORY_HEADER = "x-opencode-directory"
+ORPHANS_PER_SESSION = 1_000
+"""Orphans kept per session to replay to streams that connect later; the oldest go first."""
 
 
 @dataclass(slots=True, eq=False)
@@ -59,7 +61,7 @@ class ClientStreams:
         self._injected = injected
         self._subscribers: dict[Subscriber, None] = {}
         """An ordered set: each is also kept in its flow (`SUBSCRIBER`)."""
-        self._orphans: OrderedDict[str, dict[str, Orphan]] = OrderedDict()
+        self._orphans: Bounded[str, Bounded[str, Orphan]] = Bounded(REMEMBERED)
 
     def subscribe(self, flow: Flow, *, by: str) -> None:
         """Take `flow` as a client stream if it is one: replay the known state, then inject."""
@@ -90,10 +92,7 @@ class ClientStreams:
     def publish(self, key: str, orphan: Orphan) -> None:
         """Send `orphan` to every open stream, and keep it (under `key` in its session) for later ones."""
         session_id = orphan.place.session_id
-        self._orphans.setdefault(session_id, {})[key] = orphan
-        self._orphans.move_to_end(session_id)
-        while len(self._orphans) > REMEMBERED:
-            self._orphans.popitem(last=False)
+        self._orphans.setdefault(session_id, Bounded(ORPHANS_PER_SESSION))[key] = orphan
         for subscriber in self._subscribers:
             self._send(subscriber, orphan, live=True)
 

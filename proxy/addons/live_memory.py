@@ -8,11 +8,12 @@ messages.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.opencode.runtimes import v1_status_active
 from proxy.opencode.tracker import GlobalEvent
+from proxy.relay.bounded import Bounded
 from rules import V1, OpenTool
 
 _IDLE_KINDS = ("session.idle", "session.error")
@@ -34,11 +35,11 @@ class StreamMemory:
     """Open parts, busy sessions and unfinished messages, as the stream last showed them."""
 
     def __init__(self) -> None:
-        self.parts: OrderedDict[str, OpenTool] = OrderedDict()
+        self.parts: Bounded[str, OpenTool] = Bounded(REMEMBERED)
         """Open v1 tool parts, by part id."""
-        self.busy: OrderedDict[str, Place] = OrderedDict()
+        self.busy: Bounded[str, Place] = Bounded(REMEMBERED)
         """Sessions the stream last showed busy (`message_id` empty), by session id."""
-        self.unfinished: OrderedDict[str, Place] = OrderedDict()
+        self.unfinished: Bounded[str, Place] = Bounded(REMEMBERED)
         """Assistant messages the stream last showed without `time.completed`, by message id."""
 
     def observe(self, event: GlobalEvent) -> str | None:
@@ -52,7 +53,7 @@ class StreamMemory:
             self.busy.pop(event.session_id, None)
             return event.session_id if self.has_open(event.session_id) else None
         elif event.session_id is not None and event.kind == "session.status":
-            remember(self.busy, event.session_id, Place(event.session_id, "", event.directory, event.project))
+            self.busy[event.session_id] = Place(event.session_id, "", event.directory, event.project)
         return None
 
     def has_open(self, session_id: str) -> bool:
@@ -87,7 +88,7 @@ class StreamMemory:
                 directory=event.directory,
                 project=event.project,
             )
-            remember(self.parts, part["id"], place)
+            self.parts[part["id"]] = place
         else:
             self.parts.pop(part["id"], None)
 
@@ -103,18 +104,11 @@ class StreamMemory:
             self.unfinished.pop(info["id"], None)
         else:
             place = Place(str(info.get("sessionID")), info["id"], event.directory, event.project)
-            remember(self.unfinished, info["id"], place)
-
-
-def remember(kept: OrderedDict[str, Any], key: str, value: Any) -> None:
-    """Keep `value` under `key` as the newest entry, forgetting the oldest beyond the bound."""
-    kept[key] = value
-    kept.move_to_end(key)
-    while len(kept) > REMEMBERED:
-        kept.popitem(last=False)
+            self.unfinished[info["id"]] = place
 
 
 def _went_idle(event: GlobalEvent) -> bool:
+    """Whether `event` says its session runs no turn now (a status unknown here does not)."""
     if event.kind == "session.status":
-        return (event.properties.get("status") or {}).get("type") == "idle"
+        return v1_status_active(event.properties.get("status")) is False
     return event.kind in _IDLE_KINDS

@@ -111,17 +111,22 @@ def _rewrite_document(
     return Rewritten(jsonio.dumps(view.document), view.messages, spliced=False)
 
 
+REMEMBERED_VIEWS = 1_000
+
+
 class RecentRewrites:
     """The last rewrite of each view, reused while the upstream sends the very same bytes.
 
     For an inactive session a rewrite depends on nothing but the body, so equal bytes give an
     equal result: a client polling a stale view pays one comparison instead of a rewrite.
-    Entries are dropped oldest first once they hold more than `budget` bytes.
+    Entries are dropped oldest first once they hold more than `budget` bytes, or are more than
+    `views` (a client that busts caches makes a new view of every poll).
     """
 
-    def __init__(self, budget: int = 64 * 2**20) -> None:
+    def __init__(self, budget: int = 64 * 2**20, views: int = REMEMBERED_VIEWS) -> None:
         self._entries: OrderedDict[tuple[str, str], tuple[bytes, Rewritten]] = OrderedDict()
         self._budget = budget
+        self._views = views
         self._size = 0
 
     def known(self, session_id: str, view: str, body: bytes) -> Rewritten | None:
@@ -144,7 +149,7 @@ class RecentRewrites:
         if result is not None and len(body) + len(result.body) <= self._budget:
             self._entries[key] = (body, result)
             self._size += len(body) + len(result.body)
-            while self._size > self._budget:
+            while self._size > self._budget or len(self._entries) > self._views:
                 self._forget(next(iter(self._entries)))
         return result
 

@@ -40,6 +40,7 @@ from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.routes import EventStream
 from proxy.opencode.runtimes import V2_HTTP
 from proxy.opencode.tracker import GlobalEvent, StreamListener
+from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow, FlowKey
 from proxy.relay.tasks import KeyedTasks
 from rules import Api, Change, Settlement, UnexpectedShape, settle_view
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 
 TOOL_FAILED = "session.next.tool.failed"
 _REMEMBERED = 10_000
+_CALLS_PER_SESSION = 1_000
 
 
 @dataclass(slots=True, eq=False)
@@ -74,7 +76,7 @@ class SessionStreamSettle(KeyedTasks[str], Addon, StreamListener):
         self._credentials = ctx.credentials
         self._streams: dict[SessionStream, None] = {}
         """An ordered set: each is also kept in its flow (`STREAM`)."""
-        self._open: dict[str, set[str]] = {}
+        self._open: Bounded[str, Bounded[str, None]] = Bounded(_REMEMBERED)
         """Per session, the v2 calls the followed stream showed open (a `StreamListener`)."""
 
     # What the followed stream says: after a loss (a crash, say), sessions it left with calls
@@ -90,11 +92,9 @@ class SessionStreamSettle(KeyedTasks[str], Addon, StreamListener):
         if event.session_id is None or not isinstance(call, str):
             return
         if event.kind == CALL_STARTED:
-            self._open.setdefault(event.session_id, set()).add(call)
-            while len(self._open) > _REMEMBERED:
-                self._open.pop(next(iter(self._open)))
+            self._open.setdefault(event.session_id, Bounded(_CALLS_PER_SESSION))[call] = None
         elif event.kind in CALL_ENDED and (calls := self._open.get(event.session_id)) is not None:
-            calls.discard(call)
+            calls.pop(call, None)
             if not calls:
                 del self._open[event.session_id]
 

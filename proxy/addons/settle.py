@@ -28,6 +28,7 @@ from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.routes import MessageRoute
 from proxy.opencode.tracker import LivenessTracker
 from proxy.relay import codings
+from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow
 from rules import DEFAULT_RULES, Liveness, Rule, UnexpectedShape
 
@@ -37,6 +38,8 @@ SETTLED_HEADER = "X-Settle-Settled"
 RULES_HEADER = "X-Settle-Rules"
 _VALIDATORS = (hdrs.ETAG, hdrs.LAST_MODIFIED, "Content-MD5")
 WHOLE_BODY_LIMIT = 2**20
+REPORTED = 1_000
+"""How many (session, problem) pairs are remembered as said: past it, one may be said again."""
 
 
 class Settle(Addon):
@@ -57,7 +60,7 @@ class Settle(Addon):
         self._rules = rules
         self._write_back = ctx.write_back
         self._dry_run = ctx.dry_run
-        self._reported: set[tuple[str, str]] = set()
+        self._reported: Bounded[tuple[str, str], None] = Bounded(REPORTED)
         self._recent = RecentRewrites()
 
     async def request_headers(self, flow: Flow) -> None:
@@ -152,7 +155,6 @@ class Settle(Addon):
 
     async def _ask(self, route: MessageRoute, credentials: Credentials) -> Liveness:
         """A fresh reading from the upstream, kept for later fetches while the stream vouches for it."""
-        self._metrics.liveness_requests.labels(route.api).inc()
         liveness = await self._probe.read(route.api, route.session_id, credentials)
         self._tracker.store(route.api, liveness)
         return liveness
@@ -180,7 +182,7 @@ class Settle(Addon):
     def _report_once(self, route: MessageRoute, problem: str) -> None:
         key = (route.session_id, problem)
         if key not in self._reported:
-            self._reported.add(key)
+            self._reported[key] = None
             log.warning("session %s: %s; body passed on unchanged", route.session_id, problem)
 
 

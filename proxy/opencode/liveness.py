@@ -5,8 +5,10 @@ The two runtimes keep separate liveness: v2 in `GET /api/session/active`, v1 in
 session's own directory: asked without it, or in the directory a session has since been
 moved away from, a session busy elsewhere would look idle. A reading's time is the
 server's `Date` of the answer, so freshness never depends on the proxy's own clock.
-Any doubt (an error, a timeout, an odd answer) yields no reading, and no reading means
-no rewrite: the proxy never guesses that a session is dead.
+Any doubt (an error, a timeout, an odd answer, a status type it does not know) yields no
+reading, and no reading means no rewrite: the proxy never guesses that a session is dead.
+Every look-up is counted here, whoever asks (a view, a write-back, live settle, a session
+stream), as `settle_proxy_liveness_requests`.
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections import OrderedDict
-from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
+from prometheus_client import Counter
 
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
 from proxy.opencode.other_processes import OtherProcesses
-from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
+from proxy.opencode.runtimes import V1_HTTP, V2_HTTP, v1_status_active
 from proxy.opencode.server_clock import ServerClock
+from proxy.relay.bounded import Bounded
 from rules import Api, Liveness
 
 log = logging.getLogger(__name__)
@@ -37,25 +39,9 @@ class LivenessUnknown(RuntimeError):
     """The upstream could not say whether the session is active."""
 
 
-class DirectoryCache:
-    """Session id → the directory it was last seen in: a first guess only, since a session can be
-    moved to another worktree of its project (`/experimental/control-plane/move-session`)."""
-
-    def __init__(self, capacity: int = 4096) -> None:
-        self._entries: OrderedDict[str, str] = OrderedDict()
-        self._capacity = capacity
-
-    def get(self, session_id: str) -> str | None:
-        directory = self._entries.get(session_id)
-        if directory is not None:
-            self._entries.move_to_end(session_id)
-        return directory
-
-    def put(self, session_id: str, directory: str) -> None:
-        self._entries[session_id] = directory
-        self._entries.move_to_end(session_id)
-        if len(self._entries) > self._capacity:
-            self._entries.popitem(last=False)
+REMEMBERED_DIRECTORIES = 4096
+"""Sessions whose directory is remembered: a first guess only, since a session can be moved
+to another worktree of its project (`/experimental/control-plane/move-session`)."""
 
 
 class LivenessProbe:
@@ -63,7 +49,8 @@ class LivenessProbe:
 
     `authorization` is what look-ups send when the client they serve sent no credentials;
     `timeout` bounds one reading; `elsewhere`, when known, the other processes on the server's
-    database whose tools the server cannot vouch for.
+    database whose tools the server cannot vouch for; `lookups`, when given, counts each reading
+    asked (by runtime).
     """
 
     def __init__(
@@ -74,11 +61,13 @@ class LivenessProbe:
         timeout: float = 5.0,
         elsewhere: OtherProcesses | None = None,
         clock: ServerClock | None = None,
+        lookups: Counter | None = None,
     ) -> None:
         self._upstream = upstream
         self._authorization = authorization
         self._timeout = timeout
-        self._directories = DirectoryCache()
+        self._lookups = lookups
+        self._directories: Bounded[str, str] = Bounded(REMEMBERED_DIRECTORIES)
         self._elsewhere = elsewhere
         self.clock = clock or ServerClock()
         self._readers = {V1_HTTP.api: self._busy_v1, V2_HTTP.api: self._active_v2}
@@ -90,6 +79,8 @@ class LivenessProbe:
     async def read(self, api: Api, session_id: str, credentials: Credentials) -> Liveness:
         """A fresh reading for one session, with the server's time of it; raises
         `LivenessUnknown` when in doubt."""
+        if self._lookups is not None:
+            self._lookups.labels(api).inc()
         try:
             async with asyncio.timeout(self._timeout):
                 active, date = await self._readers[api](session_id, credentials)
@@ -125,7 +116,7 @@ class LivenessProbe:
                 raise LivenessUnknown(f"{V1_HTTP.liveness_path}: not an object")
             current = await self._directory(session_id, credentials)
             if current == directory:
-                return session_id in answer and _is_busy(answer[session_id]), date
+                return _listed_active(answer, session_id), date
             log.info("session %s moved from %s to %s: asking again", session_id, directory, current)
             directory = current
         raise LivenessUnknown(f"session {session_id} kept moving between directories")
@@ -135,10 +126,17 @@ class LivenessProbe:
         directory = info.get("directory") if isinstance(info, dict) else None
         if not isinstance(directory, str):
             raise LivenessUnknown(f"/session/{session_id}: no `directory`")
-        self._directories.put(session_id, directory)
+        self._directories[session_id] = directory
         return directory
 
 
-def _is_busy(status: Any) -> bool:
-    """v1 lists busy and retrying sessions; anything listed and not idle is alive."""
-    return not (isinstance(status, dict) and status.get("type") == "idle")
+def _listed_active(answer: dict[str, object], session_id: str) -> bool:
+    """v1 lists the sessions of the instance that are not idle; one listed in a status the proxy
+    does not know is neither active nor vouched inactive."""
+    if session_id not in answer:
+        return False
+    active = v1_status_active(answer[session_id])
+    if active is None:
+        status = answer[session_id]
+        raise LivenessUnknown(f"{V1_HTTP.liveness_path}: {session_id} has a status unknown here: {status!r}")
+    return active

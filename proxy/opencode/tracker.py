@@ -8,6 +8,12 @@ event about that session arrives; v1 status events replace it, any other event a
 session drops it, and the next fetch asks again. While the stream is down, or before it
 has (re)connected, nothing is kept: the proxy falls back to asking, never to guessing.
 
+No event may stop that: one that cannot be read (too long, too deep, not JSON) is skipped,
+logged once and counted, and since it may have been about any session every kept reading
+is dropped; a listener that raises is logged and counted while the others still get the
+event; and should following itself ever fail, what is kept is dropped, health says so, and
+it starts again.
+
 Other parts of the proxy listen to the same stream through `StreamListener`.
 """
 
@@ -15,27 +21,56 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import aiohttp
-import orjson
 from aiohttp import hdrs, web
+from prometheus_client import CollectorRegistry, Counter
 from yarl import URL
 
-from proxy.opencode import jsonio
+from proxy.opencode.global_events import (
+    GlobalEvent,
+    SessionEvent,
+    UnreadableEvent,
+    event_lines,
+    liveness_meaning,
+    parse_event,
+    read_event,
+)
 from proxy.opencode.routes import STREAM_START_TIMEOUT_S
 from proxy.opencode.server_clock import ServerClock
+from proxy.relay.bounded import Bounded
 from rules import Api, Liveness
+
+__all__ = [
+    "TRACKER",
+    "GlobalEvent",
+    "LivenessTracker",
+    "SessionEvent",
+    "StreamListener",
+    "StreamMetrics",
+    "StreamState",
+    "liveness_meaning",
+    "parse_event",
+]
 
 log = logging.getLogger(__name__)
 
 EVENTS_PATH = "/global/event"
 SILENCE_LIMIT_S = 35.0
+EVENT_LINE_LIMIT = 4 * 2**20
+"""The longest event line read: a longer one (a tool's whole output or input) is skipped."""
+KEPT_SESSIONS = 10_000
+CLEAN_SESSIONS = 1_000
+CLEAN_VIEWS = 32
+"""How many views (path and query) of one session are remembered clean, for how many sessions:
+a client that busts caches with a new query string each time gets a scan each time, and
+nothing more is kept."""
 _RETRY_SECONDS = (0.0, 0.25, 1.0, 2.0, 5.0)
-_V1_BUSY = ("busy", "retry")
+_RESTART_PAUSE_S = 1.0
 
 
 class StreamState(StrEnum):
@@ -43,31 +78,28 @@ class StreamState(StrEnum):
     FOLLOWING = "following"
     REFUSED = "refused"
     """The upstream refused the subscription (HTTP error, e.g. 401 without credentials)."""
+    FAILED = "failed"
+    """Following failed in the proxy itself; it starts again in a moment."""
 
 
 @dataclass(frozen=True, slots=True)
-class GlobalEvent:
-    """One plain event of `/global/event`: `{"directory", "project"?, "payload": {type, properties}}`."""
+class StreamMetrics:
+    """What the tracker counts: events skipped as unreadable (by reason), listeners that
+    raised (by listener and hook), and restarts of following after it failed."""
 
-    directory: str | None
-    project: str | None
-    kind: str
-    properties: dict[str, Any]
+    unreadable_events: Counter
+    listener_errors: Counter
+    restarts: Counter
 
-    @property
-    def session_id(self) -> str | None:
-        session = self.properties.get("sessionID")
-        return session if isinstance(session, str) else None
-
-
-@dataclass(frozen=True, slots=True)
-class SessionEvent:
-    """What an event says about one session's liveness."""
-
-    session_id: str
-    api: Api
-    busy: bool | None
-    """True/False when the event states it (v1 status); None when it only says "something happened"."""
+    @classmethod
+    def unregistered(cls) -> StreamMetrics:
+        """Counters nobody serves, for a tracker built without an application."""
+        registry = CollectorRegistry()
+        return cls(
+            Counter("unreadable_events", "", ("reason",), registry=registry),
+            Counter("listener_errors", "", ("listener", "hook"), registry=registry),
+            Counter("restarts", "", registry=registry),
+        )
 
 
 @runtime_checkable
@@ -93,7 +125,8 @@ class KeptReading:
 class LivenessTracker:
     """Keeps readings fresh from the event stream of the server at `origin`; `run()` follows it
     until cancelled. The stream is asked with `authorization` (the proxy's own credentials, if
-    any), and must start answering within `connect_timeout` (at most STREAM_START_TIMEOUT_S)."""
+    any), and must start answering within `connect_timeout` (at most STREAM_START_TIMEOUT_S).
+    An event line longer than `line_limit` bytes is skipped without being held whole."""
 
     def __init__(
         self,
@@ -103,16 +136,24 @@ class LivenessTracker:
         authorization: str | None = None,
         connect_timeout: float = 10.0,
         clock: ServerClock | None = None,
+        metrics: StreamMetrics | None = None,
+        line_limit: int = EVENT_LINE_LIMIT,
     ) -> None:
         self._session = session
         self._url = origin.origin().with_path(EVENTS_PATH)
         self._authorization = authorization
         self._connect_timeout = connect_timeout
         self._clock = clock or ServerClock()
-        self._readings: dict[tuple[Api, str], KeptReading] = {}
-        self._clean: dict[str, set[str]] = {}
+        self._metrics = metrics or StreamMetrics.unregistered()
+        self._line_limit = line_limit
+        self._readings: Bounded[tuple[Api, str], KeptReading] = Bounded(KEPT_SESSIONS)
+        self._clean: Bounded[str, Bounded[str, None]] = Bounded(CLEAN_SESSIONS)
         """Per session, the views (path and query) last seen without an open tool."""
+        self._said: set[str] = set()
         self.state = StreamState.CONNECTING
+        self.restarts = 0
+        self.last_failure: str | None = None
+        """Why following last failed in the proxy itself (for health), if it ever did."""
         self.listeners: list[StreamListener] = []
 
     def cached(self, api: Api, session_id: str) -> KeptReading | None:
@@ -134,7 +175,7 @@ class LivenessTracker:
         a stale one could only skip a settlement, never invent one.
         """
         if self.state is StreamState.FOLLOWING:
-            self._clean.setdefault(session_id, set()).add(view)
+            self._clean.setdefault(session_id, Bounded(CLEAN_VIEWS))[view] = None
 
     def known_clean(self, session_id: str, view: str) -> bool:
         return self.state is StreamState.FOLLOWING and view in self._clean.get(session_id, ())
@@ -147,24 +188,76 @@ class LivenessTracker:
             self._readings[key] = KeptReading(Liveness(event.session_id, event.busy, self._clock.now()))
 
     async def run(self) -> None:
-        """Follow the stream forever, reconnecting at once and then with growing pauses."""
-        failures = 0
+        """Follow the stream until cancelled. Following only fails by a fault of the proxy's own
+        (a lost stream is simply followed again), and then it is started again, from nothing."""
         while True:
             try:
+                await self._follow_forever()
+            except Exception as error:
+                self.restarts += 1
+                self.last_failure = f"{type(error).__name__}: {error}"
+                self._metrics.restarts.inc()
+                log.exception("following %s failed: kept readings dropped, following again", EVENTS_PATH)
+            self._forget()
+            self.state = StreamState.FAILED
+            await asyncio.sleep(_RESTART_PAUSE_S)
+
+    async def _follow_forever(self) -> None:
+        """Follow the stream, reconnecting at once and then with growing pauses. A server that
+        does not answer yet (starting, restarting) is said once to be waited for; "lost" is
+        said only of a stream that was being followed."""
+        failures, waiting_said = 0, False
+        while True:
+            why = "the server ended it"
+            try:
                 async for event in self._follow():
-                    failures = 0
-                    if event.session_id is not None:
-                        self._clean.pop(event.session_id, None)
-                    meaning = liveness_meaning(event)
-                    if meaning is not None:
-                        self.apply(meaning)
-                    for listener in self.listeners:
-                        listener.event(event)
+                    failures, waiting_said = 0, False
+                    self._take(event)
             except (aiohttp.ClientError, TimeoutError) as error:
-                log.info("event stream %s lost: %s", EVENTS_PATH, error or type(error).__name__)
+                why = str(error) or type(error).__name__
+            if self.state is StreamState.FOLLOWING:
+                log.info("event stream %s lost: %s", EVENTS_PATH, why)
+            elif self.state is not StreamState.REFUSED and not waiting_said:
+                waiting_said = True
+                log.info("waiting for the server to answer %s (%s)", EVENTS_PATH, why)
             self._forget()
             await asyncio.sleep(_RETRY_SECONDS[min(failures, len(_RETRY_SECONDS) - 1)])
             failures += 1
+
+    def _take(self, event: GlobalEvent | UnreadableEvent) -> None:
+        if isinstance(event, UnreadableEvent):
+            self._skip(str(event))
+            return
+        if event.session_id is not None:
+            self._clean.pop(event.session_id, None)
+        meaning = liveness_meaning(event)
+        if meaning is not None:
+            self.apply(meaning)
+        self._tell("event", lambda listener: listener.event(event))
+
+    def _skip(self, reason: str) -> None:
+        """An event that could not be read may have been about any session: nothing kept holds."""
+        self._readings.clear()
+        self._clean.clear()
+        self._metrics.unreadable_events.labels(reason).inc()
+        if reason not in self._said:
+            self._said.add(reason)
+            log.warning(
+                "an event of %s was skipped (%s); kept readings dropped; further ones are only counted",
+                EVENTS_PATH,
+                reason,
+                extra={"fields": {"reason": reason, "limit": self._line_limit}},
+            )
+
+    def _tell(self, hook: str, call: Callable[[StreamListener], None]) -> None:
+        """Call every listener, each isolated from the others as a failing addon is."""
+        for listener in list(self.listeners):
+            try:
+                call(listener)
+            except Exception:
+                name = getattr(listener, "name", type(listener).__name__)
+                log.exception("stream listener %s failed in %s; the others still get it", name, hook)
+                self._metrics.listener_errors.labels(name, hook).inc()
 
     def _forget(self) -> None:
         if self.state is StreamState.FOLLOWING:
@@ -172,7 +265,7 @@ class LivenessTracker:
         self._readings.clear()
         self._clean.clear()
 
-    async def _follow(self) -> AsyncIterator[GlobalEvent]:
+    async def _follow(self) -> AsyncIterator[GlobalEvent | UnreadableEvent]:
         headers = {hdrs.ACCEPT: "text/event-stream", hdrs.ACCEPT_ENCODING: "identity"}
         if self._authorization:
             headers[hdrs.AUTHORIZATION] = self._authorization
@@ -194,56 +287,12 @@ class LivenessTracker:
             self._readings.clear()
             self.state = StreamState.FOLLOWING
             log.info("following %s: liveness now comes from events", EVENTS_PATH)
-            for listener in self.listeners:
-                listener.following()
-            while line := await _next_line(stream):
-                if line.startswith(b"data:"):
-                    event = parse_event(line[5:])
-                    if event is not None:
-                        yield event
-
-
-async def _next_line(stream: aiohttp.ClientResponse) -> bytes:
-    """The stream's next line; a stream silent for longer than `SILENCE_LIMIT_S` counts as lost
-    (the server sends a heartbeat every 10 s, so silence means a dead connection)."""
-    async with asyncio.timeout(SILENCE_LIMIT_S):
-        return await stream.content.readline()
-
-
-def parse_event(data: bytes) -> GlobalEvent | None:
-    """One `/global/event` payload, or None for what is not a plain event (sync forms, junk)."""
-    try:
-        envelope = jsonio.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    payload = envelope.get("payload") if isinstance(envelope, dict) else None
-    if not isinstance(payload, dict):
-        return None
-    kind, properties = payload.get("type"), payload.get("properties")
-    if not isinstance(kind, str) or not isinstance(properties, dict):
-        return None
-    directory, project = envelope.get("directory"), envelope.get("project")
-    return GlobalEvent(
-        directory if isinstance(directory, str) else None,
-        project if isinstance(project, str) else None,
-        kind,
-        properties,
-    )
-
-
-def liveness_meaning(event: GlobalEvent) -> SessionEvent | None:
-    """What an event says about its session's liveness, if anything."""
-    session_id = event.session_id
-    if session_id is None:
-        return None
-    if event.kind == "session.status":
-        status = event.properties.get("status") or {}
-        return SessionEvent(session_id, Api.V1, status.get("type") in _V1_BUSY)
-    if event.kind == "session.idle":
-        return SessionEvent(session_id, Api.V1, False)
-    if event.kind.startswith("session.next."):
-        return SessionEvent(session_id, Api.V2, None)
-    return None
+            self._tell("following", lambda listener: listener.following())
+            async for line in event_lines(stream.content, self._line_limit, silence=SILENCE_LIMIT_S):
+                if line is None:
+                    yield UnreadableEvent("too long")
+                elif line.startswith(b"data:") and (event := read_event(line[5:])) is not None:
+                    yield event
 
 
 TRACKER = web.AppKey("tracker", LivenessTracker)

@@ -62,7 +62,11 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
     mark_this_process()
     elsewhere = app[OTHER_PROCESSES] = OtherProcesses(settings.upstream)
     probe = LivenessProbe(
-        upstream, authorization=settings.authorization, timeout=settings.liveness_timeout, elsewhere=elsewhere
+        upstream,
+        authorization=settings.authorization,
+        timeout=settings.liveness_timeout,
+        elsewhere=elsewhere,
+        lookups=metrics.liveness_requests,
     )
     background = app[BACKGROUND] = Background()
     async with AsyncExitStack() as stack:
@@ -80,6 +84,7 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
             authorization=settings.authorization,
             connect_timeout=settings.connect_timeout,
             clock=probe.clock,
+            metrics=metrics.stream,
         )
         ctx = SettleContext(
             probe,

@@ -12,7 +12,7 @@ from aiohttp import hdrs, web
 
 from proxy import __version__
 from proxy.opencode.other_processes import OTHER_PROCESSES
-from proxy.opencode.tracker import TRACKER, StreamState
+from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamState
 from proxy.relay.upstream import UPSTREAM
 from proxy.service.auth import DetailsGuard
 from proxy.service.config import SETTINGS
@@ -38,7 +38,7 @@ async def health(request: web.Request) -> web.Response:
         "status": "ok" if upstream["reachable"] else "upstream unreachable",
         "version": __version__,
         "upstream": upstream,
-        "liveness": _liveness_source(request.app[TRACKER].state),
+        "liveness": _liveness_source(request.app[TRACKER]),
         "other_processes": (await request.app[OTHER_PROCESSES].current()).describe(),
         "write_back": str(settings.write_back),
         "dry_run": settings.dry_run,
@@ -86,9 +86,14 @@ async def _status_without_credentials(request: web.Request) -> int | None:
     return status if isinstance(status, int) else None
 
 
-def _liveness_source(state: StreamState) -> dict[str, str]:
-    source = "events" if state is StreamState.FOLLOWING else "asked on every fetch"
-    return {"source": source, "event_stream": str(state)}
+def _liveness_source(tracker: LivenessTracker) -> dict[str, object]:
+    """Where readings come from; and, if following the stream ever failed in the proxy itself
+    (it is started again at once), how often and why it last did."""
+    source = "events" if tracker.state is StreamState.FOLLOWING else "asked on every fetch"
+    said: dict[str, object] = {"source": source, "event_stream": str(tracker.state)}
+    if tracker.last_failure is not None:
+        said |= {"restarts": tracker.restarts, "last_failure": tracker.last_failure}
+    return said
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -10,6 +10,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from proxy.opencode.tracker import StreamMetrics
+
 __all__ = ["CONTENT_TYPE_LATEST", "METRICS", "Metrics"]
 
 
@@ -38,9 +40,28 @@ class Metrics:
         )
         self.liveness_requests = Counter(
             "settle_proxy_liveness_requests",
-            "Liveness look-ups made upstream.",
+            "Liveness look-ups made upstream (for views, write-back, live settle and session streams).",
             ("api",),
             registry=self.registry,
+        )
+        self.stream = StreamMetrics(
+            Counter(
+                "settle_proxy_unreadable_events",
+                "Events of /global/event skipped because they could not be read, by reason.",
+                ("reason",),
+                registry=self.registry,
+            ),
+            Counter(
+                "settle_proxy_stream_listener_errors",
+                "Listeners of /global/event that raised (the others still got the event).",
+                ("listener", "hook"),
+                registry=self.registry,
+            ),
+            Counter(
+                "settle_proxy_event_stream_restarts",
+                "Times following /global/event failed in the proxy itself and was started again.",
+                registry=self.registry,
+            ),
         )
         self.upstream_seconds = Histogram(
             "settle_proxy_upstream_seconds",

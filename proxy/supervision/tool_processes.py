@@ -21,6 +21,7 @@ from aiohttp import web
 
 from proxy.opencode.event_log import CALL_ENDED, CALL_STARTED
 from proxy.opencode.tracker import GlobalEvent
+from proxy.relay.bounded import Bounded
 from proxy.system.procfs import command_line, pids, program_name, stat
 from rules import OPEN_STATUSES, Api
 
@@ -107,12 +108,12 @@ class ToolProcesses:
         """Whether to report recorded processes that outlived their server when the stream comes
         back (a proxy in front of a server it did not start; `run` reports what it adopts itself)."""
         self.recorder: Recorder | None = None
-        self._reported: set[Identity] = set()
+        self._reported: Bounded[Identity, None] = Bounded(_REMEMBERED)
         self._writes: set[asyncio.Task[None]] = set()
         self._calls: dict[str, ToolCall] = {}
         self._runtimes: dict[str, Api] = {}
         self._awaiting: set[str] = set()
-        self._processes: dict[Identity, str] = {}
+        self._processes: Bounded[Identity, str] = Bounded(_REMEMBERED)
 
     def following(self) -> None:
         """The stream is back, perhaps after a crash: say which recorded processes outlived their server."""
@@ -132,7 +133,7 @@ class ToolProcesses:
         for orphan in await self.left_running():
             identity = Identity.of(orphan.pid)
             if identity is not None and identity not in self._reported:
-                self._reported.add(identity)
+                self._reported[identity] = None
                 log.warning("orphaned process %s", described(orphan), extra={"fields": orphan.as_json()})
 
     def event(self, event: GlobalEvent) -> None:
@@ -234,8 +235,6 @@ class ToolProcesses:
                 self._awaiting.discard(call)
                 if self.recorder is not None and server is not None:
                     self._write(self.recorder.record(identity, command, server, self._calls[call]))
-        while len(self._processes) > _REMEMBERED:
-            self._processes.pop(next(iter(self._processes)))
 
     def _call_for(self, command: str) -> str | None:
         """The one waiting call whose command this process runs. v2 runs `/bin/sh -c <command>`;

@@ -1,12 +1,11 @@
 """What live settle remembers from the followed stream: open v1 parts, busy sessions, unfinished messages."""
 
-from collections import OrderedDict
 from typing import Any
 
 import pytest
 
 from proxy.addons import live_memory
-from proxy.addons.live_memory import StreamMemory, remember
+from proxy.addons.live_memory import StreamMemory
 from proxy.opencode.tracker import GlobalEvent
 from rules import Api, OpenTool
 
@@ -66,12 +65,16 @@ def test_what_is_not_a_tool_or_an_assistant_message_is_ignored() -> None:
     memory.observe(
         event("message.updated", sessionID="ses_a", info={"id": "msg_u", "role": "user", "time": {}})
     )
-    assert (memory.parts, memory.unfinished) == (OrderedDict(), OrderedDict())
+    assert (len(memory.parts), len(memory.unfinished)) == (0, 0)
 
 
 def test_the_oldest_entry_is_forgotten_beyond_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(live_memory, "REMEMBERED", 2)
-    kept: OrderedDict[str, int] = OrderedDict()
-    for key, value in (("a", 1), ("b", 2), ("a", 3), ("c", 4)):
-        remember(kept, key, value)
-    assert list(kept.items()) == [("a", 3), ("c", 4)]
+    memory = StreamMemory()
+    for number in range(5):
+        memory.observe(part(f"prt_{number}", "running", session=f"ses_{number}"))
+        memory.observe(event("session.status", sessionID=f"ses_{number}", status={"type": "busy"}))
+        memory.observe(assistant(f"msg_{number}", completed=False, session=f"ses_{number}"))
+    assert list(memory.parts) == ["prt_3", "prt_4"]
+    assert list(memory.busy) == ["ses_3", "ses_4"]
+    assert list(memory.unfinished) == ["msg_3", "msg_4"]

@@ -6,7 +6,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.addons.rewrite import RecentRewrites, mentions_open_status, rewrite
+from proxy.addons.rewrite import REMEMBERED_VIEWS, RecentRewrites, mentions_open_status, rewrite
 from proxy.opencode.routes import MessageRoute, match_message_route
 from rules import DEFAULT_RULES, Api, Liveness, UnexpectedShape, settle
 from tests.fixtures import js_json, load
@@ -264,6 +264,16 @@ def test_recent_rewrites_stay_within_budget() -> None:
         recent.rewrite(view, body, V2_LIST, INACTIVE, DEFAULT_RULES)
     assert recent.known("ses_x", "/a", body) is None, "the oldest entry was dropped to stay within the budget"
     assert recent.known("ses_x", "/c", body) is not None
+
+
+def test_cache_busting_queries_keep_a_bounded_number_of_rewrites() -> None:
+    body = orjson.dumps(v2_history({1}))
+    recent = RecentRewrites()
+    for poll in range(3000):
+        recent.rewrite(f"/v?_={poll}", body, V2_LIST, INACTIVE, DEFAULT_RULES)
+    assert len(recent._entries) == REMEMBERED_VIEWS
+    assert recent.known("ses_x", "/v?_=2999", body) is not None
+    assert recent.known("ses_x", "/v?_=0", body) is None
 
 
 @pytest.mark.parametrize("body", [V1_CUT_WHILE_WRITING, V2_CUT_WHILE_WRITING], ids=["v1", "v2"])

@@ -2,7 +2,6 @@
 
 from proxy import testing
 from proxy.opencode.client import AUTH_TOKEN_PARAM, Credentials
-from proxy.opencode.liveness import DirectoryCache
 
 
 def test_the_clients_header_then_its_token_then_the_configured_header() -> None:
@@ -13,12 +12,3 @@ def test_the_clients_header_then_its_token_then_the_configured_header() -> None:
     bare = testing.flow().request
     assert Credentials.for_request(bare, "Basic configured").headers == {"Authorization": "Basic configured"}
     assert Credentials.for_request(bare, None) == Credentials()
-
-
-def test_the_directory_cache_forgets_the_least_recently_used() -> None:
-    cache = DirectoryCache(capacity=2)
-    cache.put("ses_a", "/a")
-    cache.put("ses_b", "/b")
-    assert cache.get("ses_a") == "/a"  # now the most recent
-    cache.put("ses_c", "/c")
-    assert (cache.get("ses_a"), cache.get("ses_b"), cache.get("ses_c")) == ("/a", None, "/c")

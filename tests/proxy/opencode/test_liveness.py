@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import hdrs
 from aiohttp.test_utils import make_mocked_request
+from prometheus_client import CollectorRegistry, Counter
 from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi
@@ -27,6 +28,9 @@ class _Answers(UpstreamApi):
     async def dated_get(self, path: str, credentials: Credentials, **params: str) -> tuple[Any, str | None]:
         await asyncio.sleep(self._delay)
         return self._answers[path], "Mon, 30 Nov 2026 20:00:00 GMT"
+
+    async def get(self, path: str, credentials: Credentials, **params: str) -> Any:
+        return (await self.dated_get(path, credentials, **params))[0]
 
 
 async def test_a_reading_from_the_values_given() -> None:
@@ -52,3 +56,46 @@ async def test_the_authorization_given_serves_a_client_that_sent_none() -> None:
     assert own.headers == {hdrs.AUTHORIZATION: "Basic b3duOnB3"}
     client = make_mocked_request("GET", "/", headers={hdrs.AUTHORIZATION: "Basic Y2xpZW50"})
     assert probe.credentials(client).headers == {hdrs.AUTHORIZATION: "Basic Y2xpZW50"}
+
+
+@pytest.mark.parametrize(
+    ("status", "active"),
+    [
+        ({"type": "busy"}, True),
+        ({"type": "retry", "attempt": 1}, True),
+        ({"type": "idle"}, False),
+        (None, False),
+    ],
+)
+async def test_a_listed_v1_status_means_what_the_one_vocabulary_says(status: Any, active: bool) -> None:
+    listed = {} if status is None else {"ses_1": status}
+    answers = {"/session/ses_1": {"directory": "/d"}, "/session/status": listed}
+    async with aiohttp.ClientSession() as session:
+        reading = await LivenessProbe(_Answers(session, answers)).read(Api.V1, "ses_1", Credentials())
+    assert reading.active is active
+
+
+@pytest.mark.parametrize("status", [{"type": "compacting"}, {"kind": "busy"}, "busy"])
+async def test_a_session_listed_in_a_status_unknown_here_is_not_vouched_inactive(status: Any) -> None:
+    answers = {"/session/ses_1": {"directory": "/d"}, "/session/status": {"ses_1": status}}
+    async with aiohttp.ClientSession() as session:
+        probe = LivenessProbe(_Answers(session, answers))
+        with pytest.raises(LivenessUnknown, match="status unknown here"):
+            await probe.read(Api.V1, "ses_1", Credentials())
+
+
+async def test_every_reading_asked_is_counted_by_runtime() -> None:
+    registry = CollectorRegistry()
+    lookups = Counter("lookups", "", ("api",), registry=registry)
+    answers = {
+        "/session/ses_1": {"directory": "/d"},
+        "/session/status": {},
+        "/api/session/active": {"data": {}},
+    }
+    async with aiohttp.ClientSession() as session:
+        probe = LivenessProbe(_Answers(session, answers), lookups=lookups)
+        await probe.read(Api.V1, "ses_1", Credentials())
+        await probe.read(Api.V2, "ses_2", Credentials())
+        await probe.read(Api.V2, "ses_2", Credentials())
+    assert registry.get_sample_value("lookups_total", {"api": "v1"}) == 1
+    assert registry.get_sample_value("lookups_total", {"api": "v2"}) == 2

@@ -5,7 +5,16 @@ import time
 import orjson
 import pytest
 
-from proxy.opencode.tracker import TRACKER, liveness_meaning, parse_event
+from proxy.opencode.global_events import UnreadableEvent
+from proxy.opencode.tracker import (
+    CLEAN_SESSIONS,
+    CLEAN_VIEWS,
+    KEPT_SESSIONS,
+    TRACKER,
+    SessionEvent,
+    liveness_meaning,
+    parse_event,
+)
 from rules import Api
 from tests.fixtures import OPENCODE, compact
 from tests.proxy.conftest import ProxyClient, crash, following, publish
@@ -92,13 +101,26 @@ async def test_a_lost_stream_drops_every_reading(proxy: ProxyClient, fake: FakeO
         ('{"payload":{"type":"session.next.tool.called","properties":{"sessionID":"s"}}}', (Api.V2, None)),
         ('{"payload":{"type":"server.heartbeat","properties":{}}}', None),
         ('{"payload":{"type":"sync","syncEvent":{}}}', None),
-        ("not json", None),
+        (
+            '{"payload":{"type":"session.status","properties":{"sessionID":"s","status":{"type":"compacting"}}}}',
+            (Api.V1, None),
+        ),
+        (
+            '{"payload":{"type":"session.status","properties":{"sessionID":"s","status":"busy"}}}',
+            (Api.V1, None),
+        ),
     ],
 )
 def test_parse_event(line: str, meaning: tuple[Api, bool | None] | None) -> None:
     event = parse_event(line.encode())
     found = None if event is None else liveness_meaning(event)
     assert (None if found is None else (found.api, found.busy)) == meaning
+
+
+@pytest.mark.parametrize("line", ["not json", '{"a":' * 2000 + "1" + "}" * 2000])
+def test_what_the_decoder_refuses_is_unreadable(line: str) -> None:
+    with pytest.raises(UnreadableEvent):
+        parse_event(line.encode())
 
 
 def test_every_status_event_in_a_real_capture_is_understood() -> None:
@@ -127,3 +149,42 @@ async def test_a_clean_view_streams_through_unread_until_its_session_moves(
     await publish(proxy, fake, "session.next.prompt.admitted", V2)
     assert not tracker.known_clean(V2, path)
     assert await settled_count(proxy, path) == "1"
+
+
+async def test_a_status_unknown_here_keeps_no_reading(proxy: ProxyClient, fake: FakeOpencode) -> None:
+    await following(proxy)
+    tracker = proxy.app[TRACKER]
+    await publish(proxy, fake, "session.status", V1, status={"type": "idle"})
+    assert tracker.cached(Api.V1, V1) is not None
+    await publish(proxy, fake, "session.status", V1, status={"type": "compacting"})
+    assert tracker.cached(Api.V1, V1) is None, "unknown is not inactive: the proxy asks"
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    assert await settled_count(proxy, f"/session/{V1}/message") == "1"
+    assert fake.liveness_requests == 1
+
+
+async def test_cache_busting_queries_leave_a_bounded_number_of_clean_marks(
+    proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    await following(proxy)
+    path = f"/api/session/{V2}/message"
+    fake.bodies[path] = compact("v2-message-interrupted.json")
+    for poll in range(3000):
+        await settled_count(proxy, f"{path}?_={poll}")
+    tracker = proxy.app[TRACKER]
+    assert tracker.known_clean(V2, f"{path}?_=2999")
+    assert not tracker.known_clean(V2, f"{path}?_=0")
+    assert len(tracker._clean[V2]) == CLEAN_VIEWS
+    for number in range(CLEAN_SESSIONS + 50):
+        tracker.mark_clean(f"ses_{number}", path)
+    assert len(tracker._clean) == CLEAN_SESSIONS
+
+
+async def test_readings_are_kept_for_a_bounded_number_of_sessions(proxy: ProxyClient) -> None:
+    await following(proxy)
+    tracker = proxy.app[TRACKER]
+    for number in range(KEPT_SESSIONS + 50):
+        tracker.apply(SessionEvent(f"ses_{number}", Api.V1, False))
+    assert len(tracker._readings) == KEPT_SESSIONS
+    assert tracker.cached(Api.V1, "ses_0") is None
+    assert tracker.cached(Api.V1, f"ses_{KEPT_SESSIONS + 49}") is not None

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -112,3 +113,33 @@ async def test_the_same_command_in_both_runtimes_is_told_apart_by_how_it_runs(
     await watcher.flush()  # its look for the processes (soon after each call started)
     found = {orphan.pid: orphan.as_json()["part"] for orphan in watcher.orphans([tool.pid for tool in tools])}
     assert [found[tool.pid] for tool in tools] == ["prt_1", "call_2"]
+
+
+class _Recorded:
+    """A recorder whose every recorded process outlived its server."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self._pids = pids
+
+    async def record(self, *_: Any) -> None: ...
+
+    async def ended(self, call: str) -> None: ...
+
+    async def left_running(self) -> list[Any]:
+        return [
+            SimpleNamespace(process=SimpleNamespace(pid=pid), command="sleep", call=None)
+            for pid in self._pids
+        ]
+
+
+async def test_processes_reported_once_are_remembered_up_to_a_bound(
+    tools: Tools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tool_processes, "_REMEMBERED", 2)
+    for number in range(3):
+        tools.start("sleep", f"61{number}")
+    watcher = ToolProcesses(this_process, reports=True)
+    watcher.recorder = _Recorded([tool.pid for tool in tools])
+    watcher.following()
+    await watcher.flush()
+    assert len(watcher._reported) == 2

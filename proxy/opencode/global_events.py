@@ -1,0 +1,128 @@
+"""The events of `/global/event` as the proxy reads them: line by line, each line only up to
+a limit, and what a plain event says about its session's liveness.
+
+aiohttp's own `readline` gives up on a line past its buffer limit (512 KiB) with `LineTooLong`,
+having consumed an unknown part of it, so the stream cannot be read on; `readuntil` with a
+`max_size` does the same, even for a line whose end it has already consumed. Here the bytes
+are read in pieces and cut at line ends by hand: a line longer than the limit is read past,
+its bytes dropped as they come, so one huge event costs neither the stream nor more memory
+than the limit (and one piece).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from proxy.opencode import jsonio
+from proxy.opencode.runtimes import v1_status_active
+from rules import Api
+
+PIECE = 2**16
+
+
+class UnreadableEvent(ValueError):
+    """A `data:` line the proxy cannot read as JSON (for the log: why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalEvent:
+    """One plain event of `/global/event`: `{"directory", "project"?, "payload": {type, properties}}`."""
+
+    directory: str | None
+    project: str | None
+    kind: str
+    properties: dict[str, Any]
+
+    @property
+    def session_id(self) -> str | None:
+        session = self.properties.get("sessionID")
+        return session if isinstance(session, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEvent:
+    """What an event says about one session's liveness."""
+
+    session_id: str
+    api: Api
+    busy: bool | None
+    """True/False when the event states it (v1 status); None when it only says "something happened"."""
+
+
+async def event_lines(
+    content: aiohttp.StreamReader, limit: int, *, silence: float
+) -> AsyncIterator[bytes | None]:
+    """Each line of `content` (line end included), or None for one longer than `limit` bytes,
+    until the stream ends; a last line without its line end is dropped, as an event is only
+    whole once it ended. A wait of more than `silence` seconds for the next piece raises
+    `TimeoutError`."""
+    pending, skipping, searched = bytearray(), False, 0
+    while True:
+        start = 0
+        while (end := pending.find(b"\n", searched)) >= 0:
+            too_long = skipping or end + 1 - start > limit
+            yield None if too_long else bytes(pending[start : end + 1])
+            start = searched = end + 1
+            skipping = False
+        del pending[:start]
+        if len(pending) > limit:
+            skipping = True
+            pending.clear()
+        searched = len(pending)
+        async with asyncio.timeout(silence):
+            piece = await content.read(PIECE)
+        if not piece:
+            return
+        pending += piece
+
+
+def read_event(data: bytes) -> GlobalEvent | UnreadableEvent | None:
+    """`parse_event`, with what it refuses as a value (the stream reads on)."""
+    try:
+        return parse_event(data)
+    except UnreadableEvent as error:
+        return error
+
+
+def parse_event(data: bytes) -> GlobalEvent | None:
+    """One `/global/event` payload, or None for what is not a plain event (sync forms); raises
+    `UnreadableEvent` for what the decoder refuses, whatever it raises (nested too deep, say)."""
+    try:
+        envelope = jsonio.loads(data)
+    except orjson.JSONDecodeError:
+        raise UnreadableEvent("not JSON") from None
+    except Exception as error:  # the fallback decoder: RecursionError past 1,000 levels, and the like
+        raise UnreadableEvent(type(error).__name__) from None
+    payload = envelope.get("payload") if isinstance(envelope, dict) else None
+    if not isinstance(payload, dict):
+        return None
+    kind, properties = payload.get("type"), payload.get("properties")
+    if not isinstance(kind, str) or not isinstance(properties, dict):
+        return None
+    directory, project = envelope.get("directory"), envelope.get("project")
+    return GlobalEvent(
+        directory if isinstance(directory, str) else None,
+        project if isinstance(project, str) else None,
+        kind,
+        properties,
+    )
+
+
+def liveness_meaning(event: GlobalEvent) -> SessionEvent | None:
+    """What an event says about its session's liveness, if anything."""
+    session_id = event.session_id
+    if session_id is None:
+        return None
+    if event.kind == "session.status":
+        return SessionEvent(session_id, Api.V1, v1_status_active(event.properties.get("status")))
+    if event.kind == "session.idle":
+        return SessionEvent(session_id, Api.V1, False)
+    if event.kind.startswith("session.next."):
+        return SessionEvent(session_id, Api.V2, None)
+    return None

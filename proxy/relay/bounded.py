@@ -1,0 +1,61 @@
+"""A mapping that never holds more than a fixed number of entries.
+
+Whatever the proxy keeps per session, view, part or message is keyed by what peers send, so
+without a bound one client (a cache-busting query string, a server with many sessions) could
+make it grow for as long as the proxy runs. What is kept is only ever a shortcut or a memory
+of what the stream showed: forgetting the least recently used entry costs a look-up, never a
+wrong answer.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import ItemsView, Iterator, MutableMapping, ValuesView
+from typing import TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Bounded(MutableMapping[K, V]):
+    """A dict of at most `capacity` entries: setting a key beyond it forgets the least
+    recently set or read one. Iteration goes oldest first; `in`, `values()` and `items()`
+    refresh nothing: only reading or setting an entry makes it the most recent."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self._entries: OrderedDict[K, V] = OrderedDict()
+
+    def __getitem__(self, key: K) -> V:
+        value = self._entries[key]
+        self._entries.move_to_end(key)
+        return value
+
+    def __setitem__(self, key: K, value: V) -> None:
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def __delitem__(self, key: K) -> None:
+        del self._entries[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def values(self) -> ValuesView[V]:
+        return self._entries.values()
+
+    def items(self) -> ItemsView[K, V]:
+        return self._entries.items()
+
+    def clear(self) -> None:
+        self._entries.clear()

@@ -1,0 +1,67 @@
+"""What the addons keep per session, part and call is bounded, however many a peer names."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+from yarl import URL
+
+from proxy.addons import live_clients, session_streams, settle
+from proxy.addons.context import SettleContext
+from proxy.addons.live_clients import ClientStreams, Orphan
+from proxy.addons.live_memory import Place
+from proxy.addons.session_streams import SessionStreamSettle
+from proxy.addons.settle import Settle
+from proxy.opencode.client import UpstreamApi
+from proxy.opencode.event_log import CALL_STARTED
+from proxy.opencode.liveness import LivenessProbe
+from proxy.opencode.routes import MessageRoute
+from proxy.opencode.tracker import GlobalEvent, LivenessTracker
+from proxy.service.metrics import Metrics
+from rules import Api
+
+
+def orphan(session_id: str) -> Orphan:
+    return Orphan(Place(session_id, "msg_1", "/cwd", None), state=[{"type": "message.updated"}])
+
+
+def test_replayed_orphans_are_kept_for_a_bounded_number_of_sessions_and_parts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(live_clients, "REMEMBERED", 3)
+    monkeypatch.setattr(live_clients, "ORPHANS_PER_SESSION", 2)
+    streams = ClientStreams(Counter("injected", "", registry=CollectorRegistry()))
+    for number in range(10):
+        streams.publish(f"prt_{number}", orphan(f"ses_{number}"))
+    for number in range(10):
+        streams.publish(f"prt_many_{number}", orphan("ses_9"))
+    kept = streams._orphans
+    assert list(kept) == ["ses_7", "ses_8", "ses_9"]
+    assert list(kept["ses_9"]) == ["prt_many_8", "prt_many_9"]
+
+
+async def test_calls_seen_open_are_kept_for_a_bounded_number_of_sessions_and_calls(
+    monkeypatch: pytest.MonkeyPatch, upstream_api: UpstreamApi
+) -> None:
+    monkeypatch.setattr(session_streams, "_REMEMBERED", 3)
+    monkeypatch.setattr(session_streams, "_CALLS_PER_SESSION", 2)
+    addon = SessionStreamSettle(SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0))
+    for number in range(10):
+        addon.event(GlobalEvent("/cwd", None, CALL_STARTED, {"sessionID": f"ses_{number}", "callID": "c"}))
+    for number in range(10):
+        addon.event(GlobalEvent("/cwd", None, CALL_STARTED, {"sessionID": "ses_9", "callID": f"c{number}"}))
+    assert list(addon._open) == ["ses_7", "ses_8", "ses_9"]
+    assert list(addon._open["ses_9"]) == ["c8", "c9"]
+
+
+async def test_problems_said_once_are_remembered_for_a_bounded_number_of_sessions(
+    monkeypatch: pytest.MonkeyPatch, upstream_api: UpstreamApi
+) -> None:
+    monkeypatch.setattr(settle, "REPORTED", 5)
+    ctx = SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0)
+    async with aiohttp.ClientSession() as session:
+        addon = Settle(ctx, tracker=LivenessTracker(session, URL("http://127.0.0.1:1")))
+        for number in range(50):
+            addon._report_once(MessageRoute(Api.V1, f"ses_{number}", single=False), "body is not JSON")
+    assert len(addon._reported) == 5
