@@ -60,7 +60,8 @@ class LiveSettle(Addon, StreamListener):
     def event(self, event: GlobalEvent) -> None:
         if event.session_id is not None:
             self._clients.forget(event.session_id)
-            self._turns.heard(event.session_id)
+        self._parts.heard(event)
+        self._turns.heard(event)
         if (idle := self._memory.observe(event)) is not None:
             self._parts.schedule(idle)
 

@@ -12,10 +12,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.addons.live_watch import says_idle
 from proxy.opencode.tracker import GlobalEvent
 from rules import V1, OpenTool
 
-_IDLE_KINDS = ("session.idle", "session.error")
 REMEMBERED = 10_000
 
 
@@ -48,7 +48,7 @@ class StreamMemory:
             self._part_updated(event)
         elif event.kind == "message.updated":
             self._message_updated(event)
-        elif event.session_id is not None and _went_idle(event):
+        elif event.session_id is not None and says_idle(event):
             self.busy.pop(event.session_id, None)
             return event.session_id if self.has_open(event.session_id) else None
         elif event.session_id is not None and event.kind == "session.status":
@@ -112,9 +112,3 @@ def remember(kept: OrderedDict[str, Any], key: str, value: Any) -> None:
     kept.move_to_end(key)
     while len(kept) > REMEMBERED:
         kept.popitem(last=False)
-
-
-def _went_idle(event: GlobalEvent) -> bool:
-    if event.kind == "session.status":
-        return (event.properties.get("status") or {}).get("type") == "idle"
-    return event.kind in _IDLE_KINDS
