@@ -60,7 +60,14 @@ class OpenParts(KeyedTasks[str]):
     async def _confirm(self, session_id: str) -> None:
         with self._watch.watching(session_id) as ticket:
             read = await self._read_after_grace(session_id)
-            if read is None or read.liveness.active or not self._watch.vouches(ticket):
+            if read is None or not self._watch.vouches(ticket):
+                return
+            if read.liveness.active:
+                log.info(
+                    "live settle of %s: nothing said, the session is active",
+                    session_id,
+                    extra={"fields": {"session": session_id, "decision": "active"}},
+                )
                 return
             for message_id, message in read.messages.items():
                 parts = [part for part in read.parts if part.message_id == message_id]
