@@ -85,12 +85,7 @@ class OpenParts(KeyedTasks[str]):
             if not parts:
                 return None
             try:
-                messages = {
-                    message_id: await self._ctx.upstream.get(
-                        V1_HTTP.messages_path(session_id, message_id), self._ctx.credentials
-                    )
-                    for message_id in dict.fromkeys(part.message_id for part in parts)
-                }
+                messages = await self._messages(session_id, parts)
                 liveness = await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
             except (UpstreamRefused, OSError, LivenessUnknown) as error:
                 log.info(
@@ -105,6 +100,29 @@ class OpenParts(KeyedTasks[str]):
                 return _Read(parts, messages, liveness)
             pause *= 2
         return None
+
+    async def _messages(self, session_id: str, parts: list[OpenTool]) -> dict[str, Any]:
+        """The messages holding `parts`, read afresh; one the server no longer has is left out,
+        and its parts forgotten (nothing can show them any more)."""
+        messages = {}
+        for message_id in dict.fromkeys(part.message_id for part in parts):
+            try:
+                messages[message_id] = await self._ctx.upstream.get(
+                    V1_HTTP.messages_path(session_id, message_id), self._ctx.credentials
+                )
+            except UpstreamRefused as refusal:
+                if refusal.status != 404:
+                    raise
+                log.info(
+                    "live settle of %s: message %s is gone, its parts are forgotten",
+                    session_id,
+                    message_id,
+                    extra={"fields": {"session": session_id, "message": message_id, "decision": "gone"}},
+                )
+                for part in parts:
+                    if part.message_id == message_id:
+                        self._memory.parts.pop(part.part, None)
+        return messages
 
     def _settle_message(self, message: Any, parts: list[OpenTool], liveness: Liveness) -> None:
         view = settle_view(message, Api.V1, liveness, single=True)

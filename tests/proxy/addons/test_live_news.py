@@ -210,3 +210,14 @@ async def test_a_withdrawn_part_is_confirmed_again_when_the_session_next_goes_id
     assert await outcome(proxy, fake) == {"injected": 0, "withdrawn": 1, "written": 0}
     await publish(proxy, fake, "session.status", V1, status={"type": "idle"})  # the new turn ended
     assert (await outcome(proxy, fake))["written"] == 1
+
+
+async def test_a_message_the_server_no_longer_has_leaves_the_others_confirmed(
+    proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="proxy.addons.live_parts")
+    gone = {**PART, "id": "prt_gone", "messageID": "msg_gone"}  # the fake answers 404 for its message
+    await publish(proxy, fake, "message.part.updated", V1, part=gone, time=1)
+    await crash_with_part_open(proxy, fake)
+    assert await outcome(proxy, fake) == {"injected": 4, "withdrawn": 0, "written": 1}
+    assert "message msg_gone is gone, its parts are forgotten" in caplog.text
