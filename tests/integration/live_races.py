@@ -16,7 +16,7 @@ from .proxy_process import ProxyProcess
 from .races import interrupted, messages_body, tools_of
 from .turns import Observed, Runtime, Turn, observe_running, send_prompt
 
-LIVE_GRACE_S = 6.0
+LIVE_GRACE_S = 8.0
 """Long enough for the restarted server to warm up before the first new turn (checked below)."""
 NEW_TURN_AT: tuple[float | None, ...] = (-1.0, -0.3, -0.1, 0.0, 0.1, 0.3, 1.0, None, None)
 """When each session's new turn starts, relative to when its confirmation starts re-reading the

@@ -240,7 +240,9 @@ def test_turns_started_while_live_settle_confirms_are_never_announced_idle(
             heard = tap.payloads()
         log = proxy.log()
     decisions = {what: sum(marker in line for line in log.splitlines()) for what, marker in DECISIONS.items()}
-    print(f"\nlive settle race: {len(stale)} sessions, new turns around the confirmations, {decisions}")
+    print(
+        f"\nlive settle race: {len(stale)} sessions, warm {warm - followed:.1f}s after the proxy followed, {decisions}"
+    )
     assert failures == [], failures
     false_idle = [f for o in stale.values() for f in false_idles(heard, o.session_id, o.tool_id)]
     assert false_idle == [], false_idle[:5]
