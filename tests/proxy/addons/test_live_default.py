@@ -120,3 +120,26 @@ async def test_a_plain_event_stream_waits_while_the_default_directory_is_unknown
         "session.idle",
     ]
     assert "follow the server's default directory /cwd" in caplog.text
+
+
+async def test_a_plain_event_stream_asks_again_once_the_proxy_gave_up(
+    proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server did not answer after a restart, and the proxy gave up: the next plain `/event`
+    asks again (with its own credentials, the client's), and is told from then on."""
+    caplog.set_level(logging.INFO, logger="proxy.addons")
+    fake.path_fails = True
+    await crash_with_part_open(proxy, fake)
+    await idle(proxy.app)
+    assert "the server's default directory is unknown" in caplog.text
+    fake.path_fails = False
+    stream = events(await proxy.get("/event"))
+    assert await kinds(stream, 4) == [
+        "server.connected",
+        "message.part.updated",
+        "message.updated",
+        "session.status",
+    ]
+    assert {"directory": "/cwd", "waiting": 1} in [
+        getattr(record, "fields", None) for record in caplog.records
+    ]
