@@ -21,6 +21,9 @@ class SettleMetrics(Protocol):
     @property
     def injected_events(self) -> Counter: ...
 
+    @property
+    def withdrawn_confirmations(self) -> Counter: ...
+
 
 @dataclass(frozen=True, slots=True)
 class SettleContext:

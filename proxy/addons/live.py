@@ -22,6 +22,10 @@ messages unfinished; when the stream comes back it waits the grace period, reads
 message afresh, takes a reading after that read, and if the session is inactive sends the
 message as the rules close it (`message.updated`) and `session.status` idle, framed and
 replayed as for a part (`live_turns`).
+
+A plain `/event` (no directory asked, as the official SDK's default client subscribes) is the
+stream of the server's default directory, which the proxy asks the server for each time the
+followed stream (re)connects (`live_default`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import ClassVar
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams
+from proxy.addons.live_default import DefaultDirectory
 from proxy.addons.live_memory import StreamMemory
 from proxy.addons.live_parts import OpenParts
 from proxy.addons.live_turns import DeadTurns
@@ -43,14 +48,18 @@ class LiveSettle(Addon, StreamListener):
     name: ClassVar[str] = "live-settle"
 
     def __init__(self, ctx: SettleContext) -> None:
+        self._ctx = ctx
         self._memory = StreamMemory()
         self._clients = ClientStreams(ctx.metrics.injected_events)
+        self._default = DefaultDirectory(ctx.upstream, self._clients.learned_default)
         self._parts = OpenParts(ctx, self._memory, self._clients)
         self._turns = DeadTurns(ctx, self._memory, self._clients)
 
     # What the followed stream says.
 
     def following(self) -> None:
+        self._clients.default_directory = None  # a restarted server may run elsewhere: ask again
+        self._default.learn(self._ctx.credentials)
         with_parts = self._memory.sessions_with_parts()
         for session_id in with_parts:
             self._parts.schedule(session_id)
@@ -60,28 +69,35 @@ class LiveSettle(Addon, StreamListener):
     def event(self, event: GlobalEvent) -> None:
         if event.session_id is not None:
             self._clients.forget(event.session_id)
-            self._turns.heard(event.session_id)
+        self._parts.heard(event)
+        self._turns.heard(event)
         if (idle := self._memory.observe(event)) is not None:
             self._parts.schedule(idle)
 
     # Client streams.
 
     async def response_headers(self, flow: Flow) -> None:
-        self._clients.subscribe(flow, by=self.name)
+        subscriber = self._clients.subscribe(flow, by=self.name)
+        waiting = subscriber is not None and subscriber.directory is None and not subscriber.everywhere
+        if waiting and not self._default.busy:  # the proxy's attempts gave up: try the client's credentials
+            self._default.learn(self._ctx.probe.credentials(flow.request))
 
     async def done(self, flow: Flow) -> None:
         self._clients.unsubscribe(flow)
 
     @property
     def busy(self) -> bool:
-        return self._parts.busy or self._turns.busy
+        return self._parts.busy or self._turns.busy or self._default.busy
 
     async def idle(self) -> None:
-        """Wait until no confirmation runs (a part's or a turn's)."""
+        """Wait until no confirmation runs (a part's or a turn's) and the default directory is not
+        being asked."""
+        await self._default.idle()
         await self._parts.idle()
         await self._turns.idle()
 
     async def close(self) -> None:
         """Cancel pending confirmations (application cleanup)."""
+        await self._default.close()
         await self._parts.close()
         await self._turns.close()

@@ -3,11 +3,16 @@
 Each client stream (`/global/event`, or `/event` of one directory) gets a queue the relay
 slips events from; what the addon announces goes to every open stream now and, as state,
 to streams that open later, until the stream says something newer about the session.
+
+A plain `/event` (no directory asked) is the stream of the server's default directory
+(`live_default`). One that opens while that directory is not known waits, told nothing, and
+is caught up (as a stream opening then) as soon as it is learned.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -23,6 +28,8 @@ from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Flow, FlowKey
 from rules import OpenTool
 
+log = logging.getLogger(__name__)
+
 _DIRECTORY_HEADER = "x-opencode-directory"
 ORPHANS_PER_SESSION = 1_000
 """Orphans kept per session to replay to streams that connect later; the oldest go first."""
@@ -34,7 +41,9 @@ class Subscriber:
 
     queue: asyncio.Queue[bytes]
     directory: str | None
-    """None: the global stream (every directory, events wrapped with their directory)."""
+    """None on the global stream, or on a plain `/event` while the default directory is unknown."""
+    everywhere: bool = False
+    """The global stream: every directory, events wrapped with their directory."""
 
 
 SUBSCRIBER = FlowKey[Subscriber]("live-settle subscriber")
@@ -62,24 +71,46 @@ class ClientStreams:
         self._subscribers: dict[Subscriber, None] = {}
         """An ordered set: each is also kept in its flow (`SUBSCRIBER`)."""
         self._orphans: Bounded[str, Bounded[str, Orphan]] = Bounded(REMEMBERED)
+        self.default_directory: str | None = None
+        """The server's default directory, which plain `/event` streams follow; None: unknown."""
 
-    def subscribe(self, flow: Flow, *, by: str) -> None:
+    def subscribe(self, flow: Flow, *, by: str) -> Subscriber | None:
         """Take `flow` as a client stream if it is one: replay the known state, then inject."""
         if flow.status != 200 or flow.request.method != "GET" or not flow.event_stream:
-            return
+            return None
         stream = route_of(flow).stream
         if stream is EventStream.GLOBAL:
-            subscriber = Subscriber(asyncio.Queue(), None)
-        elif stream is EventStream.INSTANCE and (directory := _requested_directory(flow.request)):
-            subscriber = Subscriber(asyncio.Queue(), directory)
+            subscriber = Subscriber(asyncio.Queue(), None, everywhere=True)
+        elif stream is EventStream.INSTANCE:
+            asked = _requested_directory(flow.request)
+            subscriber = Subscriber(asyncio.Queue(), asked or self.default_directory)
+            if subscriber.directory is None:
+                log.info(
+                    "plain /event stream opened before the server's default directory is known: "
+                    "it is told nothing until that is learned",
+                    extra={"fields": {"route": "/event", "decision": "waits for the default directory"}},
+                )
         else:
-            return
+            return None
         flow.inject(subscriber.queue, by=by)
-        for orphans in self._orphans.values():
-            for orphan in orphans.values():
-                self._send(subscriber, orphan, live=False)
+        self._catch_up(subscriber)
         self._subscribers[subscriber] = None
         flow[SUBSCRIBER] = subscriber
+        return subscriber
+
+    def learned_default(self, directory: str) -> None:
+        """The server named its default directory: plain `/event` streams that waited for it
+        are its streams from now on, caught up with its state."""
+        waiting = [s for s in self._subscribers if s.directory is None and not s.everywhere]
+        self.default_directory = directory
+        for subscriber in waiting:
+            subscriber.directory = directory
+            self._catch_up(subscriber)
+        log.info(
+            "plain /event streams follow the server's default directory %s",
+            directory,
+            extra={"fields": {"directory": directory, "waiting": len(waiting)}},
+        )
 
     def unsubscribe(self, flow: Flow) -> None:
         if (subscriber := flow.get(SUBSCRIBER)) is not None:
@@ -96,13 +127,18 @@ class ClientStreams:
         for subscriber in self._subscribers:
             self._send(subscriber, orphan, live=True)
 
+    def _catch_up(self, subscriber: Subscriber) -> None:
+        for orphans in self._orphans.values():
+            for orphan in orphans.values():
+                self._send(subscriber, orphan, live=False)
+
     def _send(self, subscriber: Subscriber, orphan: Orphan, *, live: bool) -> None:
         place = orphan.place
         events = orphan.state + orphan.moment if live else orphan.state
-        if subscriber.directory is None:
+        if subscriber.everywhere:
             envelope = {"directory": place.directory, **({"project": place.project} if place.project else {})}
             frames = [event_frame({**envelope, "payload": event}) for event in events]
-        elif subscriber.directory == place.directory:
+        elif subscriber.directory is not None and subscriber.directory == place.directory:
             frames = [event_frame(event) for event in events]
         else:
             return

@@ -11,12 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.opencode.runtimes import v1_status_active
+from proxy.addons.live_watch import says_idle
 from proxy.opencode.tracker import GlobalEvent
 from proxy.relay.bounded import Bounded
 from rules import V1, OpenTool
 
-_IDLE_KINDS = ("session.idle", "session.error")
 REMEMBERED = 10_000
 
 
@@ -49,7 +48,7 @@ class StreamMemory:
             self._part_updated(event)
         elif event.kind == "message.updated":
             self._message_updated(event)
-        elif event.session_id is not None and _went_idle(event):
+        elif event.session_id is not None and says_idle(event):
             self.busy.pop(event.session_id, None)
             return event.session_id if self.has_open(event.session_id) else None
         elif event.session_id is not None and event.kind == "session.status":
@@ -105,10 +104,3 @@ class StreamMemory:
         else:
             place = Place(str(info.get("sessionID")), info["id"], event.directory, event.project)
             self.unfinished[info["id"]] = place
-
-
-def _went_idle(event: GlobalEvent) -> bool:
-    """Whether `event` says its session runs no turn now (a status unknown here does not)."""
-    if event.kind == "session.status":
-        return v1_status_active(event.properties.get("status")) is False
-    return event.kind in _IDLE_KINDS

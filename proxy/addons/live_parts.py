@@ -1,84 +1,130 @@
 """Confirming the v1 tool parts the stream left open, for the live-settle addon.
 
 When the stream comes back after a loss, or a session goes idle while one of its parts is
-still open, wait the grace period, confirm with a fresh reading and a fresh read of the
-message that the part is orphaned, then tell every client stream what the server would
-have sent had it settled the part itself, and schedule the write-back.
+still open, wait the grace period, read the messages afresh, then take a reading (a turn that
+starts after the read shows in it), and unless the stream spoke of the session meanwhile
+(`live_watch`) tell every client stream what the server would have sent had it settled the
+part itself, and schedule the write-back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.addons.context import SettleContext
 from proxy.addons.events import opencode_event
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import StreamMemory
+from proxy.addons.live_watch import NewsWatch
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
+from proxy.opencode.tracker import GlobalEvent
 from proxy.relay.tasks import KeyedTasks
 from rules import OPEN_STATUSES, Api, Liveness, OpenTool, settle_view
 
 log = logging.getLogger(__name__)
 
-_READING_ATTEMPTS = 3
+_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """The parts the stream showed open, their messages as read afresh, and a reading taken after."""
+
+    parts: list[OpenTool]
+    messages: dict[str, Any]
+    liveness: Liveness
 
 
 class OpenParts(KeyedTasks[str]):
-    """One confirmation at a time per session, of the parts the stream last showed open there."""
+    """One confirmation at a time per session, of the parts the stream last showed open there;
+    any news of the session withdraws it."""
 
     def __init__(self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams) -> None:
         super().__init__("live-settle")
         self._ctx = ctx
         self._memory = memory
         self._clients = clients
+        self._watch = NewsWatch("open parts", ctx.metrics.withdrawn_confirmations)
 
     def schedule(self, session_id: str) -> None:
         self.start(session_id, lambda: self._confirm(session_id))
 
-    async def _confirm(self, session_id: str) -> None:
-        liveness = await self._reading_after_grace(session_id)
-        if liveness is None or liveness.active:
-            return
-        parts = self._memory.open_parts(session_id)
-        for message_id in dict.fromkeys(part.message_id for part in parts):
-            await self._settle_message(
-                session_id, message_id, [p for p in parts if p.message_id == message_id], liveness
-            )
+    def heard(self, event: GlobalEvent) -> None:
+        self._watch.heard(event)
 
-    async def _reading_after_grace(self, session_id: str) -> Liveness | None:
-        """A reading taken the grace period after the stream came back, asked again a few times
-        (after twice, then four times the pause) while it is unknown: a server that has just
-        restarted may not answer in time, and nothing else would make the proxy ask again."""
-        pause = self._ctx.grace
-        for attempt in range(1, _READING_ATTEMPTS + 1):
-            await asyncio.sleep(pause)
-            try:
-                return await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
-            except LivenessUnknown as error:
+    async def _confirm(self, session_id: str) -> None:
+        with self._watch.watching(session_id) as ticket:
+            read = await self._read_after_grace(session_id)
+            if read is None or not self._watch.vouches(ticket):
+                return
+            if read.liveness.active:
                 log.info(
-                    "live settle of %s: liveness unknown (%s), try %d of %d",
+                    "live settle of %s: nothing said, the session is active",
+                    session_id,
+                    extra={"fields": {"session": session_id, "decision": "active"}},
+                )
+                return
+            for message_id, message in read.messages.items():
+                parts = [part for part in read.parts if part.message_id == message_id]
+                self._settle_message(message, parts, read.liveness)
+
+    async def _read_after_grace(self, session_id: str) -> _Read | None:
+        """The messages and then a reading, the grace period after the stream came back, asked
+        again a few times (after twice, then four times the pause) while either fails: a server
+        that has just restarted may not answer in time, and nothing else would make the proxy ask
+        again."""
+        pause = self._ctx.grace
+        for attempt in range(1, _ATTEMPTS + 1):
+            await asyncio.sleep(pause)
+            parts = self._memory.open_parts(session_id)
+            if not parts:
+                return None
+            try:
+                messages = await self._messages(session_id, parts)
+                liveness = await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
+            except (UpstreamRefused, OSError, LivenessUnknown) as error:
+                log.info(
+                    "live settle of %s: not confirmed (%s), try %d of %d",
                     session_id,
                     error,
                     attempt,
-                    _READING_ATTEMPTS,
+                    _ATTEMPTS,
+                    extra={"fields": {"session": session_id, "why": str(error), "attempt": attempt}},
                 )
+            else:
+                return _Read(parts, messages, liveness)
             pause *= 2
         return None
 
-    async def _settle_message(
-        self, session_id: str, message_id: str, parts: list[OpenTool], liveness: Liveness
-    ) -> None:
-        try:
-            message = await self._ctx.upstream.get(
-                V1_HTTP.messages_path(session_id, message_id), self._ctx.credentials
-            )
-        except (UpstreamRefused, OSError) as error:
-            log.info("live settle of %s: message %s unreadable (%s)", session_id, message_id, error)
-            return
+    async def _messages(self, session_id: str, parts: list[OpenTool]) -> dict[str, Any]:
+        """The messages holding `parts`, read afresh; one the server no longer has is left out,
+        and its parts forgotten (nothing can show them any more)."""
+        messages = {}
+        for message_id in dict.fromkeys(part.message_id for part in parts):
+            try:
+                messages[message_id] = await self._ctx.upstream.get(
+                    V1_HTTP.messages_path(session_id, message_id), self._ctx.credentials
+                )
+            except UpstreamRefused as refusal:
+                if refusal.status != 404:
+                    raise
+                log.info(
+                    "live settle of %s: message %s is gone, its parts are forgotten",
+                    session_id,
+                    message_id,
+                    extra={"fields": {"session": session_id, "message": message_id, "decision": "gone"}},
+                )
+                for part in parts:
+                    if part.message_id == message_id:
+                        self._memory.parts.pop(part.part, None)
+        return messages
+
+    def _settle_message(self, message: Any, parts: list[OpenTool], liveness: Liveness) -> None:
         view = settle_view(message, Api.V1, liveness, single=True)
         document = view.document if view is not None else message
         changed = set() if view is None else {change.target.part for change in view.changes}

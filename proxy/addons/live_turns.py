@@ -2,8 +2,9 @@
 
 The stream showed the session busy and its assistant message unfinished, and a client keeps
 its busy bar. When the stream comes back, wait the grace period, read each such message
-afresh, take a reading after that read, and if the session is inactive send the message as
-the rules close it (`message.updated`) and `session.status` idle.
+afresh, take a reading after that read, and if the session is inactive and the stream did not
+speak of it meanwhile (`live_watch`) send the message as the rules close it (`message.updated`)
+and `session.status` idle.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from proxy.addons.context import SettleContext
 from proxy.addons.events import opencode_event
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import Place, StreamMemory
+from proxy.addons.live_watch import NewsWatch, Ticket
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
+from proxy.opencode.tracker import GlobalEvent
 from proxy.relay.tasks import KeyedTasks
 from rules import Api, Liveness, UnexpectedShape, settle_view
 
@@ -34,25 +37,19 @@ class DeadTurns(KeyedTasks[str]):
         self._ctx = ctx
         self._memory = memory
         self._clients = clients
-        self._watched: dict[str, object] = {}
-        """Sessions whose turn is being confirmed; any event about one withdraws its token."""
+        self._watch = NewsWatch("dead turns", ctx.metrics.withdrawn_confirmations)
 
     def schedule(self, session_id: str) -> None:
         self.start(session_id, partial(self._confirm, session_id))
 
-    def heard(self, session_id: str) -> None:
-        """The stream spoke of the session: a confirmation under way must not announce."""
-        self._watched.pop(session_id, None)
+    def heard(self, event: GlobalEvent) -> None:
+        self._watch.heard(event)
 
     async def _confirm(self, session_id: str) -> None:
-        token = self._watched[session_id] = object()
-        try:
-            await self._close_turn(session_id, token)
-        finally:
-            if self._watched.get(session_id) is token:
-                del self._watched[session_id]
+        with self._watch.watching(session_id) as ticket:
+            await self._close_turn(session_id, ticket)
 
-    async def _close_turn(self, session_id: str, token: object) -> None:
+    async def _close_turn(self, session_id: str, ticket: Ticket) -> None:
         await asyncio.sleep(self._ctx.grace)
         if self._memory.has_open(session_id):
             return  # the parts' own confirmation tells the whole story
@@ -75,7 +72,7 @@ class DeadTurns(KeyedTasks[str]):
         if liveness.active:
             return
         closed = self._closed(session_id, read, liveness)
-        if closed is None or self._watched.get(session_id) is not token or not (closed or busy):
+        if closed is None or not (closed or busy) or not self._watch.vouches(ticket):
             return  # not vouched for, or the stream spoke of the session meanwhile: it knows better
         self._memory.busy.pop(session_id, None)
         self._tell(session_id, closed, busy)

@@ -5,8 +5,9 @@ crash that history ends with a tool call opened and never closed, and the server
 until the next prompt in that session, so a client building its state from the stream keeps
 the call running. When a client opens such a stream through the proxy, the proxy waits the
 grace period, reads the session's messages, confirms with a reading taken after them that the
-session is inactive, and sends each of the session's open streams the
-`session.next.tool.failed` the server would have sent for every call the rules settle.
+session is inactive, and unless the followed stream spoke of the session meanwhile
+(`live_watch`) sends each of the session's open streams the `session.next.tool.failed` the
+server would have sent for every call the rules settle.
 
 The same confirmation runs, without any client asking, for every session the followed stream
 showed with a call open when that stream comes back after a loss (a crash and restart): open
@@ -32,6 +33,7 @@ from typing import Any, ClassVar
 
 from proxy.addons.context import SettleContext
 from proxy.addons.events import event_frame
+from proxy.addons.live_watch import NewsWatch, Ticket
 from proxy.addons.routing import route_of
 from proxy.opencode.client import Credentials, UpstreamRefused
 from proxy.opencode.event_log import CALL_ENDED, CALL_STARTED, tool_failed_data
@@ -78,6 +80,7 @@ class SessionStreamSettle(KeyedTasks[str], Addon, StreamListener):
         """An ordered set: each is also kept in its flow (`STREAM`)."""
         self._open: Bounded[str, Bounded[str, None]] = Bounded(_REMEMBERED)
         """Per session, the v2 calls the followed stream showed open (a `StreamListener`)."""
+        self._watch = NewsWatch("session streams", ctx.metrics.withdrawn_confirmations)
 
     # What the followed stream says: after a loss (a crash, say), sessions it left with calls
     # open are confirmed at once, so that clients and the write-back hear of it before any fetch.
@@ -88,6 +91,7 @@ class SessionStreamSettle(KeyedTasks[str], Addon, StreamListener):
             self.start(session_id, partial(self._confirm, session_id, self._credentials))
 
     def event(self, event: GlobalEvent) -> None:
+        self._watch.heard(event)
         call = event.properties.get("callID")
         if event.session_id is None or not isinstance(call, str):
             return
@@ -116,6 +120,10 @@ class SessionStreamSettle(KeyedTasks[str], Addon, StreamListener):
             self._streams.pop(stream, None)
 
     async def _confirm(self, session_id: str, credentials: Credentials) -> None:
+        with self._watch.watching(session_id) as ticket:
+            await self._settle(session_id, credentials, ticket)
+
+    async def _settle(self, session_id: str, credentials: Credentials, ticket: Ticket) -> None:
         await asyncio.sleep(self._ctx.grace)
         try:
             document = await self._ctx.upstream.get(V2_HTTP.messages_path(session_id), credentials)
@@ -132,6 +140,8 @@ class SessionStreamSettle(KeyedTasks[str], Addon, StreamListener):
             for change in settlement.changes
             if (call := _failed_call(session_id, settlement, change)) is not None
         }
+        if not calls or not self._watch.vouches(ticket):
+            return
         self._report(session_id, calls)
         if self._ctx.dry_run:
             return

@@ -73,6 +73,12 @@ class Metrics:
             "Events slipped into client event streams by live settlement.",
             registry=self.registry,
         )
+        self.withdrawn_confirmations = Counter(
+            "settle_proxy_withdrawn_confirmations",
+            "Confirmations that announced nothing because the stream spoke of their session meanwhile.",
+            ("confirmation",),
+            registry=self.registry,
+        )
         self.addon_errors = Counter(
             "settle_proxy_addon_errors",
             "Addon hooks that raised (the flow went on without their changes), by addon and hook.",

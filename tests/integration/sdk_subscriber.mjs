@@ -2,7 +2,8 @@
 // subscription does as JSON lines: {"event": ...} per event, {"error": "..."} each time the SDK
 // sees the stream fail (it reconnects after each), {"ended": true} when the subscription stops.
 //
-// usage: node sdk_subscriber.mjs <baseUrl> global|instance|session [directory|sessionID]
+// usage: node sdk_subscriber.mjs <baseUrl> global|instance|default|session [directory|sessionID]
+// (`default`: the client created with no directory, on plain `/event`, as most SDK users have it)
 import { createOpencodeClient } from "@opencode-ai/sdk"
 import { createOpencodeClient as createV2Client } from "@opencode-ai/sdk/v2"
 
@@ -34,6 +35,8 @@ if (kind === "global") {
   subscription = await createOpencodeClient({ baseUrl }).global.event(retry)
 } else if (kind === "instance") {
   subscription = await createOpencodeClient({ baseUrl }).event.subscribe({ ...retry, query: { directory: argument } })
+} else if (kind === "default") {
+  subscription = await createOpencodeClient({ baseUrl }).event.subscribe(retry)
 } else if (kind === "session") {
   subscription = await createV2Client({ baseUrl }).v2.session.events({ sessionID: argument }, retry)
 } else {

@@ -11,6 +11,12 @@ that fetches really caught tools open, or the race would prove nothing.
 Write-back: stale sessions (left by a crash) are settled in a view by `--write-back api` and
 `db` proxies, and a new turn starts in each at another moment around the write's reading; no
 tool of a new turn may be written (or shown) failed.
+
+Live settle: stale v1 sessions are confirmed by live settle when the proxy's stream comes back
+after the crash, and a new turn starts in each at another moment around that confirmation (its
+re-read of the message and its reading); a client stream through the proxy must never show a
+session idle while its new turn runs, nor a new turn's tool interrupted, and nothing of a new turn
+may be written.
 """
 
 from __future__ import annotations
@@ -23,10 +29,24 @@ from typing import Any
 
 import pytest
 
+from .event_tap import EventTap
 from .http_client import request
+from .live_races import (
+    DECISIONS,
+    LIVE_GRACE_S,
+    NEW_TURN_AT,
+    decided,
+    false_idles,
+    false_settles,
+    following_more_than,
+    prompt_at,
+    restart_and_time_the_return,
+    stale_v1_sessions,
+)
 from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer
-from .proxy_process import running, write_back_proxies
+from .polling import poll
+from .proxy_process import ProxyProcess, running, write_back_proxies
 from .races import (
     RACE_S,
     SETTLED_HEADER,
@@ -174,3 +194,61 @@ def _fetch_then_prompt(proxy_url: str, opencode_url: str, pending: Pending) -> N
     assert SETTLED_HEADER in reply.headers, f"{pending.stale.session_id}: the stale view was not settled"
     time.sleep(pending.delay_s)
     send_prompt(opencode_url, pending.stale.turn, pending.prompt)
+
+
+# --- Turns that start while live settle confirms ------------------------------------------------
+
+
+def test_turns_started_while_live_settle_confirms_are_never_announced_idle(
+    opencode: OpencodeServer, mock_model: MockModel, tmp_path: Path
+) -> None:
+    """Stale v1 sessions, confirmed by live settle once the proxy's stream is back after a crash;
+    a new turn starts in each at another moment around its confirmation. No client may be told a
+    session is idle while its new turn runs, and no tool of a new turn may be shown or written
+    failed; the new turns really straddle the confirmations (some before, some after)."""
+    flags = ("--grace", str(LIVE_GRACE_S), "--write-back", "api")
+    proxy = ProxyProcess(opencode.url, tmp_path / "live.log", flags)
+    news = {n: f"confirming new turn #{n}" for n in range(len(NEW_TURN_AT))}
+    for prompt in news.values():
+        mock_model.plan(prompt, Plan(command="echo again && sleep 0.5", each_prompt=True))
+    failures: list[str] = []
+    with running([proxy]):
+        poll(following_more_than(proxy, 0), what="the proxy following", timeout=30)
+        stale = stale_v1_sessions(opencode, mock_model, proxy.url)
+        followed, warm = restart_and_time_the_return(opencode, proxy)
+        confirming = followed + LIVE_GRACE_S
+        earliest = min(at for at in NEW_TURN_AT if at is not None)
+        assert warm < confirming + earliest - 0.2, f"restart took {warm - followed:.1f}s"
+        with EventTap(f"{proxy.url}/global/event") as tap:
+            threads = [
+                prompt_at(
+                    None if at is None else confirming + at,
+                    proxy,
+                    opencode.url,
+                    stale[n].turn,
+                    news[n],
+                    failures=failures,
+                )
+                for n, at in enumerate(NEW_TURN_AT)
+            ]
+            for thread in threads:
+                thread.join(90)
+            for o in stale.values():
+                wait_turn_done(opencode.url, o.turn, timeout=TURN_TIMEOUT_S)
+            sessions = [o.session_id for o in stale.values()]
+            poll(functools.partial(decided, proxy, sessions), what="the proxy's decisions", timeout=30)
+            heard = tap.payloads()
+        log = proxy.log()
+    decisions = {what: sum(marker in line for line in log.splitlines()) for what, marker in DECISIONS.items()}
+    print(
+        f"\nlive settle race: {len(stale)} sessions, warm {warm - followed:.1f}s after the proxy followed, {decisions}"
+    )
+    assert failures == [], failures
+    false_idle = [f for o in stale.values() for f in false_idles(heard, o.session_id, o.tool_id)]
+    assert false_idle == [], false_idle[:5]
+    settles = false_settles(opencode, stale, heard, log)
+    assert settles == [], settles[:5]
+    assert decisions["withdrawn"] + decisions["active"] > 0, (
+        "no new turn started while its session was confirmed"
+    )
+    assert decisions["announced"] > 0, "no settlement was announced: the race proves nothing about it"

@@ -8,6 +8,10 @@ crash stops there and never hears what the proxy settles afterwards.
 Each subscription is a `node tests/integration/sdk_subscriber.mjs` process printing what the SDK
 yields, once directly and once through the proxy, for `/global/event`, `/event` and
 `/api/session/{id}/event`, across a SIGKILL of the server and a restart.
+
+The SDK's default client (`createOpencodeClient({ baseUrl })`, no directory) subscribes to plain
+`/event`, which follows the server's default instance: the directory the server runs in, here its
+project. Through the proxy it must hear the settlement too, the settled part and the idle status.
 """
 
 from __future__ import annotations
@@ -107,6 +111,18 @@ def _v1_part_settled(part_id: str) -> Callable[[list[Any]], bool]:
     return found
 
 
+def _v1_session_idle(session_id: str) -> Callable[[list[Any]], bool]:
+    def found(events: list[Any]) -> bool:
+        return any(
+            _payload(e).get("type") == "session.status"
+            and _payload(e)["properties"].get("sessionID") == session_id
+            and _payload(e)["properties"]["status"] == {"type": "idle"}
+            for e in events
+        )
+
+    return found
+
+
 def _v2_call_failed(call_id: str) -> Callable[[list[Any]], bool]:
     def found(events: list[Any]) -> bool:
         return any(
@@ -162,3 +178,27 @@ def test_sdk_subscriptions_reconnect_after_a_crash_and_hear_the_settlement(
         )
     for subscription in subscriptions.values():
         assert not [line for line in subscription.lines() if "ended" in line], subscription.name
+
+
+@pytest.mark.slow
+def test_the_sdks_default_client_hears_the_settlement_through_the_proxy(
+    mock_model: MockModel, opencode: OpencodeServer, proxy_url: str, subscribe: Any
+) -> None:
+    """Created without a directory, open across a SIGKILL: through the proxy it is told the part
+    is settled and the session idle, as the server would have told it had it settled the part."""
+    del mock_model
+    turn = start_turn("v1", opencode.url, opencode.project, "sdk default client")
+    running = wait_tool_running(opencode.url, turn)
+    subscription = subscribe("proxy-default", proxy_url, "default")
+    poll(subscription.opened, what="the default client open", timeout=_OPEN_TIMEOUT_S)
+
+    opencode.crash()
+    opencode.restart()
+
+    poll(subscription.reconnected, what="the default client reconnected", timeout=_AFTER_CRASH_TIMEOUT_S)
+    for what, found in (
+        ("the settled part", _v1_part_settled(running.tool["id"])),
+        ("the session idle", _v1_session_idle(turn.session_id)),
+    ):
+        poll(partial(subscription.heard, found), what=f"the default client told {what}", timeout=30.0)
+    assert not [line for line in subscription.lines() if "ended" in line]

@@ -51,6 +51,10 @@ class FakeOpencode:
     events_refused: bool = False
     """When set, `/global/event` answers 401, so a proxy has to ask on every fetch."""
     """How far the "server's" clock (its `Date` header) is ahead of the test's."""
+    default_directory: str = "/cwd"
+    """The directory the "server" runs in: what `GET /path` names, and what plain `/event` follows."""
+    path_fails: bool = False
+    """When set, `GET /path` answers 503, as a server still starting may."""
     on_serve: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
     """Per path, hooks for its next requests: the first runs just before the next one is answered."""
 
@@ -66,6 +70,7 @@ class FakeOpencode:
         app.router.add_get("/events", self._events)
         app.router.add_get("/global/event", self._global_events)
         app.router.add_get("/event", self._instance_events)
+        app.router.add_get("/path", self._path)
         app.router.add_get("/pty/{id}/connect", self._pty)
         app.router.add_patch("/session/{session}/message/{message}/part/{part}", self._patch_part)
         app.router.add_post("/sync/history", self._history)
@@ -166,6 +171,12 @@ class FakeOpencode:
         finally:
             self.streams.remove(queue)
         return response
+
+    async def _path(self, request: web.Request) -> web.Response:
+        if self.path_fails:
+            raise web.HTTPServiceUnavailable()
+        directory = request.query.get("directory") or self.default_directory
+        return web.json_response({"home": "/root", "worktree": "/", "directory": directory})
 
     async def _instance_events(self, request: web.Request) -> web.StreamResponse:
         """A directory instance's `/event`: it opens with `server.connected` and stays quiet."""

@@ -72,9 +72,42 @@ async def test_what_is_not_a_client_event_stream_is_not_taken() -> None:
     streams = clients()
     for flow in (
         testing.flow("GET", "/global/event"),  # JSON, not a stream
-        testing.flow("GET", "/event", response_headers=SSE),  # no directory
         testing.flow("GET", "/api/session/ses_a/event", response_headers=SSE),
     ):
         async with testing.streaming([], flow):
             streams.subscribe(flow, by="test")
             assert flow.injected is None
+
+
+async def test_a_plain_instance_stream_is_the_default_directorys() -> None:
+    streams = clients()
+    streams.default_directory = "/cwd"
+    streams.publish("prt_1", ORPHAN)
+    async with testing.streaming([], testing.flow("GET", "/event", response_headers=SSE)) as plain:
+        streams.subscribe(plain, by="test")
+        assert drained(plain.injected) == ORPHAN.state
+
+
+async def test_a_plain_instance_stream_waits_for_the_default_directory_then_catches_up() -> None:
+    streams = clients()
+    streams.publish("prt_1", ORPHAN)
+    async with testing.streaming([], testing.flow("GET", "/event", response_headers=SSE)) as plain:
+        subscriber = streams.subscribe(plain, by="test")
+        assert subscriber is not None
+        assert subscriber.directory is None
+        streams.publish("prt_2", ORPHAN)
+        assert drained(plain.injected) == []  # not a guess: told nothing while the default is unknown
+        streams.learned_default("/cwd")
+        assert drained(plain.injected) == ORPHAN.state * 2  # the state (of both), as a stream opening now
+        streams.publish("prt_3", ORPHAN)
+        assert drained(plain.injected) == ORPHAN.state + ORPHAN.moment
+
+
+async def test_a_plain_instance_stream_of_another_default_directory_is_not_told() -> None:
+    streams = clients()
+    streams.publish("prt_1", ORPHAN)
+    async with testing.streaming([], testing.flow("GET", "/event", response_headers=SSE)) as plain:
+        streams.subscribe(plain, by="test")
+        streams.learned_default("/elsewhere")
+        streams.publish("prt_2", ORPHAN)
+        assert drained(plain.injected) == []

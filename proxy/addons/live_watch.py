@@ -1,0 +1,91 @@
+"""Confirmations that news of their session withdraws, for the addons that speak on client streams.
+
+Before the proxy slips an event into a client stream it confirms, from the server, that what the
+event says is true: it reads the message, then takes a liveness reading (in that order: a turn that
+starts after the read shows in the reading), and then announces. What the followed stream says of
+the session from the moment the confirmation starts is newer than anything read: a turn may have
+started after the reading (the client has been relayed `session.status busy`), and an announced
+"idle" would then be false. So every confirmation holds a `Ticket` from its start until it
+announces; any event about its session withdraws it, and a withdrawn ticket announces nothing,
+schedules no write-back, and says so in the log and in `settle_proxy_withdrawn_confirmations`.
+
+Only events that say the session went idle (`session.status` idle, `session.idle`,
+`session.error`) leave a ticket alone: they agree with what would be announced, and the server
+sends them in a burst (`session.error`, then `session.status` idle, then `session.idle`), so the
+first of them, which starts a confirmation, would otherwise always be withdrawn by the next.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from prometheus_client import Counter
+
+from proxy.opencode.runtimes import v1_status_active
+from proxy.opencode.tracker import GlobalEvent
+
+log = logging.getLogger(__name__)
+
+IDLE_KINDS = ("session.idle", "session.error")
+"""With `session.status` idle: the events that say a session's turn is over."""
+
+
+def says_idle(event: GlobalEvent) -> bool:
+    """Whether `event` says its session's turn is over (a status unknown here does not)."""
+    if event.kind == "session.status":
+        return v1_status_active(event.properties.get("status")) is False
+    return event.kind in IDLE_KINDS
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """One confirmation's claim to announce; `news` is the kind of the event that withdrew it."""
+
+    session_id: str
+    news: str | None = None
+
+
+class NewsWatch:
+    """The tickets of the confirmations under way, per session, of one kind (`what`: the label of
+    the counter `withdrawn` and the subject of the log line)."""
+
+    def __init__(self, what: str, withdrawn: Counter) -> None:
+        self._what = what
+        self._withdrawn = withdrawn
+        self._tickets: dict[str, set[Ticket]] = {}
+
+    def heard(self, event: GlobalEvent) -> None:
+        """The stream spoke of a session: confirmations of it under way must not announce."""
+        if event.session_id is None or says_idle(event):
+            return
+        for ticket in self._tickets.pop(event.session_id, ()):
+            ticket.news = event.kind
+
+    @contextmanager
+    def watching(self, session_id: str) -> Iterator[Ticket]:
+        """A ticket for one confirmation of `session_id`, watched until the block ends."""
+        ticket = Ticket(session_id)
+        self._tickets.setdefault(session_id, set()).add(ticket)
+        try:
+            yield ticket
+        finally:
+            tickets = self._tickets.get(session_id)
+            if tickets is not None:
+                tickets.discard(ticket)
+                if not tickets:
+                    del self._tickets[session_id]
+
+    def vouches(self, ticket: Ticket) -> bool:
+        """Whether the confirmation may announce; when news withdrew it, log and count that."""
+        if ticket.news is None:
+            return True
+        log.info(
+            "confirmation of %s withdrawn: the stream spoke of the session meanwhile",
+            self._what,
+            extra={"fields": {"session": ticket.session_id, "news": ticket.news, "decision": "withdrawn"}},
+        )
+        self._withdrawn.labels(self._what).inc()
+        return False
