@@ -153,7 +153,9 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(middlewares=[require_basic_auth(*settings.auth)] if settings.auth else [])
     app[SETTINGS] = settings
     metrics = app[METRICS] = Metrics()
-    app[RELAY] = RelayOptions(settings.upstream_origin, settings.connect_timeout, settings.response_timeout)
+    app[RELAY] = RelayOptions(
+        settings.upstream_origin, settings.connect_timeout, settings.response_timeout, settings.max_body
+    )
     app[RELAY_METRICS] = RelayMetrics(metrics.requests, metrics.upstream_seconds, metrics.open_streams)
     app.cleanup_ctx.extend((upstream_session, _addons))
     app.on_response_prepare.append(drop_invented_headers)
