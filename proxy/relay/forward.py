@@ -18,6 +18,7 @@ import aiohttp
 from aiohttp import hdrs, web
 from yarl import URL
 
+from proxy.relay.departures import DEPARTURES
 from proxy.relay.errors import bad_gateway, gateway_timeout, transfer_coding_refused
 from proxy.relay.headers import (
     UPSTREAM_HEADERS,
@@ -53,7 +54,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
     options = request.app[RELAY]
     flow = Flow(request, upstream_request_headers(request), options.response_timeout, options.max_body)
     try:
-        return await _exchange(flow, addons)
+        with request.app[DEPARTURES].watching(request):
+            return await _exchange(flow, addons)
     finally:
         await addons.trigger("done", flow)
 
