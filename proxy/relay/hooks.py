@@ -61,7 +61,8 @@ class Flow:
     hooks may change it for the routes whose policy they own."""
     max_body: int = DEFAULT_MAX_BODY
     """The most bytes of a body read whole, as sent and decoded: past it the relay streams the
-    body unchecked (and `response` is not called), and decoding it here must stop too."""
+    body unchecked (and `response` is not called); an addon that decodes the body bounds its
+    own decoding by it too."""
     status: int = 0
     response_headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
     content_length: int | None = None
