@@ -34,7 +34,32 @@ class QuietUpstream:
         app = web.Application()
         app.router.add_get("/event", self._stream)
         app.router.add_get("/global/event", self._own_subscription)
+        app.router.add_get("/slow", self._never_answer)
         return app
+
+    async def opened_reaches(self, count: int) -> None:
+        """Wait (bounded) until `count` requests have reached the upstream."""
+        async with asyncio.timeout(WAIT_S), self._changed:
+            await self._changed.wait_for(lambda: self.opened >= count)
+
+    async def _never_answer(self, _: web.Request) -> web.Response:
+        """A request the upstream keeps thinking about (opencode's v1 prompt answers at the turn's end)."""
+        await self._opened()
+        try:
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+        finally:
+            await self._closed()
+
+    async def _opened(self) -> None:
+        self.opened += 1
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _closed(self) -> None:
+        self.closed += 1
+        async with self._changed:
+            self._changed.notify_all()
 
     async def closed_reaches(self, count: int) -> None:
         """Wait (bounded) until `count` streams have been closed by the proxy."""
@@ -42,7 +67,7 @@ class QuietUpstream:
             await self._changed.wait_for(lambda: self.closed >= count)
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
-        self.opened += 1
+        await self._opened()
         try:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
@@ -50,9 +75,7 @@ class QuietUpstream:
             await asyncio.Event().wait()
             return response
         finally:
-            self.closed += 1
-            async with self._changed:
-                self._changed.notify_all()
+            await self._closed()
 
     async def _own_subscription(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -116,4 +139,20 @@ async def _closed_or_fail(quiet: QuietUpstream, count: int) -> None:
     try:
         await quiet.closed_reaches(count)
     except TimeoutError:
-        pytest.fail(f"{quiet.opened - quiet.closed} of {quiet.opened} upstream streams left open")
+        pytest.fail(f"{quiet.opened - quiet.closed} of {quiet.opened} upstream requests left open")
+
+
+async def test_clients_that_stop_waiting_for_a_slow_answer_close_it_upstream() -> None:
+    quiet = QuietUpstream()
+    async with served(quiet.app(), handler_cancellation=True) as upstream:
+        host = web.Application()
+        mount(host, "/opencode", Settings(upstream=upstream))
+        async with served(host) as proxy, aiohttp.ClientSession() as session:
+            waiting = [
+                asyncio.create_task(session.get(proxy.with_path("/opencode/slow"))) for _ in range(CLIENTS)
+            ]
+            await quiet.opened_reaches(CLIENTS)
+            for client in waiting:
+                client.cancel()  # the client gives up: its connection is closed
+            await asyncio.wait(waiting)
+            await _closed_or_fail(quiet, CLIENTS)
