@@ -194,6 +194,7 @@ def _connection_flags(flags: _Flags) -> None:
         "MiB of a message view read whole to be checked, as sent and once decoded; a larger one, or "
         "a compressed one inflating past it, is relayed unchecked, as sent, with one log line",
         type=typed(_mebibytes, "a positive number of MiB"),
+        metavar="MIB",
     )
     flags.seconds(
         "--liveness-timeout",
