@@ -85,54 +85,63 @@ class Decoder:
             raise CodingError(f"{', '.join(absent)} cannot be decoded here (not installed)")
         self._decoded = _Decoded(limit, keep=keep)
         sink: _Sink = self._decoded
-        self._stages: list[tuple[str, _Stage]] = []
+        self._stages: list[_Named] = []
         for coding in codings:  # the first applied is undone last, so it writes to the result
-            stage = _CODECS[coding].stage(sink)
-            self._stages.insert(0, (coding, stage))
+            stage = _Named(coding, _CODECS[coding].stage(sink))
+            self._stages.insert(0, stage)
             sink = stage
-
-    @property
-    def size(self) -> int:
-        """The decoded bytes so far."""
-        return self._decoded.size
 
     def feed(self, piece: bytes) -> None:
         """Decode `piece`, the next bytes of the body."""
-        coding, first = self._stages[0] if self._stages else ("identity", self._decoded)
-        self._undo(coding, lambda: first.write(piece))
+        (self._stages[0] if self._stages else self._decoded).write(piece)
 
     def result(self) -> bytes:
         """The whole decoded body, once every piece was fed (raises if it ended early)."""
-        for coding, stage in self._stages:
-            self._undo(coding, stage.end)
+        for stage in self._stages:
+            stage.end()
         return self._decoded.body()
 
-    def _undo(self, coding: str, step: Callable[[], object]) -> None:
+
+class _Failed(CodingError):
+    """A coding that failed, named (so that the codings it was written through pass it on)."""
+
+
+class _Named:
+    """A stage whose failures say which coding failed."""
+
+    def __init__(self, coding: str, stage: _Stage) -> None:
+        self._coding = coding
+        self._stage = stage
+
+    def write(self, data: bytes) -> None:
+        self._named(self._stage.write, data)
+
+    def end(self) -> None:
+        self._named(lambda _: self._stage.end(), b"")
+
+    def _named(self, step: Callable[[bytes], object], data: bytes) -> None:
         try:
-            step()
-        except TooLarge:
+            step(data)
+        except (TooLarge, _Failed):
             raise
         except Exception as error:  # each library has its own errors; all mean the same here
-            raise CodingError(f"not a valid {coding} body: {error}") from error
+            raise _Failed(f"not a valid {self._coding} body: {error}") from error
 
 
 class _Decoded:
     """The end of the chain: counts (and keeps, unless told not to) what was decoded."""
 
     def __init__(self, limit: int, *, keep: bool) -> None:
-        self.size = 0
+        self._size = 0
         self._limit = limit
         self._pieces: list[bytes] | None = [] if keep else None
 
     def write(self, data: bytes) -> None:
-        self.size += len(data)
-        if self.size > self._limit:
+        self._size += len(data)
+        if self._size > self._limit:
             raise TooLarge(f"decodes to more than {self._limit} bytes")
         if self._pieces is not None:
             self._pieces.append(data)
-
-    def end(self) -> None:
-        """Nothing to check: an identity body is complete whatever its length."""
 
     def body(self) -> bytes:
         return b"".join(self._pieces or ())

@@ -253,3 +253,11 @@ def test_every_shape_of_a_coding_decodes_piece_by_piece(variant: str, step: int)
     for start in range(0, len(encoded), step):
         decoder.feed(encoded[start : start + step])
     assert decoder.result() == STALE
+
+
+def test_a_failure_names_the_coding_that_failed() -> None:
+    inner_truncated = brotli.compress(gzip.compress(STALE)[:-8])
+    with pytest.raises(codings.CodingError, match="not a valid gzip body"):
+        codings.decode(inner_truncated, ["gzip", "br"], limit=MIB)
+    with pytest.raises(codings.CodingError, match="not a valid br body"):
+        codings.decode(b"not brotli", ["gzip", "br"], limit=MIB)
