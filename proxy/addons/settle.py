@@ -148,7 +148,7 @@ class Settle(Addon):
     def _decoded(self, route: MessageRoute, flow: Flow) -> bytes | None:
         """The body with its content codings undone, or None (logged) when they do not decode."""
         try:
-            return codings.decode(flow.body, _codings(flow))
+            return codings.decode(flow.body, _codings(flow), limit=flow.max_body)
         except codings.CodingError as error:
             log.warning("%s: body passed on unchecked: %s", route.session_id, error)
             return None

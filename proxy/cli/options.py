@@ -21,6 +21,7 @@ from proxy.cli.arguments import UPSTREAM, OneLineParser, typed
 from proxy.service.auth import parse_credentials
 from proxy.service.config import (
     DEFAULT_HOST,
+    DEFAULT_MAX_BODY,
     DEFAULT_PORT,
     DEFAULT_UPSTREAM,
     DEFAULT_USERNAME,
@@ -51,6 +52,7 @@ starts the server itself: `settle-proxy run [options] -- opencode serve [server 
 """
 
 
+MIB = 2**20
 Environ = Mapping[str, str]
 """The environment the command line reads (`os.environ` unless a test hands it another)."""
 
@@ -78,6 +80,13 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise ValueError(text)
     return port
+
+
+def _mebibytes(text: str) -> int:
+    mebibytes = float(text)
+    if not 0 < mebibytes <= 2**20:  # NaN is refused too
+        raise ValueError(text)
+    return max(1, round(mebibytes * MIB))
 
 
 class _Flags:
@@ -173,6 +182,15 @@ def _connection_flags(flags: _Flags) -> None:
         "the turn ends. Never applied to event streams or PTYs",
         shown=False,
     )
+    flags.add(
+        "--max-body",
+        "SETTLE_MAX_BODY",
+        str(DEFAULT_MAX_BODY // MIB),
+        "MiB of a message view read whole to be checked, as sent and once decoded; a larger one, or "
+        "a compressed one inflating past it, is relayed unchecked, as sent, with one log line",
+        type=typed(_mebibytes, "a positive number of MiB"),
+        metavar="MIB",
+    )
     flags.seconds(
         "--liveness-timeout",
         "SETTLE_LIVENESS_TIMEOUT",
@@ -207,6 +225,7 @@ def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Se
         authorization=opencode_authorization(environ),
         connect_timeout=args.connect_timeout,
         liveness_timeout=args.liveness_timeout,
+        max_body=args.max_body,
         response_timeout=args.response_timeout or None,
         write_back=WriteBackMode(args.write_back),
         grace=args.grace,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
@@ -17,6 +18,7 @@ import aiohttp
 from aiohttp import hdrs, web
 from yarl import URL
 
+from proxy.relay.departures import DEPARTURES
 from proxy.relay.errors import bad_gateway, gateway_timeout, transfer_coding_refused
 from proxy.relay.headers import (
     UPSTREAM_HEADERS,
@@ -29,6 +31,7 @@ from proxy.relay.options import RELAY, RELAY_METRICS
 from proxy.relay.sse import relay_with_injection
 from proxy.relay.upstream import UPSTREAM, upstream_path
 from proxy.relay.websocket import is_websocket_upgrade, relay_websocket
+from proxy.relay.whole import Past, WholeBody
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -48,9 +51,11 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if is_websocket_upgrade(request):
         return await relay_websocket(request, upstream_url(request))
     addons = request.app[ADDONS]
-    flow = Flow(request, upstream_request_headers(request), request.app[RELAY].response_timeout)
+    options = request.app[RELAY]
+    flow = Flow(request, upstream_request_headers(request), options.response_timeout, options.max_body)
     try:
-        return await _exchange(flow, addons)
+        with request.app[DEPARTURES].watching(request):
+            return await _exchange(flow, addons)
     finally:
         await addons.trigger("done", flow)
 
@@ -135,12 +140,34 @@ async def _pieces(upstream: aiohttp.ClientResponse, max_wait: float | None) -> A
 async def _answer_whole(
     flow: Flow, upstream: aiohttp.ClientResponse, addons: Addons, max_wait: float | None
 ) -> web.StreamResponse:
+    pieces = _pieces(upstream, max_wait)
+    if (flow.content_length or 0) > flow.max_body:
+        return await _unchecked(flow, upstream, "encoded", pieces)
+    body = WholeBody(flow)
     try:
-        flow.body = b"".join([piece async for piece in _pieces(upstream, max_wait)])
+        async for piece in pieces:
+            if (past := body.add(piece)) is not None:
+                return await _unchecked(flow, upstream, past, _prepended(body.pieces, pieces))
     except (aiohttp.ClientError, TimeoutError) as error:
         return _failure(flow.request, error, max_wait)  # nothing was sent yet: a clean error is possible
+    flow.body = body.whole()
     await addons.trigger("response", flow)
     return _answer(flow, upstream, flow.body)
+
+
+async def _unchecked(
+    flow: Flow, upstream: aiohttp.ClientResponse, past: Past, pieces: AsyncIterator[bytes]
+) -> web.StreamResponse:
+    """A body too large to read whole goes out as a plain body does, piece by piece, unread."""
+    fields = {"path": flow.request.path, "limit": flow.max_body, "past": past}
+    log.warning(
+        "body of %s is past %d bytes %s: relayed unchecked, as the upstream sent it",
+        flow.request.path,
+        flow.max_body,
+        past,
+        extra={"fields": fields},
+    )
+    return await _send_streamed(flow, upstream, pieces)
 
 
 async def _stream(
@@ -155,7 +182,14 @@ async def _stream(
         if first and upstream.content.at_eof():
             # The whole body came in one piece (most answers do): headers and body in one write.
             return _answer(flow, upstream, first)
-        pieces = _prepended(first, pieces)
+        pieces = _prepended(deque((first,)), pieces)
+    return await _send_streamed(flow, upstream, pieces)
+
+
+async def _send_streamed(
+    flow: Flow, upstream: aiohttp.ClientResponse, pieces: AsyncIterator[bytes]
+) -> web.StreamResponse:
+    request = flow.request
     response = _answer(flow, upstream)
     if upstream.content_length is not None and hdrs.TRANSFER_ENCODING not in upstream.headers:
         response.content_length = upstream.content_length
@@ -188,9 +222,11 @@ def _answer(flow: Flow, upstream: aiohttp.ClientResponse, body: bytes | None = N
     return response
 
 
-async def _prepended(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    if first:
-        yield first
+async def _prepended(first: deque[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`first`, then `rest`; each piece of `first` is let go once it is written."""
+    while first:
+        if piece := first.popleft():
+            yield piece
     async for piece in rest:
         yield piece
 

@@ -20,6 +20,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 from prometheus_client import Counter
 
+from proxy.relay.options import DEFAULT_MAX_BODY
+
 log = logging.getLogger(__name__)
 Hook = Literal["request_headers", "response_headers", "response", "done"]
 T = TypeVar("T")
@@ -57,6 +59,10 @@ class Flow:
     start_timeout: float | None = None
     """How long the upstream may take to start answering (None: forever); `request_headers`
     hooks may change it for the routes whose policy they own."""
+    max_body: int = DEFAULT_MAX_BODY
+    """The most bytes of a body read whole, as sent and decoded: past it the relay streams the
+    body unchecked (and `response` is not called); an addon that decodes the body bounds its
+    own decoding by it too."""
     status: int = 0
     response_headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
     content_length: int | None = None

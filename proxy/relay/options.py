@@ -12,6 +12,10 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 from yarl import URL
 
+DEFAULT_MAX_BODY = 64 * 2**20
+"""The most bytes of a body read whole to be checked, as sent and decoded: 64 MiB, some 140 times
+a real 40-turn message list (444 KB), so a session of a thousand long turns still fits."""
+
 
 @dataclass(frozen=True, slots=True)
 class RelayOptions:
@@ -24,6 +28,8 @@ class RelayOptions:
     response_timeout: float | None = None
     """Seconds a plain exchange may wait on the upstream for its headers, then for each next
     piece of its body (None: no limit)."""
+    max_body: int = DEFAULT_MAX_BODY
+    """The most bytes of a body read whole, as sent and decoded; a larger one is streamed unchecked."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.other_processes import OTHER_PROCESSES, OtherProcesses, mark_this_process
 from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamListener
+from proxy.relay.departures import DEPARTURES, Departures
 from proxy.relay.forward import ADDONS, forward
 from proxy.relay.headers import MountedLinks, drop_invented_headers
 from proxy.relay.hooks import Addon, Addons
@@ -158,7 +159,10 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(middlewares=[require_basic_auth(*settings.auth)] if settings.auth else [])
     app[SETTINGS] = settings
     metrics = app[METRICS] = Metrics()
-    app[RELAY] = RelayOptions(settings.upstream_origin, settings.connect_timeout, settings.response_timeout)
+    app[RELAY] = RelayOptions(
+        settings.upstream_origin, settings.connect_timeout, settings.response_timeout, settings.max_body
+    )
+    app[DEPARTURES] = Departures()
     app[RELAY_METRICS] = RelayMetrics(metrics.requests, metrics.upstream_seconds, metrics.open_streams)
     app.cleanup_ctx.extend((upstream_session, _addons))
     app.on_response_prepare.append(drop_invented_headers)

@@ -9,10 +9,12 @@ from pathlib import Path
 from aiohttp import web
 from yarl import URL
 
+from proxy.relay.options import DEFAULT_MAX_BODY
 from proxy.writeback.scheduler import WriteBackMode
 
 __all__ = [
     "DEFAULT_HOST",
+    "DEFAULT_MAX_BODY",
     "DEFAULT_PORT",
     "DEFAULT_UPSTREAM",
     "DEFAULT_USERNAME",
@@ -45,6 +47,10 @@ class Settings:
     visibly cut connection). None (the default) means no limit, because opencode's v1
     `POST /session/{id}/message` answers only when the whole turn has ended. Event streams and
     WebSockets are never timed once open: silence is normal for them."""
+    max_body: int = DEFAULT_MAX_BODY
+    """The most bytes of a message view read whole to be checked, as sent and once decoded; a
+    larger one (or a compressed one that inflates past it) goes out unchecked, as the upstream
+    sent it, streamed, with one log line. 64 MiB by default (see `DEFAULT_MAX_BODY`)."""
     liveness_timeout: float = 5.0
     """Seconds a liveness look-up may take; past it the body is passed on unchanged."""
     write_back: WriteBackMode = WriteBackMode.OFF
@@ -65,6 +71,8 @@ class Settings:
     """(user, password) of the proxy's own Basic auth in front of every route; None for none."""
 
     def __post_init__(self) -> None:
+        if self.max_body < 1:
+            raise ValueError(f"max_body must be a positive number of bytes, got {self.max_body}")
         if self.upstream.scheme not in ("http", "https") or not self.upstream.host:
             raise ValueError(f"upstream must be an http(s) URL with a host, got {self.upstream}")
 

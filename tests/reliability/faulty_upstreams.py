@@ -57,6 +57,12 @@ async def get(url: URL) -> tuple[int, dict[str, str], bytes]:
         return answer.status, dict(answer.headers), await answer.read()
 
 
+async def assert_still_serves(proxy: URL) -> None:
+    """The proxy still answers its own routes: its open probe says whether the upstream is up."""
+    status, _, body = await get(proxy.with_path("/_settle/up"))
+    assert (status, orjson.loads(body)) in ((200, {"status": "up"}), (503, {"status": "down"})), body[:300]
+
+
 async def assert_json_error(url: URL, status: int, error: str) -> None:
     """The proxy's own JSON error, never aiohttp's plain-text 500."""
     got, headers, body = await get(url)
