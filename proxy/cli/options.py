@@ -24,6 +24,7 @@ from proxy.service.config import (
     DEFAULT_PORT,
     DEFAULT_UPSTREAM,
     DEFAULT_USERNAME,
+    RESUME_NEEDS_WRITE_BACK,
     Settings,
     basic_authorization,
 )
@@ -116,6 +117,7 @@ def build_parser(
     flags = _Flags(parser, environ)
     _connection_flags(flags)
     _settling_flags(flags)
+    _resume_flags(parser, flags, environ)
     add_database_option(parser, "opencode's database, for --write-back db", environ)
     parser.add_argument(
         "--auth",
@@ -202,6 +204,49 @@ def _settling_flags(flags: _Flags) -> None:
     )
 
 
+def _attempts(text: str) -> int:
+    attempts = int(text)
+    if attempts < 1:
+        raise ValueError(text)
+    return attempts
+
+
+def _resume_flags(parser: argparse.ArgumentParser, flags: _Flags, environ: Environ) -> None:
+    """Whether, how often and how late a turn a crash interrupted is started again."""
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        default=environ.get("SETTLE_RESUME", "") not in ("", "0", "false"),
+        help="start again, at most once, a turn the proxy saw running when the server died: after its "
+        "calls are written back settled, with a prompt naming them; never over a newer message, a pending "
+        "permission or question, a child session, or a turn older than --resume-within. Needs --write-back "
+        "[SETTLE_RESUME]",
+    )
+    flags.add(
+        "--resume-attempts",
+        "SETTLE_RESUME_ATTEMPTS",
+        "3",
+        "prompts sent at most for one interrupted turn, counting a resumed turn interrupted again and a "
+        "prompt the server admitted but never ran",
+        type=typed(_attempts, "a whole number of at least 1"),
+    )
+    flags.seconds(
+        "--resume-within",
+        "SETTLE_RESUME_WITHIN",
+        "300",
+        "seconds after the server was last heard with the turn running past which it is not resumed "
+        "(a restart by `run` takes seconds; a later one was a person's)",
+    )
+    flags.add(
+        "--resume-text",
+        "SETTLE_RESUME_TEXT",
+        "",
+        "the prompt a resumed turn starts with, instead of the one that names each interrupted call and "
+        "says its outcome is unknown",
+        shown=False,
+    )
+
+
 def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Settings:
     """Settings from parsed flags and, from `environ`, opencode's credentials, the proxy's own
     login (SETTLE_AUTH) and where tool processes are recorded."""
@@ -220,7 +265,18 @@ def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Se
         lock_dir=default_lock_dir(environ),
         state_db=state_path(environ),
         auth=args.auth or _auth_from(environ),
+        resume=_resume_from(args),
+        resume_attempts=args.resume_attempts,
+        resume_within=args.resume_within,
+        resume_text=args.resume_text or None,
     )
+
+
+def _resume_from(args: argparse.Namespace) -> bool:
+    """--resume, refused without write-back: the model must never be shown a call still running."""
+    if args.resume and WriteBackMode(args.write_back) is WriteBackMode.OFF:
+        sys.exit(f"settle-proxy: error: {RESUME_NEEDS_WRITE_BACK}")
+    return bool(args.resume)
 
 
 def _auth_from(environ: Environ) -> tuple[str, str] | None:

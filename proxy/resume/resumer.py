@@ -1,0 +1,214 @@
+"""Resuming the turns a crash interrupted: settle durably, decide, claim once, send, see it start.
+
+For each session the watch hands on: wait the grace period; read the session and its messages
+and rule out what needs nothing settled (a child session, a newer message, a person waiting, too
+old); make the interrupted calls durable through the write-back and read the messages again;
+take a liveness reading after that read; decide on all of it; claim the turn in the ledger
+(committed) and record the prompt (committed); then wait for the server to be ready, send, and
+confirm the turn started, or count the attempt and try again after a pause, up to the budget.
+Every decision is one line in the journal. With `dry_run` it decides and logs, and sends nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from proxy.opencode.client import Credentials
+from proxy.opencode.ids import ascending_id
+from proxy.opencode.liveness import LivenessProbe
+from proxy.relay.tasks import KeyedTasks
+from proxy.resume.decision import After, Before, Outcome, Policy, after_settling, before_settling
+from proxy.resume.journal import Journal
+from proxy.resume.ledger import Ledger
+from proxy.resume.sending import READ_ERRORS, Server
+from proxy.resume.text import ProcessFate, resume_text
+from proxy.resume.turns import InterruptedTurn, last_turn
+from proxy.resume.watch import Candidate
+from proxy.writeback.scheduler import Writer
+from rules import Liveness
+
+__all__ = ["Fates", "ResumeOptions", "Resumer"]
+
+log = logging.getLogger(__name__)
+RETRY_PAUSE_S = 5.0
+
+Fates = Callable[[Sequence[str]], Awaitable[Mapping[str, ProcessFate]]]
+"""What became of the processes of the named calls (by call id), as the proxy knows it."""
+
+
+async def no_fates(_: Sequence[str]) -> Mapping[str, ProcessFate]:
+    return {}
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeOptions:
+    policy: Policy
+    grace: float
+    dry_run: bool = False
+    text: str | None = None
+    """`--resume-text`: the prompt to send instead of the one that names the calls."""
+    retry_pause: float = RETRY_PAUSE_S
+
+
+class Resumer(KeyedTasks[str]):
+    """Considers each candidate once at a time per session; owns those tasks until closed."""
+
+    def __init__(
+        self,
+        server: Server,
+        probe: LivenessProbe,
+        *,
+        writer: Writer | None,
+        ledger: Ledger,
+        journal: Journal,
+        options: ResumeOptions,
+        credentials: Credentials,
+        fates: Fates = no_fates,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__("resume")
+        self._server = server
+        self._probe = probe
+        self._writer = writer
+        self._ledger = ledger
+        self._journal = journal
+        self._options = options
+        self._credentials = credentials
+        self._fates = fates
+        self._clock = clock
+
+    def consider(self, candidate: Candidate) -> None:
+        self.start(candidate.session_id, partial(self._guarded, candidate))
+
+    async def _guarded(self, candidate: Candidate) -> None:
+        try:
+            await self._consider(candidate)
+        except READ_ERRORS as error:
+            self._skip(candidate, f"the server could not be read: {type(error).__name__}: {error}")
+        except Exception as error:
+            log.exception("resume of %s failed", candidate.session_id)
+            self._skip(candidate, f"failed: {type(error).__name__}: {error}")
+
+    async def _consider(self, candidate: Candidate) -> None:
+        await asyncio.sleep(self._options.grace)
+        info = await self._server.session_info(candidate.api, candidate.session_id)
+        before = await self._before(candidate, info)
+        if (verdict := before_settling(before, self._options.policy)).why is not None:
+            self._skip(candidate, verdict.why, before.last.turn)
+            return
+        turn = before.last.turn
+        assert turn is not None
+        if (open_calls := [c.call_id for c in turn.calls if c.still_open]) and not self._options.dry_run:
+            await self._settle(turn, open_calls)
+        after = await self._after(candidate, info)
+        if (verdict := after_settling(after, self._options.policy)).why is not None:
+            self._skip(candidate, verdict.why, after.before.last.turn or turn)
+            return
+        settled = after.before.last.turn
+        assert settled is not None
+        await self._resume(candidate, settled, _directory(info) or candidate.directory)
+
+    async def _before(self, candidate: Candidate, info: dict[str, Any]) -> Before:
+        view = await self._server.messages(candidate.api, candidate.session_id)
+        parent = info.get("parentID")
+        return Before(
+            last_turn(view, candidate.api, candidate.session_id),
+            parent if isinstance(parent, str) and parent else None,
+            candidate.waiting_on_person,
+            self._clock() - candidate.last_alive,
+        )
+
+    async def _settle(self, turn: InterruptedTurn, open_calls: list[str]) -> None:
+        """Make the open calls durable through the write-back (it re-reads, then confirms, then
+        writes only what is still open and vouched for)."""
+        if self._writer is None:
+            return
+
+        async def confirm() -> Liveness:
+            return await self._probe.read(turn.api, turn.session_id, self._credentials)
+
+        targets = [*open_calls, turn.message_id]
+        await self._writer.write(turn.api, turn.session_id, self._credentials, targets, confirm)
+
+    async def _after(self, candidate: Candidate, info: dict[str, Any]) -> After:
+        before = await self._before(candidate, info)
+        if self._options.dry_run and before.last.turn is not None:
+            # Nothing was written: decide as if the write-back had settled what it would settle.
+            calls = tuple(dataclasses.replace(call, still_open=False) for call in before.last.turn.calls)
+            last = dataclasses.replace(before.last, turn=dataclasses.replace(before.last.turn, calls=calls))
+            before = dataclasses.replace(before, last=last)
+        liveness = await self._probe.read(candidate.api, candidate.session_id, self._credentials)
+        turn = before.last.turn
+        used = (
+            0 if turn is None else await self._ledger.used(turn.session_id, turn.prompted_by, turn.message_id)
+        )
+        elsewhere = None
+        if liveness.elsewhere_since is not None:
+            elsewhere = f"one started at {liveness.elsewhere_since} ms (epoch)"
+        return After(before, liveness.active, elsewhere, used)
+
+    async def _resume(self, candidate: Candidate, turn: InterruptedTurn, directory: str | None) -> None:
+        fates = await self._fates([call.call_id for call in turn.calls])
+        text = self._options.text or resume_text(turn.calls, fates)
+        calls = [{"call": c.call_id, "tool": c.tool} for c in turn.calls]
+        if self._options.dry_run:
+            self._decide(Outcome.WOULD_RESUME, turn, "--dry-run: nothing sent", calls=calls)
+            return
+        claim = await self._ledger.claim(turn.session_id, turn.prompted_by, turn.message_id)
+        if not claim.won:
+            self._decide(Outcome.SKIPPED, turn, f"already claimed, by {claim.owner} (state database)")
+            return
+        await self._send(turn, directory, claim.used, text, calls)
+
+    async def _send(
+        self, turn: InterruptedTurn, directory: str | None, used: int, text: str, calls: list[dict[str, str]]
+    ) -> None:
+        attempts = self._options.policy.attempts
+        provider = turn.model["providerID"] if turn.model else None
+        while True:
+            why: str
+            prompt_id = ascending_id("msg")
+            if not await self._server.ready(directory, provider):
+                why = "the server did not become ready (config, location, provider)"
+            else:
+                await self._ledger.sending(turn.session_id, turn.message_id, prompt_id)
+                used += 1
+                try:
+                    await self._server.prompt(turn, directory, prompt_id, text)
+                except READ_ERRORS as error:
+                    why = f"the prompt was refused: {error}"
+                else:
+                    how = await self._server.started(turn, prompt_id)
+                    if how is not None:
+                        await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.RESUMED))
+                        self._decide(Outcome.RESUMED, turn, how, prompt=prompt_id, attempt=used, calls=calls)
+                        return
+                    why = "the prompt was admitted, but the turn did not start"
+            if used >= attempts:
+                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.GAVE_UP))
+                self._decide(Outcome.GAVE_UP, turn, f"{why}; {used} of --resume-attempts {attempts} spent")
+                return
+            self._decide(Outcome.NOT_STARTED, turn, f"{why}; trying again in {self._options.retry_pause:g} s")
+            await asyncio.sleep(self._options.retry_pause)
+
+    def _skip(self, candidate: Candidate, why: str, turn: InterruptedTurn | None = None) -> None:
+        message = turn.message_id if turn is not None else None
+        self._journal.decided(Outcome.SKIPPED, candidate.api, candidate.session_id, why, message=message)
+
+    def _decide(self, outcome: Outcome, turn: InterruptedTurn, why: str, **more: Any) -> None:
+        self._journal.decided(outcome, turn.api, turn.session_id, why, message=turn.message_id, **more)
+
+
+def _directory(info: dict[str, Any]) -> str | None:
+    directory = info.get("directory")
+    if not isinstance(directory, str):
+        location = info.get("location")
+        directory = location.get("directory") if isinstance(location, dict) else None
+    return directory if isinstance(directory, str) and directory else None
