@@ -71,6 +71,8 @@ class Before:
 def before_settling(facts: Before, policy: Policy) -> Verdict:
     """The reasons that need nothing settled to be known."""
     turn = facts.last.turn
+    if facts.age_s > policy.within_s:
+        return Verdict(f"last alive {facts.age_s:.0f} s ago, past --resume-within {policy.within_s:g} s")
     if facts.parent_id is not None:
         return Verdict(f"a child session (of {facts.parent_id}): its parent's turn is the one to resume")
     if facts.last.newer is not None:
@@ -81,8 +83,6 @@ def before_settling(facts: Before, policy: Policy) -> Verdict:
         return Verdict("no interrupted turn: the last assistant message finished")
     if (person := facts.waiting_on_person or _asks_a_person(turn)) is not None:
         return Verdict(f"it was waiting on a person ({person}): left settled for them to answer")
-    if facts.age_s > policy.within_s:
-        return Verdict(f"last alive {facts.age_s:.0f} s ago, past --resume-within {policy.within_s:g} s")
     return GO
 
 

@@ -10,6 +10,7 @@ before it is sent, so that a resumed turn interrupted again is known to be the s
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sqlite3
@@ -54,6 +55,8 @@ class Ledger:
     def __init__(self, connection: aiosqlite.Connection) -> None:
         self._db = connection
         self._owner = this_owner()
+        self._lock = asyncio.Lock()
+        """One connection, shared by every session's resume: one transaction on it at a time."""
 
     @classmethod
     @asynccontextmanager
@@ -67,6 +70,10 @@ class Ledger:
 
     async def used(self, session_id: str, prompted_by: str | None, message_id: str) -> int:
         """Prompts already sent for the person's turn that `message_id` belongs to."""
+        async with self._lock:
+            return await self._used(session_id, prompted_by, message_id)
+
+    async def _used(self, session_id: str, prompted_by: str | None, message_id: str) -> int:
         chain = await self._chain(session_id, prompted_by, message_id)
         async with self._db.execute(
             "SELECT coalesce(sum(attempts), 0) FROM resume_claim WHERE session = ? AND chain = ?",
@@ -77,10 +84,14 @@ class Ledger:
 
     async def claim(self, session_id: str, prompted_by: str | None, message_id: str) -> Claim:
         """Claim the turn ending in `message_id` once, for good (committed when this returns)."""
+        async with self._lock:
+            return await self._claim(session_id, prompted_by, message_id)
+
+    async def _claim(self, session_id: str, prompted_by: str | None, message_id: str) -> Claim:
         await self._db.execute("BEGIN IMMEDIATE")
         try:
             chain = await self._chain(session_id, prompted_by, message_id)
-            used = await self.used(session_id, prompted_by, message_id)
+            used = await self._used(session_id, prompted_by, message_id)
             await self._db.execute(
                 "INSERT INTO resume_claim (session, message, chain, owner, claimed_at) "
                 "VALUES (?, ?, ?, ?, ?)",
@@ -97,6 +108,10 @@ class Ledger:
 
     async def sending(self, session_id: str, message_id: str, prompt_id: str) -> None:
         """Count one more prompt for the claimed turn, and remember its id (committed when this returns)."""
+        async with self._lock:
+            await self._sending(session_id, message_id, prompt_id)
+
+    async def _sending(self, session_id: str, message_id: str, prompt_id: str) -> None:
         await self._db.execute("BEGIN IMMEDIATE")
         try:
             await self._db.execute(
@@ -113,10 +128,11 @@ class Ledger:
         await self._db.execute("COMMIT")
 
     async def finished(self, session_id: str, message_id: str, outcome: str) -> None:
-        await self._db.execute(
-            "UPDATE resume_claim SET outcome = ? WHERE session = ? AND message = ?",
-            (outcome, session_id, message_id),
-        )
+        async with self._lock:
+            await self._db.execute(
+                "UPDATE resume_claim SET outcome = ? WHERE session = ? AND message = ?",
+                (outcome, session_id, message_id),
+            )
 
     async def _chain(self, session_id: str, prompted_by: str | None, message_id: str) -> str:
         """The first interrupted message of the person's turn: the chain of the claim whose prompt

@@ -149,9 +149,13 @@ class Resumer(KeyedTasks[str]):
         used = (
             0 if turn is None else await self._ledger.used(turn.session_id, turn.prompted_by, turn.message_id)
         )
+        # A tool runs only in a process that existed when it started: one started after the turn's
+        # last sign of life cannot be running it (it could only start a turn of its own, which
+        # adds a message, and a newer message already rules a resume out).
+        last_alive_ms = int((time.time() - (self._clock() - candidate.last_alive)) * 1000)
         elsewhere = None
-        if liveness.elsewhere_since is not None:
-            elsewhere = f"one started at {liveness.elsewhere_since} ms (epoch)"
+        if liveness.elsewhere_since is not None and liveness.elsewhere_since <= last_alive_ms:
+            elsewhere = f"one running since {liveness.elsewhere_since} ms (epoch), before the turn ended"
         return After(before, liveness.active, elsewhere, used)
 
     async def _resume(self, candidate: Candidate, turn: InterruptedTurn, directory: str | None) -> None:

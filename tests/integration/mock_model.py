@@ -59,6 +59,8 @@ class RecordedRequest:
 
     at: float
     prompt: str | None
+    latest_prompt: str | None
+    """The newest user text (a further prompt, or a resume's continuation)."""
     roles: tuple[str, ...]
     tools: tuple[str, ...]
     decision: str
@@ -137,7 +139,7 @@ class MockModel:
         slow = plan.text_every is not None and "bash" in tools
         wants_tool = "bash" in tools and not slow and not _tool_answered(messages, plan)
         call_id = f"call_mock_{next(self._call_ids)}" if wants_tool else None
-        self._record(prompt, messages, tools, plan, call_id, slow=slow)
+        self._record(texts, messages, tools, plan, call_id, slow=slow)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         if slow and plan.text_every is not None:
@@ -155,7 +157,7 @@ class MockModel:
 
     def _record(
         self,
-        prompt: str | None,
+        texts: Sequence[str],
         messages: Sequence[Mapping[str, Any]],
         tools: tuple[str, ...],
         plan: Plan,
@@ -168,7 +170,8 @@ class MockModel:
         )
         entry = RecordedRequest(
             at=time.time(),
-            prompt=prompt,
+            prompt=texts[0] if texts else None,
+            latest_prompt=texts[-1] if texts else None,
             roles=tuple(str(m.get("role")) for m in messages),
             tools=tools,
             decision=decision,

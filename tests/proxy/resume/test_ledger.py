@@ -38,3 +38,10 @@ async def test_what_is_sent_is_on_disk_before_sending_returns(tmp_path: Path) ->
         await ledger.sending("ses_1", "msg_2", "msg_3")
         async with Ledger.open(path) as other:
             assert await other.used("ses_1", "msg_3", "msg_4") == 1
+
+
+async def test_claims_of_many_sessions_at_once_share_one_connection(tmp_path: Path) -> None:
+    async with Ledger.open(tmp_path / "processes.db") as ledger:
+        claims = await asyncio.gather(*(ledger.claim(f"ses_{n}", None, "msg_2") for n in range(5)))
+        await asyncio.gather(*(ledger.sending(f"ses_{n}", "msg_2", f"msg_{n}") for n in range(5)))
+    assert all(claim.won for claim in claims)

@@ -1,0 +1,165 @@
+"""`--resume` with the real opencode 1.18.33 and the mock model: plain proxies in front of a server
+that is SIGKILLed mid-tool and restarted, all in one crash.
+
+Three `--resume --write-back api` proxies follow the server when it dies: two alike (they share
+one state database, as two proxies of one user on one host do), and one with `--dry-run`. A
+fourth resumes only turns last alive within a millisecond. The crash interrupts a v1 and a v2
+turn (each resumed once, by one proxy), a v1 turn with a person's message already queued (left
+alone) and a v1 call waiting on a permission (left for the person). Every wait ends on a
+positive signal: a decision in `/_settle/resume`, a finished turn, a count of model requests.
+The resuming proxies wait 6 s (`--grace`) before they look, so the dry-run and the impatient
+proxy always decide on the interrupted turn as the crash left it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import orjson
+import pytest
+
+from .http_client import request
+from .mock_model import MockModel
+from .opencode_config import project_config
+from .opencode_server import OpencodeServer, directory_header, opencode_binary
+from .polling import poll
+from .proxy_process import ProxyProcess, running
+from .resumes import NAMED_CALL, continuations, decided, final, requests_since
+from .test_run_supervised import written
+from .turns import Observed, Turn, is_active, read_messages, send_prompt, start_v1_turn, wait_turn_done
+from .turns import observe_running as observe
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+RESUMING = ("--resume", "--write-back", "api", "--log-format", "json")
+DECISION_TIMEOUT_S = 90.0
+
+
+@dataclass(frozen=True)
+class Crash:
+    server: OpencodeServer
+    proxies: dict[str, ProxyProcess]
+    turns: dict[str, Observed]
+    asking: Turn
+    crashed_at: float
+
+
+def following(proxy: ProxyProcess) -> bool | None:
+    health = request("GET", f"{proxy.url}/_settle/health", timeout=15).json()
+    return True if health["liveness"]["source"] == "events" else None
+
+
+def permission_asked(server: OpencodeServer, directory: Path) -> bool | None:
+    reply = request("GET", f"{server.url}/permission", headers=directory_header(directory))
+    return True if reply.status == 200 and reply.json() else None
+
+
+@pytest.fixture(scope="module")
+def crash(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Crash]:
+    root = tmp_path_factory.mktemp("resume")
+    server = OpencodeServer(opencode_binary(), root, mock_model.base_url)
+    asks = server.add_project("asks")
+    config = project_config(mock_model.base_url) | {"permission": {"bash": "ask"}}
+    (asks / "opencode.json").write_bytes(orjson.dumps(config))
+    logs = root / "proxies"
+    logs.mkdir()
+    proxies = {
+        "first": ProxyProcess(server.url, logs / "first.log", (*RESUMING, "--grace", "6")),
+        "second": ProxyProcess(server.url, logs / "second.log", (*RESUMING, "--grace", "6")),
+        "dry": ProxyProcess(server.url, logs / "dry.log", (*RESUMING, "--grace", "0", "--dry-run")),
+        "late": ProxyProcess(
+            server.url, logs / "late.log", (*RESUMING, "--grace", "0", "--resume-within", "0.001")
+        ),
+    }
+    try:
+        server.start()
+        with running(proxies.values()):
+            for proxy in proxies.values():
+                poll(partial(following, proxy), what="the proxy following the server", timeout=60)
+            turns = observe(
+                server.url,
+                server.project,
+                {"v1": ("v1", "resume me v1"), "v2": ("v2", "resume me v2"), "wrote": ("v1", "resume wrote")},
+            )
+            send_prompt(server.url, turns["wrote"].turn, "a person writes while the tool runs")
+            asking = start_v1_turn(server.url, asks, "resume asks")
+            poll(partial(permission_asked, server, asks), what="the permission asked", timeout=60)
+            crashed_at = time.time()
+            server.crash()
+            server.restart()
+            yield Crash(server, proxies, turns, asking, crashed_at)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("runtime", ["v1", "v2"])
+def test_an_interrupted_turn_is_resumed_once_by_one_of_two_proxies(
+    crash: Crash, mock_model: MockModel, runtime: str
+) -> None:
+    turn = crash.turns[runtime].turn
+    made = [
+        poll(
+            partial(final, crash.proxies[name].url, turn),
+            what=f"{name}'s decision",
+            timeout=DECISION_TIMEOUT_S,
+        )
+        for name in ("first", "second")
+    ]
+    assert sorted(decision["outcome"] for decision in made) == ["resumed", "skipped"]
+    resumed = next(decision for decision in made if decision["outcome"] == "resumed")
+    lost = next(decision for decision in made if decision["outcome"] == "skipped")
+    assert lost["why"].startswith("already claimed, by ")
+    messages = wait_turn_done(crash.server.url, turn, timeout=DECISION_TIMEOUT_S)
+    assert not is_active(crash.server.url, turn)
+    continued = continuations(mock_model, turn, crash.crashed_at)
+    assert len(continued) == 1, [r.latest_prompt for r in requests_since(mock_model, turn, crash.crashed_at)]
+    assert continued[0].latest_prompt is not None
+    assert NAMED_CALL in continued[0].latest_prompt
+    assert "outcome is unknown" in continued[0].latest_prompt
+    assert continued[0].tool_messages, "the settled call is in the history the model sees"
+    assert written(crash.server.url, turn)
+    assert len(messages) == 4, "the prompt, the interrupted answer, the continuation and the new answer"
+    ids = [message["info"]["id"] if runtime == "v1" else message["id"] for message in messages]
+    assert resumed["prompt"] in ids, "the continuation is stored under the id the ledger recorded"
+
+
+@pytest.mark.parametrize("runtime", ["v1", "v2"])
+def test_a_dry_run_decides_and_sends_nothing(crash: Crash, runtime: str) -> None:
+    turn = crash.turns[runtime].turn
+    decision = poll(partial(final, crash.proxies["dry"].url, turn), what="the dry run's decision", timeout=60)
+    assert (decision["outcome"], decision["why"]) == ("would-resume", "--dry-run: nothing sent")
+    # The one continuation the model receives (the test above) is the other proxies'.
+
+
+def test_a_turn_past_resume_within_is_left_alone(crash: Crash) -> None:
+    decision = poll(
+        partial(final, crash.proxies["late"].url, crash.turns["v1"].turn), what="a decision", timeout=60
+    )
+    assert decision["outcome"] == "skipped"
+    assert "past --resume-within 0.001 s" in decision["why"]
+
+
+def test_a_message_a_person_sent_before_the_proxy_acts_is_never_overridden(
+    crash: Crash, mock_model: MockModel
+) -> None:
+    turn = crash.turns["wrote"].turn
+    for name in ("first", "second", "dry"):
+        decision = poll(partial(final, crash.proxies[name].url, turn), what=f"{name}'s decision", timeout=60)
+        assert decision["outcome"] == "skipped"
+        assert "a newer message" in decision["why"]
+    assert requests_since(mock_model, turn, crash.crashed_at) == []
+    assert len(read_messages(crash.server.url, turn)) == 3
+
+
+def test_a_call_waiting_on_a_permission_is_left_for_the_person(crash: Crash, mock_model: MockModel) -> None:
+    for name in ("first", "second"):
+        decided_on = poll(
+            partial(decided, crash.proxies[name].url, crash.asking), what=f"{name}'s decision", timeout=60
+        )
+        assert decided_on[-1]["outcome"] == "skipped"
+        assert "waiting on a person (a permission asked)" in decided_on[-1]["why"]
+    assert requests_since(mock_model, crash.asking, crash.crashed_at) == []
