@@ -39,7 +39,9 @@ def test_every_resume_flag_has_its_variable() -> None:
 
 
 def test_run_takes_the_resume_flags_too() -> None:
-    _, settings, _ = parse(["--resume", "--write-back", "db", "--resume-attempts", "1", "--", "opencode", "serve"])
+    _, settings, _ = parse(
+        ["--resume", "--write-back", "db", "--resume-attempts", "1", "--", "opencode", "serve"]
+    )
     assert (settings.resume, settings.resume_attempts) == (True, 1)
 
 
