@@ -18,26 +18,48 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from proxy.opencode.client import Credentials
 from proxy.opencode.ids import ascending_id
-from proxy.opencode.liveness import LivenessProbe
 from proxy.relay.tasks import KeyedTasks
 from proxy.resume.decision import After, Before, Outcome, Policy, after_settling, before_settling
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
-from proxy.resume.sending import READ_ERRORS, Server
+from proxy.resume.sending import READ_ERRORS
 from proxy.resume.text import ProcessFate, resume_text
 from proxy.resume.turns import InterruptedTurn, last_turn
 from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Writer
-from rules import Liveness
+from rules import Api, Liveness
 
 __all__ = ["Fates", "ResumeOptions", "Resumer"]
 
 log = logging.getLogger(__name__)
 RETRY_PAUSE_S = 5.0
+
+
+class Reader(Protocol):
+    """Liveness on demand (`proxy.opencode.liveness.LivenessProbe`)."""
+
+    async def read(self, api: Api, session_id: str, credentials: Credentials) -> Liveness: ...
+
+
+class ResumeServer(Protocol):
+    """The restarted server as the resume uses it (`proxy.resume.sending.Server`)."""
+
+    async def messages(self, turn_api: Api, session_id: str) -> Any: ...
+
+    async def session_info(self, turn_api: Api, session_id: str) -> dict[str, Any]: ...
+
+    async def ready(self, directory: str | None, provider: str | None) -> bool: ...
+
+    async def prompt(
+        self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str
+    ) -> None: ...
+
+    async def started(self, turn: InterruptedTurn, prompt_id: str) -> str | None: ...
+
 
 Fates = Callable[[Sequence[str]], Awaitable[Mapping[str, ProcessFate]]]
 """What became of the processes of the named calls (by call id), as the proxy knows it."""
@@ -62,8 +84,8 @@ class Resumer(KeyedTasks[str]):
 
     def __init__(
         self,
-        server: Server,
-        probe: LivenessProbe,
+        server: ResumeServer,
+        probe: Reader,
         *,
         writer: Writer | None,
         ledger: Ledger,
