@@ -28,7 +28,7 @@ from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.sending import READ_ERRORS
 from proxy.resume.text import ProcessFate, resume_text
-from proxy.resume.turns import InterruptedTurn, last_turn
+from proxy.resume.turns import InterruptedTurn, last_turn, user_message_after
 from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Writer
 from rules import Api, Liveness
@@ -79,6 +79,15 @@ class ResumeOptions:
     retry_pause: float = RETRY_PAUSE_S
 
 
+@dataclass(frozen=True, slots=True)
+class Try:
+    """One try at starting the turn: prompts sent (0 or 1), whether it started, and how or why not."""
+
+    sent: int
+    started: bool
+    how: str
+
+
 class Resumer(KeyedTasks[str]):
     """Considers each candidate once at a time per session; owns those tasks until closed."""
 
@@ -120,6 +129,9 @@ class Resumer(KeyedTasks[str]):
 
     async def _consider(self, candidate: Candidate) -> None:
         await asyncio.sleep(self._options.grace)
+        if not await self._server.ready(candidate.directory, None):
+            self._skip(candidate, "the server did not become ready (config, location)")
+            return
         info = await self._server.session_info(candidate.api, candidate.session_id)
         before = await self._before(candidate, info)
         if (verdict := before_settling(before, self._options.policy)).why is not None:
@@ -196,33 +208,44 @@ class Resumer(KeyedTasks[str]):
     async def _send(
         self, turn: InterruptedTurn, directory: str | None, used: int, text: str, calls: list[dict[str, str]]
     ) -> None:
+        """Prompt until the turn starts, `--resume-attempts` prompts in all for the person's turn
+        (`used` of them spent already); a server never ready spends a try too, not a prompt."""
         attempts = self._options.policy.attempts
-        provider = turn.model["providerID"] if turn.model else None
-        while True:
-            why: str
+        for tries in range(1, attempts + 1):
             prompt_id = ascending_id("msg")
-            if not await self._server.ready(directory, provider):
-                why = "the server did not become ready (config, location, provider)"
-            else:
-                await self._ledger.sending(turn.session_id, turn.message_id, prompt_id)
-                used += 1
-                try:
-                    await self._server.prompt(turn, directory, prompt_id, text)
-                except READ_ERRORS as error:
-                    why = f"the prompt was refused: {error}"
-                else:
-                    how = await self._server.started(turn, prompt_id)
-                    if how is not None:
-                        await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.RESUMED))
-                        self._decide(Outcome.RESUMED, turn, how, prompt=prompt_id, attempt=used, calls=calls)
-                        return
-                    why = "the prompt was admitted, but the turn did not start"
-            if used >= attempts:
+            tried = await self._attempt(turn, directory, prompt_id, text)
+            used += tried.sent
+            why = tried.how
+            if tried.started:
+                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.RESUMED))
+                self._decide(Outcome.RESUMED, turn, why, prompt=prompt_id, attempt=used, calls=calls)
+                return
+            if used >= attempts or tries >= attempts:
                 await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.GAVE_UP))
                 self._decide(Outcome.GAVE_UP, turn, f"{why}; {used} of --resume-attempts {attempts} spent")
                 return
             self._decide(Outcome.NOT_STARTED, turn, f"{why}; trying again in {self._options.retry_pause:g} s")
             await asyncio.sleep(self._options.retry_pause)
+            view = await self._server.messages(turn.api, turn.session_id)
+            if (person := user_message_after(view, turn.api, prompt_id)) is not None:
+                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.SKIPPED))
+                why = f"a person wrote ({person}) after the prompt that did not start"
+                self._decide(Outcome.SKIPPED, turn, why)
+                return
+
+    async def _attempt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> Try:
+        provider = turn.model["providerID"] if turn.model else None
+        if not await self._server.ready(directory, provider):
+            return Try(0, False, "the server did not become ready (config, location, provider)")
+        await self._ledger.sending(turn.session_id, turn.message_id, prompt_id)
+        try:
+            await self._server.prompt(turn, directory, prompt_id, text)
+        except READ_ERRORS as error:
+            return Try(1, False, f"the prompt was refused: {error}")
+        how = await self._server.started(turn, prompt_id)
+        if how is None:
+            return Try(1, False, "the prompt was admitted, but the turn did not start")
+        return Try(1, True, how)
 
     def _skip(self, candidate: Candidate, why: str, turn: InterruptedTurn | None = None) -> None:
         message = turn.message_id if turn is not None else None

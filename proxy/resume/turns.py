@@ -13,7 +13,7 @@ from typing import Any
 from rules import OPEN_STATUSES, Api
 from rules.runtimes import V1_ERROR, V2_ERROR
 
-__all__ = ["InterruptedCall", "InterruptedTurn", "LastTurn", "last_turn"]
+__all__ = ["InterruptedCall", "InterruptedTurn", "LastTurn", "last_turn", "user_message_after"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +80,16 @@ def last_turn(view: Any, api: Api, session_id: str) -> LastTurn:
         str(_id(users[-1], api)) if users else None,
     )
     return LastTurn(turn, newer)
+
+
+def user_message_after(view: Any, api: Api, message_id: str) -> str | None:
+    """The id of a user message newer than `message_id` in `view`, if there is one."""
+    newer = [
+        str(_id(m, api))
+        for m in _messages(view, api)
+        if _role(m, api) == "user" and isinstance(_id(m, api), str) and str(_id(m, api)) > message_id
+    ]
+    return max(newer, default=None)
 
 
 def _messages(view: Any, api: Api) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from proxy.resume.turns import InterruptedTurn
 from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Confirm, WriteBackMode, Written
 from rules import Api, Liveness
-from tests.proxy.resume.views import v1_settled, v1_tool, v1_view
+from tests.proxy.resume.views import v1_settled, v1_tool, v1_user, v1_view
 
 NOW = 1000.0
 
@@ -32,6 +32,9 @@ class FakeServer:
         self._ledger = ledger
         self._starts_after = starts_after
         self.unreadable = False
+        self.ready_after_start: bool = True
+        self.person_writes = False
+        self._asked_ready = 0
 
     async def messages(self, turn_api: Api, session_id: str) -> Any:
         if self.unreadable:
@@ -42,11 +45,14 @@ class FakeServer:
         return self.info
 
     async def ready(self, directory: str | None, provider: str | None) -> bool:
-        return True
+        self._asked_ready += 1
+        return self._asked_ready == 1 or self.ready_after_start
 
     async def prompt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> None:
         recorded = await self._ledger.used(turn.session_id, prompt_id, "msg_next")
         self.prompts.append((prompt_id, text, recorded))
+        if self.person_writes:
+            self.view = [*self.view, v1_user("msg_zzz")]
 
     async def started(self, turn: InterruptedTurn, prompt_id: str) -> str | None:
         return "the session went active" if len(self.prompts) >= self._starts_after else None
@@ -193,3 +199,24 @@ async def test_a_child_session_is_left_to_its_parent(ledger: Ledger) -> None:
     await considered(made)
     assert server.prompts == []
     assert journal.recent()[0]["why"].startswith("a child session (of ses_0)")
+
+
+async def test_a_server_that_never_becomes_ready_is_given_up_within_the_budget(ledger: Ledger) -> None:
+    server = FakeServer(ledger)
+    server.ready_after_start = False
+    made, journal = resumer(server, ledger, attempts=2)
+    await considered(made)
+    assert server.prompts == []
+    assert [d["outcome"] for d in journal.recent()] == ["not-started", "gave-up"]
+    assert "0 of --resume-attempts 2 spent" in journal.recent()[-1]["why"]
+
+
+async def test_a_person_who_writes_after_a_prompt_that_did_not_start_is_not_prompted_over(
+    ledger: Ledger,
+) -> None:
+    server = FakeServer(ledger, starts_after=99)
+    server.person_writes = True
+    made, journal = resumer(server, ledger)
+    await considered(made)
+    assert len(server.prompts) == 1
+    assert journal.recent()[-1]["why"] == "a person wrote (msg_zzz) after the prompt that did not start"
