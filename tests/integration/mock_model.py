@@ -51,6 +51,9 @@ class Plan:
     description: str = "demo"
     """The call's `description`; may hold a lone surrogate, sent as its escape as a provider would."""
     text_every: float | None = None
+    tool: str = "bash"
+    """The tool the model calls; `arguments` replace bash's command and description (e.g. for `task`)."""
+    arguments: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ class MockModel:
         with self._lock:
             plan = self._plans.get(texts[-1] if texts else "") or self._plans.get(prompt or "", Plan())
         slow = plan.text_every is not None and "bash" in tools
-        wants_tool = "bash" in tools and not slow and not _tool_answered(messages, plan)
+        wants_tool = plan.tool in tools and not slow and not _tool_answered(messages, plan)
         call_id = f"call_mock_{next(self._call_ids)}" if wants_tool else None
         self._record(texts, messages, tools, plan, call_id, slow=slow)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -217,12 +220,17 @@ def _chunk(delta: Mapping[str, Any], finish_reason: str | None = None) -> dict[s
 
 def _tool_call_delta(call_id: str, plan: Plan) -> dict[str, Any]:
     # The standard library writes a lone surrogate as its escape, where orjson refuses it.
-    arguments = json.dumps({"command": plan.command, "description": plan.description}, separators=(",", ":"))
+    given = (
+        plan.arguments
+        if plan.arguments is not None
+        else {"command": plan.command, "description": plan.description}
+    )
+    arguments = json.dumps(given, separators=(",", ":"))
     call = {
         "index": 0,
         "id": call_id,
         "type": "function",
-        "function": {"name": "bash", "arguments": arguments},
+        "function": {"name": plan.tool, "arguments": arguments},
     }
     return _chunk({"role": "assistant", "tool_calls": [call]})
 

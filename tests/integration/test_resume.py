@@ -23,18 +23,31 @@ import orjson
 import pytest
 
 from .http_client import request
-from .mock_model import MockModel
+from .mock_model import MockModel, Plan
 from .opencode_config import project_config
 from .opencode_server import OpencodeServer, directory_header, opencode_binary
 from .polling import poll
 from .proxy_process import ProxyProcess, running
 from .resumes import NAMED_CALL, continuations, decided, final, requests_since
 from .test_run_supervised import written
-from .turns import Observed, Turn, is_active, read_messages, send_prompt, start_v1_turn, wait_turn_done
+from .test_tui import BUSY_BAR, IDLE_LIMIT_BYTES, shows_running, watch
+from .tui import Terminal, Terminals
+from .turns import (
+    Observed,
+    Turn,
+    is_active,
+    read_messages,
+    send_prompt,
+    start_v1_turn,
+    wait_tool_running,
+    wait_turn_done,
+)
 from .turns import observe_running as observe
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+PARENT_PROMPT = "resume a task"
+CHILD_PROMPT = "the child's work"
 RESUMING = ("--resume", "--write-back", "api", "--log-format", "json")
 DECISION_TIMEOUT_S = 90.0
 
@@ -45,12 +58,40 @@ class Crash:
     proxies: dict[str, ProxyProcess]
     turns: dict[str, Observed]
     asking: Turn
+    parent: Turn
+    child: Turn
+    tui: Terminal
     crashed_at: float
 
 
 def following(proxy: ProxyProcess) -> bool | None:
     health = request("GET", f"{proxy.url}/_settle/health", timeout=15).json()
     return True if health["liveness"]["source"] == "events" else None
+
+
+def child_of(server: OpencodeServer, parent: Turn) -> str | None:
+    """The child session the parent's `task` call started, once the call names it."""
+    for message in read_messages(server.url, parent):
+        for part in message["parts"]:
+            child = (
+                part.get("state", {}).get("metadata", {}).get("sessionId")
+                if part.get("tool") == "task"
+                else None
+            )
+            if isinstance(child, str):
+                return child
+    return None
+
+
+def start_task(server: OpencodeServer, model: MockModel) -> tuple[Turn, Turn]:
+    """A v1 turn whose `task` call runs a child session, whose own bash call then runs."""
+    task = {"description": "child work", "prompt": CHILD_PROMPT, "subagent_type": "general"}
+    model.plan(PARENT_PROMPT, Plan(tool="task", arguments=task))
+    parent = start_v1_turn(server.url, server.project, PARENT_PROMPT)
+    child_id = poll(partial(child_of, server, parent), what="the task's child session", timeout=60)
+    child = Turn("v1", child_id, server.project, CHILD_PROMPT)
+    wait_tool_running(server.url, child)
+    return parent, child
 
 
 def permission_asked(server: OpencodeServer, directory: Path) -> bool | None:
@@ -87,11 +128,16 @@ def crash(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> It
             )
             send_prompt(server.url, turns["wrote"].turn, "a person writes while the tool runs")
             asking = start_v1_turn(server.url, asks, "resume asks")
+            parent, child = start_task(server, mock_model)
             poll(partial(permission_asked, server, asks), what="the permission asked", timeout=60)
-            crashed_at = time.time()
-            server.crash()
-            server.restart()
-            yield Crash(server, proxies, turns, asking, crashed_at)
+            with Terminals(root, opencode_binary()) as terminals:
+                v1 = turns["v1"].turn
+                tui = terminals.attach("across", proxies["first"].url, v1.session_id, v1.directory)
+                tui.wait_screen(shows_running, what="the TUI to show the tool running", timeout=60)
+                crashed_at = time.time()
+                server.crash()
+                server.restart()
+                yield Crash(server, proxies, turns, asking, parent, child, tui, crashed_at)
     finally:
         server.stop()
 
@@ -163,3 +209,39 @@ def test_a_call_waiting_on_a_permission_is_left_for_the_person(crash: Crash, moc
         assert decided_on[-1]["outcome"] == "skipped"
         assert "waiting on a person (a permission asked)" in decided_on[-1]["why"]
     assert requests_since(mock_model, crash.asking, crash.crashed_at) == []
+
+
+def test_a_task_call_resumes_its_parent_once_and_never_its_child(crash: Crash, mock_model: MockModel) -> None:
+    for name in ("first", "second"):
+        decision = poll(
+            partial(final, crash.proxies[name].url, crash.child), what=f"{name} on the child", timeout=60
+        )
+        assert decision["outcome"] == "skipped"
+        assert decision["why"].startswith(f"a child session (of {crash.parent.session_id})")
+    made = [
+        poll(partial(final, crash.proxies[name].url, crash.parent), what=f"{name} on the parent", timeout=90)
+        for name in ("first", "second")
+    ]
+    assert sorted(decision["outcome"] for decision in made) == ["resumed", "skipped"]
+    wait_turn_done(crash.server.url, crash.parent, timeout=DECISION_TIMEOUT_S)
+    [continued] = [
+        r
+        for r in requests_since(mock_model, crash.parent, crash.crashed_at)
+        if r.latest_prompt != PARENT_PROMPT
+    ]
+    assert continued.latest_prompt is not None
+    assert "- task: `" in continued.latest_prompt
+    assert CHILD_PROMPT in continued.latest_prompt
+    assert requests_since(mock_model, crash.child, crash.crashed_at) == []
+
+
+def resumed_on_screen(screen: str) -> bool:
+    return "were interrupted" in screen and BUSY_BAR not in screen
+
+
+def test_a_tui_open_across_the_crash_shows_the_resumed_turn_and_goes_quiet(crash: Crash) -> None:
+    wait_turn_done(crash.server.url, crash.turns["v1"].turn, timeout=DECISION_TIMEOUT_S)
+    seen = watch({crash.tui: resumed_on_screen})["across"]
+    assert resumed_on_screen(seen.screen), seen.report()
+    assert "done" in seen.screen.split("were interrupted", 1)[1], seen.report()
+    assert seen.idle_bytes <= IDLE_LIMIT_BYTES, seen.report()
