@@ -56,10 +56,12 @@ async def start_resume(
         options=options,
         fates=_fates(app),
     )
-    if assembled is not None:
-        watch, resumer = assembled
-        tracker.listeners.append(watch)
-        background.add(resumer)
+    if assembled is None:
+        app[JOURNAL].enabled = False
+        return
+    watch, resumer = assembled
+    tracker.listeners.append(watch)
+    background.add(resumer)
 
 
 def _fates(app: web.Application) -> Fates:

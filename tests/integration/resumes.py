@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from .http_client import request
 from .mock_model import MockModel, RecordedRequest
+from .opencode_server import REPO_ROOT
+from .polling import poll
+from .test_sdk_streams import SUBSCRIBER, Subscription
 from .turns import Turn
 
 NAMED_CALL = "- bash: `echo hello && sleep 600`"
@@ -49,3 +56,38 @@ def continuations(model: MockModel, turn: Turn, since: float) -> list[RecordedRe
 
 def requests_since(model: MockModel, turn: Turn, since: float) -> list[RecordedRequest]:
     return [r for r in model.requests() if r.at >= since and r.prompt == turn.prompt and "bash" in r.tools]
+
+
+@contextmanager
+def sdk_subscriptions(
+    root: Path, streams: dict[str, tuple[str, str, str]]
+) -> Iterator[dict[str, Subscription]]:
+    """One official-SDK subscription per name, (base URL, stream kind, argument) as
+    `sdk_subscriber.mjs` takes them; all killed however the block ends."""
+    started: dict[str, Subscription] = {}
+    try:
+        for name, (base_url, kind, argument) in streams.items():
+            output = root / f"sdk-{name}.jsonl"
+            with output.open("wb") as sink:
+                process = subprocess.Popen(
+                    ["node", str(SUBSCRIBER), base_url, kind, argument],
+                    cwd=REPO_ROOT,
+                    stdin=subprocess.DEVNULL,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                )
+            started[name] = Subscription(name, process, output)
+        for subscription in started.values():
+            poll(subscription.opened, what=f"{subscription.name} open", timeout=30)
+        yield started
+    finally:
+        for subscription in started.values():
+            subscription.process.kill()
+            subscription.process.wait(timeout=10)
+
+
+def after_reconnect(subscription: Subscription) -> list[Any]:
+    """The events the SDK yielded after it first saw its stream fail (the crash)."""
+    lines = subscription.lines()
+    first_error = next(index for index, line in enumerate(lines) if "error" in line)
+    return [line["event"] for line in lines[first_error + 1 :] if "event" in line]

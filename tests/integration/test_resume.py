@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -28,8 +29,17 @@ from .opencode_config import project_config
 from .opencode_server import OpencodeServer, directory_header, opencode_binary
 from .polling import poll
 from .proxy_process import ProxyProcess, running
-from .resumes import NAMED_CALL, continuations, decided, final, requests_since
+from .resumes import (
+    NAMED_CALL,
+    after_reconnect,
+    continuations,
+    decided,
+    final,
+    requests_since,
+    sdk_subscriptions,
+)
 from .test_run_supervised import written
+from .test_sdk_streams import Subscription
 from .test_tui import BUSY_BAR, IDLE_LIMIT_BYTES, shows_running, watch
 from .tui import Terminal, Terminals
 from .turns import (
@@ -61,6 +71,7 @@ class Crash:
     parent: Turn
     child: Turn
     tui: Terminal
+    sdk: dict[str, Subscription]
     crashed_at: float
 
 
@@ -130,14 +141,19 @@ def crash(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> It
             asking = start_v1_turn(server.url, asks, "resume asks")
             parent, child = start_task(server, mock_model)
             poll(partial(permission_asked, server, asks), what="the permission asked", timeout=60)
-            with Terminals(root, opencode_binary()) as terminals:
+            first = proxies["first"].url
+            sdk_streams = {
+                "global": (first, "global", ""),
+                "session": (first, "session", turns["v2"].session_id),
+            }
+            with Terminals(root, opencode_binary()) as terminals, sdk_subscriptions(root, sdk_streams) as sdk:
                 v1 = turns["v1"].turn
-                tui = terminals.attach("across", proxies["first"].url, v1.session_id, v1.directory)
+                tui = terminals.attach("across", first, v1.session_id, v1.directory)
                 tui.wait_screen(shows_running, what="the TUI to show the tool running", timeout=60)
                 crashed_at = time.time()
                 server.crash()
                 server.restart()
-                yield Crash(server, proxies, turns, asking, parent, child, tui, crashed_at)
+                yield Crash(server, proxies, turns, asking, parent, child, tui, sdk, crashed_at)
     finally:
         server.stop()
 
@@ -245,3 +261,52 @@ def test_a_tui_open_across_the_crash_shows_the_resumed_turn_and_goes_quiet(crash
     assert resumed_on_screen(seen.screen), seen.report()
     assert "done" in seen.screen.split("were interrupted", 1)[1], seen.report()
     assert seen.idle_bytes <= IDLE_LIMIT_BYTES, seen.report()
+
+
+def _kind(event: Any) -> tuple[str, dict[str, Any]]:
+    payload = event.get("payload", event)
+    return str(payload.get("type")), payload.get("properties") or payload.get("data") or {}
+
+
+def test_an_sdk_client_open_across_the_crash_sees_the_resumed_turn_run_and_end(crash: Crash) -> None:
+    """Through the proxy, `/global/event` shows the resumed v1 turn go busy and answer before it is
+    idle again (nothing the proxy slips in says idle in between); the v2 session's own stream shows
+    the call failed before the resume's prompt was admitted, then the step that ends the turn."""
+    observed = crash.turns["v1"]
+    wait_turn_done(crash.server.url, observed.turn, timeout=DECISION_TIMEOUT_S)
+    wait_turn_done(crash.server.url, crash.turns["v2"].turn, timeout=DECISION_TIMEOUT_S)
+
+    def v1_story() -> list[str] | None:
+        story = []
+        for event in after_reconnect(crash.sdk["global"]):
+            kind, properties = _kind(event)
+            info = properties.get("info") or {}
+            if properties.get("sessionID", info.get("sessionID")) != observed.session_id:
+                continue
+            if kind == "session.status":
+                story.append(properties["status"]["type"])
+            elif kind == "session.idle":
+                story.append("idle")
+            elif (
+                kind == "message.updated"
+                and info.get("role") == "assistant"
+                and info["id"] > observed.message_id
+            ):
+                story.append("answered" if "completed" in info["time"] else "answering")
+        return story if story and story[-1] == "idle" and "answered" in story else None
+
+    story = poll(v1_story, what="the SDK to hear the resumed v1 turn end", timeout=DECISION_TIMEOUT_S)
+    resumed = story[story.index("busy") :]
+    assert resumed.index("answered") < resumed.index("idle"), story
+
+    def v2_story() -> list[str] | None:
+        events = [_kind(event) for event in after_reconnect(crash.sdk["session"])]
+        ended = any(k == "session.next.step.ended" and data.get("finish") == "stop" for k, data in events)
+        return [k for k, _ in events] if ended else None
+
+    kinds = poll(v2_story, what="the SDK to hear the resumed v2 turn end", timeout=DECISION_TIMEOUT_S)
+    # The stream replays the session's durable history on each (re)connection: the person's prompt,
+    # the call, its failure (the write-back), and only then the one prompt the resume sent.
+    admitted = [index for index, kind in enumerate(kinds) if kind == "session.next.prompt.admitted"]
+    assert len(admitted) == 2, kinds
+    assert admitted[0] < kinds.index("session.next.tool.failed") < admitted[1], kinds
