@@ -5,10 +5,13 @@ Three `--resume --write-back api` proxies follow the server when it dies: two al
 one state database, as two proxies of one user on one host do), and one with `--dry-run`. A
 fourth resumes only turns last alive within a millisecond. The crash interrupts a v1 and a v2
 turn (each resumed once, by one proxy), a v1 turn with a person's message already queued (left
-alone) and a v1 call waiting on a permission (left for the person). Every wait ends on a
+alone), a v1 call waiting on a permission (left for the person) and a v1 `task` call with its
+child session (the parent resumed, the child never); a TUI and two official-SDK subscriptions
+stay open through the first proxy across the crash. Every wait ends on a
 positive signal: a decision in `/_settle/resume`, a finished turn, a count of model requests.
-The resuming proxies wait 6 s (`--grace`) before they look, so the dry-run and the impatient
-proxy always decide on the interrupted turn as the crash left it.
+The resuming proxies wait 10 s (`--grace`) before they look: the tracker's reconnect pauses
+(0.25 s growing to 5 s) can bring two proxies back up to 5 s apart after the restart, and the
+dry-run and the impatient proxy must decide on the interrupted turn as the crash left it.
 """
 
 from __future__ import annotations
@@ -120,8 +123,8 @@ def crash(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> It
     logs = root / "proxies"
     logs.mkdir()
     proxies = {
-        "first": ProxyProcess(server.url, logs / "first.log", (*RESUMING, "--grace", "6")),
-        "second": ProxyProcess(server.url, logs / "second.log", (*RESUMING, "--grace", "6")),
+        "first": ProxyProcess(server.url, logs / "first.log", (*RESUMING, "--grace", "10")),
+        "second": ProxyProcess(server.url, logs / "second.log", (*RESUMING, "--grace", "10")),
         "dry": ProxyProcess(server.url, logs / "dry.log", (*RESUMING, "--grace", "0", "--dry-run")),
         "late": ProxyProcess(
             server.url, logs / "late.log", (*RESUMING, "--grace", "0", "--resume-within", "0.001")
