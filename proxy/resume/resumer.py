@@ -141,7 +141,7 @@ class Resumer(KeyedTasks[str]):
         assert turn is not None
         if (open_calls := [c.call_id for c in turn.calls if c.still_open]) and not self._options.dry_run:
             await self._settle(turn, open_calls)
-        after = await self._after(candidate, info)
+        after = await self._after(candidate, info, turn.message_id)
         if (verdict := after_settling(after, self._options.policy)).why is not None:
             self._skip(candidate, verdict.why, after.before.last.turn or turn)
             return
@@ -149,11 +149,11 @@ class Resumer(KeyedTasks[str]):
         assert settled is not None
         await self._resume(candidate, settled, _directory(info) or candidate.directory)
 
-    async def _before(self, candidate: Candidate, info: dict[str, Any]) -> Before:
+    async def _before(self, candidate: Candidate, info: dict[str, Any], cut_off: str | None = None) -> Before:
         view = await self._server.messages(candidate.api, candidate.session_id)
         parent = info.get("parentID")
         return Before(
-            last_turn(view, candidate.api, candidate.session_id),
+            last_turn(view, candidate.api, candidate.session_id, cut_off=cut_off),
             parent if isinstance(parent, str) and parent else None,
             candidate.waiting_on_person,
             self._clock() - candidate.last_alive,
@@ -171,8 +171,8 @@ class Resumer(KeyedTasks[str]):
         targets = [*open_calls, turn.message_id]
         await self._writer.write(turn.api, turn.session_id, self._credentials, targets, confirm)
 
-    async def _after(self, candidate: Candidate, info: dict[str, Any]) -> After:
-        before = await self._before(candidate, info)
+    async def _after(self, candidate: Candidate, info: dict[str, Any], cut_off: str) -> After:
+        before = await self._before(candidate, info, cut_off)
         if self._options.dry_run and before.last.turn is not None:
             # Nothing was written: decide as if the write-back had settled what it would settle.
             calls = tuple(dataclasses.replace(call, still_open=False) for call in before.last.turn.calls)

@@ -54,8 +54,12 @@ class LastTurn:
     was already sent), else None."""
 
 
-def last_turn(view: Any, api: Api, session_id: str) -> LastTurn:
-    """The session's last turn as `view` (a parsed message list of runtime `api`) shows it."""
+def last_turn(view: Any, api: Api, session_id: str, *, cut_off: str | None = None) -> LastTurn:
+    """The session's last turn as `view` (a parsed message list of runtime `api`) shows it.
+
+    `cut_off` names a message an earlier read already showed cut off: a write-back may since have
+    closed it (v1 `db` and v2 set `time.completed` on an unfinished message), and it stays cut off.
+    """
     messages = _messages(view, api)
     ordered = sorted((m for m in messages if isinstance(_id(m, api), str)), key=lambda m: str(_id(m, api)))
     assistants = [index for index, m in enumerate(ordered) if _role(m, api) == "assistant"]
@@ -67,7 +71,7 @@ def last_turn(view: Any, api: Api, session_id: str) -> LastTurn:
     users = [m for m in ordered[:index] if _role(m, api) == "user"]
     calls = tuple(call for item in _items(newest, api) if (call := _interrupted(item, api)) is not None)
     header = _header(newest, api)
-    unfinished = "completed" not in (header.get("time") or {})
+    unfinished = "completed" not in (header.get("time") or {}) or cut_off == _id(newest, api)
     if not calls and not unfinished:
         return LastTurn(None, newer)
     turn = InterruptedTurn(

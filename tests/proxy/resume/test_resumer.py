@@ -34,12 +34,17 @@ class FakeServer:
         self.unreadable = False
         self.ready_after_start: bool = True
         self.person_writes = False
+        self.then: Any = None
+        """The view every read after the next one gets (another writer changed the session)."""
         self._asked_ready = 0
 
     async def messages(self, turn_api: Api, session_id: str) -> Any:
         if self.unreadable:
             raise UpstreamRefused("GET", "/session/ses_1/message", 500, b"")
-        return self.view
+        view = self.view
+        if self.then is not None:
+            self.view, self.then = self.then, None
+        return view
 
     async def session_info(self, turn_api: Api, session_id: str) -> dict[str, Any]:
         return self.info
@@ -220,3 +225,16 @@ async def test_a_person_who_writes_after_a_prompt_that_did_not_start_is_not_prom
     await considered(made)
     assert len(server.prompts) == 1
     assert journal.recent()[-1]["why"] == "a person wrote (msg_zzz) after the prompt that did not start"
+
+
+async def test_a_turn_cut_while_the_model_wrote_is_resumed_though_a_write_back_closed_it(
+    ledger: Ledger,
+) -> None:
+    server = FakeServer(ledger)
+    server.view = v1_view({"id": "prt_2", "type": "text", "text": ""})
+    server.then = v1_view({"id": "prt_2", "type": "text", "text": ""}, completed=True)
+    made, journal = resumer(server, ledger)
+    await considered(made)
+    [(_, text, _)] = server.prompts
+    assert "while you were answering" in text
+    assert journal.recent()[0]["outcome"] == "resumed"

@@ -60,3 +60,12 @@ def test_an_empty_or_odd_view_has_no_turn() -> None:
     assert last_turn([], Api.V1, "ses_1").turn is None
     assert last_turn({"data": "nope"}, Api.V2, "ses_1").turn is None
     assert last_turn([{"info": "x"}, 3], Api.V1, "ses_1").turn is None
+
+
+def test_a_message_read_cut_off_before_it_was_closed_by_a_write_back_stays_cut_off() -> None:
+    closed = v1_view({"id": "prt_2", "type": "text", "text": ""}, completed=True)
+    assert last_turn(closed, Api.V1, "ses_1").turn is None
+    found = last_turn(closed, Api.V1, "ses_1", cut_off="msg_002")
+    assert found.turn is not None
+    assert found.turn.calls == ()
+    assert last_turn(closed, Api.V1, "ses_1", cut_off="msg_001").turn is None
