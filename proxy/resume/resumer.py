@@ -169,7 +169,18 @@ class Resumer(KeyedTasks[str]):
             return await self._probe.read(turn.api, turn.session_id, self._credentials)
 
         targets = [*open_calls, turn.message_id]
-        await self._writer.write(turn.api, turn.session_id, self._credentials, targets, confirm)
+        written = await self._writer.write(turn.api, turn.session_id, self._credentials, targets, confirm)
+        for item in written:
+            log.info(
+                "wrote back before resuming mode=%s api=%s session=%s message=%s part=%s rule=%s",
+                self._writer.mode,
+                item.api,
+                item.session_id,
+                item.message_id,
+                item.part or "-",
+                item.rule,
+                extra={"fields": {"session": item.session_id, "message": item.message_id, "part": item.part}},
+            )
 
     async def _after(self, candidate: Candidate, info: dict[str, Any], cut_off: str) -> After:
         before = await self._before(candidate, info, cut_off)

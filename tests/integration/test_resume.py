@@ -20,48 +20,53 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
-from .http_client import request
-from .mock_model import MockModel, Plan
+from .mock_model import MockModel
 from .opencode_config import project_config
-from .opencode_server import OpencodeServer, directory_header, opencode_binary
+from .opencode_server import OpencodeServer, opencode_binary
 from .polling import poll
 from .proxy_process import ProxyProcess, running
 from .resumes import (
+    CHILD_PROMPT,
     NAMED_CALL,
+    PARENT_PROMPT,
+    WRITING_TEXT,
     after_reconnect,
     continuations,
     decided,
+    event_kind,
     final,
+    following,
+    permission_asked,
     requests_since,
     sdk_subscriptions,
+    sent_for,
+    start_task,
+    start_writing,
 )
 from .test_run_supervised import written
 from .test_sdk_streams import Subscription
 from .test_tui import BUSY_BAR, IDLE_LIMIT_BYTES, shows_running, watch
 from .tui import Terminal, Terminals
 from .turns import (
+    RUNTIMES,
     Observed,
     Turn,
     is_active,
     read_messages,
     send_prompt,
     start_v1_turn,
-    wait_tool_running,
     wait_turn_done,
 )
 from .turns import observe_running as observe
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PARENT_PROMPT = "resume a task"
-CHILD_PROMPT = "the child's work"
 RESUMING = ("--resume", "--write-back", "api", "--log-format", "json")
+RESUMING_DB = ("--resume", "--write-back", "db", "--log-format", "json")
 DECISION_TIMEOUT_S = 90.0
 
 
@@ -75,42 +80,9 @@ class Crash:
     child: Turn
     tui: Terminal
     sdk: dict[str, Subscription]
+    writing: dict[str, Turn]
+    """Turns cut while the model wrote, by runtime."""
     crashed_at: float
-
-
-def following(proxy: ProxyProcess) -> bool | None:
-    health = request("GET", f"{proxy.url}/_settle/health", timeout=15).json()
-    return True if health["liveness"]["source"] == "events" else None
-
-
-def child_of(server: OpencodeServer, parent: Turn) -> str | None:
-    """The child session the parent's `task` call started, once the call names it."""
-    for message in read_messages(server.url, parent):
-        for part in message["parts"]:
-            child = (
-                part.get("state", {}).get("metadata", {}).get("sessionId")
-                if part.get("tool") == "task"
-                else None
-            )
-            if isinstance(child, str):
-                return child
-    return None
-
-
-def start_task(server: OpencodeServer, model: MockModel) -> tuple[Turn, Turn]:
-    """A v1 turn whose `task` call runs a child session, whose own bash call then runs."""
-    task = {"description": "child work", "prompt": CHILD_PROMPT, "subagent_type": "general"}
-    model.plan(PARENT_PROMPT, Plan(tool="task", arguments=task))
-    parent = start_v1_turn(server.url, server.project, PARENT_PROMPT)
-    child_id = poll(partial(child_of, server, parent), what="the task's child session", timeout=60)
-    child = Turn("v1", child_id, server.project, CHILD_PROMPT)
-    wait_tool_running(server.url, child)
-    return parent, child
-
-
-def permission_asked(server: OpencodeServer, directory: Path) -> bool | None:
-    reply = request("GET", f"{server.url}/permission", headers=directory_header(directory))
-    return True if reply.status == 200 and reply.json() else None
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +96,9 @@ def crash(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> It
     logs.mkdir()
     proxies = {
         "first": ProxyProcess(server.url, logs / "first.log", (*RESUMING, "--grace", "10")),
-        "second": ProxyProcess(server.url, logs / "second.log", (*RESUMING, "--grace", "10")),
+        "second": ProxyProcess(
+            server.url, logs / "second.log", (*RESUMING_DB, "--db", str(server.database), "--grace", "10")
+        ),
         "dry": ProxyProcess(server.url, logs / "dry.log", (*RESUMING, "--grace", "0", "--dry-run")),
         "late": ProxyProcess(
             server.url, logs / "late.log", (*RESUMING, "--grace", "0", "--resume-within", "0.001")
@@ -144,6 +118,7 @@ def crash(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> It
             asking = start_v1_turn(server.url, asks, "resume asks")
             parent, child = start_task(server, mock_model)
             poll(partial(permission_asked, server, asks), what="the permission asked", timeout=60)
+            writing = start_writing(server, mock_model)
             first = proxies["first"].url
             sdk_streams = {
                 "global": (first, "global", ""),
@@ -156,7 +131,7 @@ def crash(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> It
                 crashed_at = time.time()
                 server.crash()
                 server.restart()
-                yield Crash(server, proxies, turns, asking, parent, child, tui, sdk, crashed_at)
+                yield Crash(server, proxies, turns, asking, parent, child, tui, sdk, writing, crashed_at)
     finally:
         server.stop()
 
@@ -266,11 +241,6 @@ def test_a_tui_open_across_the_crash_shows_the_resumed_turn_and_goes_quiet(crash
     assert seen.idle_bytes <= IDLE_LIMIT_BYTES, seen.report()
 
 
-def _kind(event: Any) -> tuple[str, dict[str, Any]]:
-    payload = event.get("payload", event)
-    return str(payload.get("type")), payload.get("properties") or payload.get("data") or {}
-
-
 def test_an_sdk_client_open_across_the_crash_sees_the_resumed_turn_run_and_end(crash: Crash) -> None:
     """Through the proxy, `/global/event` shows the resumed v1 turn go busy and answer before it is
     idle again (nothing the proxy slips in says idle in between); the v2 session's own stream shows
@@ -282,7 +252,7 @@ def test_an_sdk_client_open_across_the_crash_sees_the_resumed_turn_run_and_end(c
     def v1_story() -> list[str] | None:
         story = []
         for event in after_reconnect(crash.sdk["global"]):
-            kind, properties = _kind(event)
+            kind, properties = event_kind(event)
             info = properties.get("info") or {}
             if properties.get("sessionID", info.get("sessionID")) != observed.session_id:
                 continue
@@ -303,7 +273,7 @@ def test_an_sdk_client_open_across_the_crash_sees_the_resumed_turn_run_and_end(c
     assert resumed.index("answered") < resumed.index("idle"), story
 
     def v2_story() -> list[str] | None:
-        events = [_kind(event) for event in after_reconnect(crash.sdk["session"])]
+        events = [event_kind(event) for event in after_reconnect(crash.sdk["session"])]
         ended = any(k == "session.next.step.ended" and data.get("finish") == "stop" for k, data in events)
         return [k for k, _ in events] if ended else None
 
@@ -313,3 +283,22 @@ def test_an_sdk_client_open_across_the_crash_sees_the_resumed_turn_run_and_end(c
     admitted = [index for index, kind in enumerate(kinds) if kind == "session.next.prompt.admitted"]
     assert len(admitted) == 2, kinds
     assert admitted[0] < kinds.index("session.next.tool.failed") < admitted[1], kinds
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_turn_cut_while_the_model_wrote_is_resumed_once(
+    crash: Crash, mock_model: MockModel, runtime: str
+) -> None:
+    turn = crash.writing[runtime]
+    made = [
+        poll(
+            partial(final, crash.proxies[name].url, turn),
+            what=f"{name}'s decision",
+            timeout=DECISION_TIMEOUT_S,
+        )
+        for name in ("first", "second")
+    ]
+    assert sorted(decision["outcome"] for decision in made) == ["resumed", "skipped"], made
+    wait_turn_done(crash.server.url, turn, timeout=DECISION_TIMEOUT_S)
+    assert len(sent_for(mock_model, turn, crash.crashed_at, WRITING_TEXT)) == 1
+    assert not is_active(crash.server.url, turn)

@@ -85,9 +85,10 @@ class SettlingWriter:
     ) -> list[Written]:
         self.targets.append(targets)
         assert not (await confirm()).active
-        if self.settles:
-            self.server.view = v1_view(v1_settled("prt_1"))
-        return []
+        if not self.settles:
+            return []
+        self.server.view = v1_view(v1_settled("prt_1"))
+        return [Written(api, session_id, "msg_002", "prt_1", "orphaned-tool")]
 
 
 @pytest.fixture
@@ -127,13 +128,19 @@ async def considered(made: Resumer, candidate: Candidate = CANDIDATE) -> None:
     await made.idle()
 
 
-async def test_an_open_call_is_written_back_before_the_prompt_that_names_it(ledger: Ledger) -> None:
+async def test_an_open_call_is_written_back_before_the_prompt_that_names_it(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO")
     server = FakeServer(ledger)
     server.view = v1_view(v1_tool("prt_1"))
     writer = SettlingWriter(server)
     made, journal = resumer(server, ledger, writer=writer)
     await considered(made)
     assert [set(t) for t in writer.targets] == [{"prt_1", "msg_002"}]
+    assert (
+        "wrote back before resuming mode=api api=v1 session=ses_1 message=msg_002 part=prt_1" in caplog.text
+    )
     [(prompt_id, text, recorded)] = server.prompts
     assert recorded == 1, "the attempt is committed before the prompt is sent"
     assert "- bash: `echo hello && sleep 600`" in text
