@@ -16,11 +16,12 @@ from urllib.parse import quote
 
 import aiohttp
 from aiohttp import hdrs
+from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
 from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
-from proxy.resume.turns import InterruptedTurn
+from proxy.resume.turns import InterruptedTurn, message_after
 from rules import Api
 
 __all__ = ["READ_ERRORS", "Server"]
@@ -39,7 +40,7 @@ class Server:
         session: aiohttp.ClientSession,
         api: UpstreamApi,
         probe: LivenessProbe,
-        origin: Any,
+        origin: URL,
         credentials: Credentials,
     ) -> None:
         self._session = session
@@ -97,7 +98,8 @@ class Server:
             try:
                 if (await self._probe.read(turn.api, turn.session_id, self._credentials)).active:
                     return "the session went active"
-                if _answered_after(await self.messages(turn.api, turn.session_id), turn.api, prompt_id):
+                view = await self.messages(turn.api, turn.session_id)
+                if message_after(view, turn.api, prompt_id, "assistant") is not None:
                     return "an answer to the prompt is stored"
             except READ_ERRORS:
                 pass
@@ -120,17 +122,3 @@ class Server:
 
 def _directory_header(directory: str | None) -> dict[str, str]:
     return {"x-opencode-directory": quote(directory, safe="")} if directory else {}
-
-
-def _answered_after(view: Any, api: Api, prompt_id: str) -> bool:
-    """Whether an assistant message newer than the prompt is stored (ids sort by creation)."""
-    if api is Api.V2 and isinstance(view, dict):
-        view = view.get("data")
-    for message in view if isinstance(view, list) else []:
-        header = message.get("info") if api is Api.V1 else message
-        if not isinstance(header, dict):
-            continue
-        role = header.get("role") if api is Api.V1 else header.get("type")
-        if role == "assistant" and str(header.get("id", "")) > prompt_id:
-            return True
-    return False

@@ -13,7 +13,14 @@ from typing import Any
 from rules import OPEN_STATUSES, Api
 from rules.runtimes import V1_ERROR, V2_ERROR
 
-__all__ = ["InterruptedCall", "InterruptedTurn", "LastTurn", "last_turn", "user_message_after"]
+__all__ = [
+    "InterruptedCall",
+    "InterruptedTurn",
+    "LastTurn",
+    "last_turn",
+    "message_after",
+    "user_message_after",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +94,16 @@ def last_turn(view: Any, api: Api, session_id: str, *, cut_off: str | None = Non
 
 
 def user_message_after(view: Any, api: Api, message_id: str) -> str | None:
-    """The id of a user message newer than `message_id` in `view`, if there is one."""
+    """The id of the newest user message newer than `message_id` in `view`, if there is one."""
+    return message_after(view, api, message_id, "user")
+
+
+def message_after(view: Any, api: Api, message_id: str, role: str) -> str | None:
+    """The id of the newest message of `role` ("user", "assistant") newer than `message_id`."""
     newer = [
         str(_id(m, api))
         for m in _messages(view, api)
-        if _role(m, api) == "user" and isinstance(_id(m, api), str) and str(_id(m, api)) > message_id
+        if _role(m, api) == role and isinstance(_id(m, api), str) and str(_id(m, api)) > message_id
     ]
     return max(newer, default=None)
 
