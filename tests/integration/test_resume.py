@@ -24,7 +24,7 @@ from functools import partial
 import orjson
 import pytest
 
-from .mock_model import MockModel
+from .mock_model import MockModel, Plan
 from .opencode_config import project_config
 from .opencode_server import OpencodeServer, opencode_binary
 from .polling import poll
@@ -65,6 +65,7 @@ from .turns import observe_running as observe
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+LATER_TEXT = "a person continues right after the restart"
 RESUMING = ("--resume", "--write-back", "api", "--log-format", "json")
 RESUMING_DB = ("--resume", "--write-back", "db", "--log-format", "json")
 DECISION_TIMEOUT_S = 90.0
@@ -112,7 +113,12 @@ def crash(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> It
             turns = observe(
                 server.url,
                 server.project,
-                {"v1": ("v1", "resume me v1"), "v2": ("v2", "resume me v2"), "wrote": ("v1", "resume wrote")},
+                {
+                    "v1": ("v1", "resume me v1"),
+                    "v2": ("v2", "resume me v2"),
+                    "wrote": ("v1", "resume wrote"),
+                    "later": ("v1", "resume later"),
+                },
             )
             send_prompt(server.url, turns["wrote"].turn, "a person writes while the tool runs")
             asking = start_v1_turn(server.url, asks, "resume asks")
@@ -129,8 +135,10 @@ def crash(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> It
                 tui = terminals.attach("across", first, v1.session_id, v1.directory)
                 tui.wait_screen(shows_running, what="the TUI to show the tool running", timeout=60)
                 crashed_at = time.time()
+                mock_model.plan(LATER_TEXT, Plan(tool="none"))
                 server.crash()
                 server.restart()
+                send_prompt(server.url, turns["later"].turn, LATER_TEXT)
                 yield Crash(server, proxies, turns, asking, parent, child, tui, sdk, writing, crashed_at)
     finally:
         server.stop()
@@ -193,6 +201,19 @@ def test_a_message_a_person_sent_before_the_proxy_acts_is_never_overridden(
         assert "a newer message" in decision["why"]
     assert requests_since(mock_model, turn, crash.crashed_at) == []
     assert len(read_messages(crash.server.url, turn)) == 3
+
+
+def test_a_message_a_person_sends_after_the_restart_before_the_proxy_acts_wins(
+    crash: Crash, mock_model: MockModel
+) -> None:
+    turn = crash.turns["later"].turn
+    for name in ("first", "second"):
+        decision = poll(partial(final, crash.proxies[name].url, turn), what=f"{name}'s decision", timeout=60)
+        assert decision["outcome"] == "skipped"
+        # Found while the person's turn runs, or once it has answered: either way not over them.
+        assert decision["why"].startswith(("a newer message", "no interrupted turn")), decision
+    wait_turn_done(crash.server.url, turn, timeout=DECISION_TIMEOUT_S)
+    assert [r.latest_prompt for r in requests_since(mock_model, turn, crash.crashed_at)] == [LATER_TEXT]
 
 
 def test_a_call_waiting_on_a_permission_is_left_for_the_person(crash: Crash, mock_model: MockModel) -> None:
