@@ -12,6 +12,7 @@ from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
+from proxy.resume.clients import ClientStreams
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import Fates, ResumeOptions, Resumer, no_fates
@@ -36,6 +37,7 @@ async def resuming(
     journal: Journal,
     options: ResumeOptions,
     fates: Fates = no_fates,
+    clients: ClientStreams | None = None,
 ) -> tuple[Watch, Resumer] | None:
     """The watch to add to the tracker's listeners and the resumer it feeds (closed with `stack`),
     or None, said once in the log, when no ledger can be kept: without the durable record of
@@ -58,6 +60,7 @@ async def resuming(
         options=options,
         credentials=credentials,
         fates=fates,
+        clients=clients,
     )
     stack.push_async_callback(resumer.close)
     log.info(

@@ -1,6 +1,7 @@
 """Resuming the turns a crash interrupted: settle durably, decide, claim once, send, see it start.
 
-For each session the watch hands on: wait the grace period; read the session and its messages
+For each session the watch hands on: wait the grace period, and for the client streams that were
+open when the server was last heard to be back (bounded, `clients`); read the session and its messages
 and rule out what needs nothing settled (a child session, a newer message, a person waiting, too
 old); make the interrupted calls durable through the write-back and read the messages again;
 take a liveness reading after that read; decide on all of it; claim the turn in the ledger
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 from proxy.opencode.client import Credentials
 from proxy.opencode.ids import ascending_id
 from proxy.relay.tasks import KeyedTasks
+from proxy.resume.clients import CLIENTS_BACK_S, ClientStreams
 from proxy.resume.decision import After, Before, Outcome, Policy, after_settling, before_settling
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
@@ -102,6 +104,7 @@ class Resumer(KeyedTasks[str]):
         options: ResumeOptions,
         credentials: Credentials,
         fates: Fates = no_fates,
+        clients: ClientStreams | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__("resume")
@@ -113,6 +116,7 @@ class Resumer(KeyedTasks[str]):
         self._options = options
         self._credentials = credentials
         self._fates = fates
+        self._clients = clients
         self._clock = clock
 
     def consider(self, candidate: Candidate) -> None:
@@ -129,6 +133,7 @@ class Resumer(KeyedTasks[str]):
 
     async def _consider(self, candidate: Candidate) -> None:
         await asyncio.sleep(self._options.grace)
+        await self._clients_back(candidate)
         if not await self._server.ready(candidate.directory, None):
             self._skip(candidate, "the server did not become ready (config, location)")
             return
@@ -148,6 +153,24 @@ class Resumer(KeyedTasks[str]):
         settled = after.before.last.turn
         assert settled is not None
         await self._resume(candidate, settled, _directory(info) or candidate.directory)
+
+    async def _clients_back(self, candidate: Candidate) -> None:
+        """Wait (bounded) for the client streams that were open when the server was last heard."""
+        if self._clients is None:
+            return
+        watching = self._clients.open_at(candidate.last_alive)
+        try:
+            async with asyncio.timeout(CLIENTS_BACK_S):
+                await self._clients.back(watching)
+        except TimeoutError:
+            log.info(
+                "resume of %s goes ahead with %d of %d client stream(s) back after %g s",
+                candidate.session_id,
+                self._clients.open,
+                watching,
+                CLIENTS_BACK_S,
+                extra={"fields": {"session": candidate.session_id}},
+            )
 
     async def _before(self, candidate: Candidate, info: dict[str, Any], cut_off: str | None = None) -> Before:
         view = await self._server.messages(candidate.api, candidate.session_id)

@@ -27,6 +27,7 @@ from proxy.relay.hooks import Addon, Addons
 from proxy.relay.options import RELAY, RELAY_METRICS, RelayMetrics, RelayOptions
 from proxy.relay.tasks import BACKGROUND, Background, Idles
 from proxy.relay.upstream import MOUNT_PREFIX, UPSTREAM, upstream_session
+from proxy.resume.clients import ClientStreams
 from proxy.resume.journal import JOURNAL, Journal, resume_route
 from proxy.service import health
 from proxy.service.auth import require_basic_auth
@@ -98,6 +99,9 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
             LiveSettle(ctx),
             SessionStreamSettle(ctx),
         ]
+        clients = ClientStreams() if settings.resume else None
+        if clients is not None:
+            addons.append(clients)
         if prefix := app.get(MOUNT_PREFIX):
             addons.insert(0, MountedLinks(prefix))
         dispatcher = app[ADDONS] = Addons(addons, metrics.addon_errors)
@@ -110,7 +114,15 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         if (watcher := await _tool_processes(app, stack)) is not None:
             tracker.listeners.append(watcher)
         if settings.resume:
-            await start_resume(app, stack, probe=probe, writer=writer, tracker=tracker, background=background)
+            await start_resume(
+                app,
+                stack,
+                probe=probe,
+                writer=writer,
+                tracker=tracker,
+                background=background,
+                clients=clients,
+            )
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)
         yield

@@ -14,6 +14,7 @@ from proxy.opencode.tracker import LivenessTracker
 from proxy.relay.tasks import Background
 from proxy.relay.upstream import UPSTREAM
 from proxy.resume.assembly import resuming
+from proxy.resume.clients import ClientStreams
 from proxy.resume.decision import Policy
 from proxy.resume.journal import JOURNAL
 from proxy.resume.resumer import Fates, ResumeOptions
@@ -35,6 +36,7 @@ async def start_resume(
     writer: Writer | None,
     tracker: LivenessTracker,
     background: Background,
+    clients: ClientStreams | None,
 ) -> None:
     """`--resume`: a watch on the followed stream that hands what the crash interrupted to a resumer."""
     settings = app[SETTINGS]
@@ -55,6 +57,7 @@ async def start_resume(
         journal=app[JOURNAL],
         options=options,
         fates=_fates(app),
+        clients=clients,
     )
     if assembled is None:
         app[JOURNAL].enabled = False
