@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ from .opencode_server import REPO_ROOT, OpencodeServer, directory_header
 from .polling import poll
 from .proxy_process import ProxyProcess
 from .test_sdk_streams import SUBSCRIBER, Subscription
-from .turns import RUNTIMES, Turn, read_messages, start_turn, start_v1_turn, wait_tool_running
+from .tui import Terminal
+from .turns import RUNTIMES, Observed, Turn, read_messages, start_turn, start_v1_turn, wait_tool_running
 
 NAMED_CALL = "- bash: `echo hello && sleep 600`"
 """How the continuation names the mock's interrupted call."""
@@ -166,3 +168,20 @@ def start_writing(server: OpencodeServer, model: MockModel) -> dict[str, Turn]:
     for turn in turns.values():
         poll(partial(answer_started, server, turn), what="the model writing", timeout=60)
     return turns
+
+
+@dataclass(frozen=True)
+class Crash:
+    """One SIGKILL mid-tool with proxies, a TUI and SDK clients watching (`test_resume.crash`)."""
+
+    server: OpencodeServer
+    proxies: dict[str, ProxyProcess]
+    turns: dict[str, Observed]
+    asking: Turn
+    parent: Turn
+    child: Turn
+    tui: Terminal
+    sdk: dict[str, Subscription]
+    writing: dict[str, Turn]
+    """Turns cut while the model wrote, by runtime."""
+    crashed_at: float

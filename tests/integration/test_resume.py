@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import partial
 
 import orjson
@@ -34,6 +33,7 @@ from .resumes import (
     NAMED_CALL,
     PARENT_PROMPT,
     WRITING_TEXT,
+    Crash,
     after_reconnect,
     continuations,
     decided,
@@ -48,13 +48,10 @@ from .resumes import (
     start_writing,
 )
 from .test_run_supervised import written
-from .test_sdk_streams import Subscription
 from .test_tui import BUSY_BAR, IDLE_LIMIT_BYTES, shows_running, watch
-from .tui import Terminal, Terminals
+from .tui import Terminals
 from .turns import (
     RUNTIMES,
-    Observed,
-    Turn,
     is_active,
     read_messages,
     send_prompt,
@@ -69,21 +66,6 @@ LATER_TEXT = "a person continues right after the restart"
 RESUMING = ("--resume", "--write-back", "api", "--log-format", "json")
 RESUMING_DB = ("--resume", "--write-back", "db", "--log-format", "json")
 DECISION_TIMEOUT_S = 90.0
-
-
-@dataclass(frozen=True)
-class Crash:
-    server: OpencodeServer
-    proxies: dict[str, ProxyProcess]
-    turns: dict[str, Observed]
-    asking: Turn
-    parent: Turn
-    child: Turn
-    tui: Terminal
-    sdk: dict[str, Subscription]
-    writing: dict[str, Turn]
-    """Turns cut while the model wrote, by runtime."""
-    crashed_at: float
 
 
 @pytest.fixture(scope="module")
