@@ -69,4 +69,6 @@ async def resuming(
         options.policy.attempts,
         options.policy.within_s,
     )
-    return Watch(resumer.consider), resumer
+    watch = Watch(resumer.consider)
+    journal.running = watch.running
+    return watch, resumer

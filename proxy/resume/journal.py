@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -33,6 +34,8 @@ class Journal:
             registry=registry,
         )
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+        self.running: Callable[[], list[str]] = list
+        """The sessions the followed stream shows in a turn (set once the watch exists)."""
 
     def decided(
         self,
@@ -65,10 +68,16 @@ JOURNAL = web.AppKey("resume_journal", Journal)
 
 
 async def resume_route(request: web.Request) -> web.Response:
-    """`GET /_settle/resume`: whether resume is on, and its recent decisions, oldest first."""
+    """`GET /_settle/resume`: whether resume is on, the sessions it would consider should the server
+    die now (`running`), and its recent decisions, oldest first."""
     journal = request.app.get(JOURNAL)
     if journal is None:
-        return web.json_response({"enabled": False, "dry_run": False, "decisions": []})
+        return web.json_response({"enabled": False, "dry_run": False, "running": [], "decisions": []})
     return web.json_response(
-        {"enabled": journal.enabled, "dry_run": journal.dry_run, "decisions": journal.recent()}
+        {
+            "enabled": journal.enabled,
+            "dry_run": journal.dry_run,
+            "running": journal.running(),
+            "decisions": journal.recent(),
+        }
     )

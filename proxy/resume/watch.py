@@ -2,8 +2,9 @@
 
 Only a turn the proxy saw running can be one a crash interrupted: a stale session found in a
 view later may be an old crash from before the proxy was watching. So the watch remembers the
-sessions the stream last showed busy (v1 `session.status` busy or retrying until idle; v2 any
-`session.next.*` event until a step ends with a finish other than `tool-calls`), and the
+sessions the stream last showed busy (v1 `session.status` busy or retrying, or a tool part shown
+running, until idle; v2 any `session.next.*` event until a step ends with a finish other than
+`tool-calls`), and the
 permissions and questions asked and not yet answered (a person must answer those). When the
 stream comes back after a loss, each session still busy is handed on as a `Candidate`, with the
 moment the stream last spoke as its last sign of life.
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.opencode.tracker import GlobalEvent, StreamListener
-from rules import Api
+from rules import OPEN_STATUSES, Api
 
 __all__ = ["Candidate", "Watch"]
 
@@ -52,6 +53,10 @@ class Watch(StreamListener):
         """Per session, the permission and question requests not yet answered, by id: their kind."""
         self._heard: float | None = None
 
+    def running(self) -> list[str]:
+        """The sessions the stream shows in a turn now (what a crash now would hand on)."""
+        return list(self._busy)
+
     def following(self) -> None:
         busy, asked, heard = self._busy, self._asked, self._heard
         self._busy, self._asked = OrderedDict(), {}
@@ -76,6 +81,8 @@ class Watch(StreamListener):
                 self._busy.pop(session_id, None)
         elif kind in ("session.idle", "session.error"):
             self._busy.pop(session_id, None)
+        elif kind == "message.part.updated" and _running_tool(event.properties.get("part")):
+            self._remember(session_id, Api.V1, event.directory)
         elif kind.startswith("session.next."):
             if kind == "session.next.step.ended" and event.properties.get("finish") != "tool-calls":
                 self._busy.pop(session_id, None)
@@ -100,3 +107,11 @@ class Watch(StreamListener):
             self._asked.get(session_id, {}).pop(key, None)
         else:
             self._asked.setdefault(session_id, {})[key] = subject
+
+
+def _running_tool(part: object) -> bool:
+    """A v1 tool part the server shows running: its session is in a turn (a proxy that started
+    during the turn learns of it from the tool's output updates)."""
+    if not isinstance(part, dict) or part.get("type") != "tool" or not isinstance(part.get("state"), dict):
+        return False
+    return part["state"].get("status") in OPEN_STATUSES[Api.V1]

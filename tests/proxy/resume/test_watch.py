@@ -70,3 +70,13 @@ def test_a_permission_asked_and_not_answered_is_handed_on_with_the_session() -> 
         ("ses_1", "a permission asked"),
         ("ses_2", None),
     ]
+
+
+def test_a_running_tool_shows_its_session_busy_to_a_proxy_that_started_during_the_turn() -> None:
+    part = {"type": "tool", "sessionID": "ses_1", "state": {"status": "running"}}
+    done = {"type": "tool", "sessionID": "ses_2", "state": {"status": "completed"}}
+    watch, found = watched(
+        event("message.part.updated", part=part), event("message.part.updated", "ses_2", part=done)
+    )
+    watch.following()
+    assert [(c.session_id, c.api) for c in found] == [("ses_1", Api.V1)]
