@@ -104,9 +104,10 @@ def resumer(
     writer: SettlingWriter | None = None,
     dry_run: bool = False,
     attempts: int = 3,
+    text: str | None = None,
 ) -> tuple[Resumer, Journal]:
     journal = Journal(CollectorRegistry(), enabled=True, dry_run=dry_run)
-    options = ResumeOptions(Policy(attempts, 300), grace=0, dry_run=dry_run, retry_pause=0)
+    options = ResumeOptions(Policy(attempts, 300), grace=0, dry_run=dry_run, text=text, retry_pause=0)
     made = Resumer(
         server,
         FakeProbe(),
@@ -245,3 +246,10 @@ async def test_a_turn_cut_while_the_model_wrote_is_resumed_though_a_write_back_c
     [(_, text, _)] = server.prompts
     assert "while you were answering" in text
     assert journal.recent()[0]["outcome"] == "resumed"
+
+
+async def test_resume_text_replaces_the_prompt(ledger: Ledger) -> None:
+    server = FakeServer(ledger)
+    made, _ = resumer(server, ledger, text="carry on, carefully")
+    await considered(made)
+    assert [text for _, text, _ in server.prompts] == ["carry on, carefully"]
