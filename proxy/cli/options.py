@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from proxy.service.config import (
     DEFAULT_PORT,
     DEFAULT_UPSTREAM,
     DEFAULT_USERNAME,
+    RESUME_NEEDS_WRITE_BACK,
     Settings,
     basic_authorization,
 )
@@ -120,6 +122,7 @@ def build_parser(
     flags = _Flags(parser)
     _connection_flags(flags)
     _settling_flags(flags)
+    _resume_flags(parser, flags)
     add_database_option(parser, "opencode's database, for --write-back db", environ)
     parser.add_argument(
         "--auth",
@@ -215,6 +218,47 @@ def _settling_flags(flags: _Flags) -> None:
     )
 
 
+def _attempts(text: str) -> int:
+    attempts = int(text)
+    if attempts < 1:
+        raise ValueError(text)
+    return attempts
+
+
+def _resume_flags(parser: argparse.ArgumentParser, flags: _Flags) -> None:
+    """Whether, how often and how late a turn a crash interrupted is started again."""
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="start again, at most once, a turn the proxy saw running when the server died: after its "
+        "calls are written back settled, with a prompt naming them; never over a newer message, a pending "
+        "permission or question, a child session, or a turn older than --resume-within. Needs --write-back",
+    )
+    flags.add(
+        "--resume-attempts",
+        "SETTLE_RESUME_ATTEMPTS",
+        "3",
+        "prompts sent at most for one interrupted turn, counting a resumed turn interrupted again and a "
+        "prompt the server admitted but never ran",
+        type=typed(_attempts, "a whole number of at least 1"),
+    )
+    flags.seconds(
+        "--resume-within",
+        "SETTLE_RESUME_WITHIN",
+        "300",
+        "seconds after the server was last heard with the turn running past which it is not resumed "
+        "(a restart by `run` takes seconds; a later one was a person's)",
+    )
+    flags.add(
+        "--resume-text",
+        "SETTLE_RESUME_TEXT",
+        "",
+        "the prompt a resumed turn starts with, instead of the one that names each interrupted call and "
+        "says its outcome is unknown",
+        shown=False,
+    )
+
+
 def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Settings:
     """Settings from parsed flags and, from `environ`, opencode's credentials and where tool
     processes are recorded."""
@@ -234,4 +278,15 @@ def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Se
         lock_dir=default_lock_dir(environ),
         state_db=state_path(environ),
         auth=args.auth,
+        resume=_resume_from(args),
+        resume_attempts=args.resume_attempts,
+        resume_within=args.resume_within,
+        resume_text=args.resume_text or None,
     )
+
+
+def _resume_from(args: argparse.Namespace) -> bool:
+    """--resume, refused without write-back: the model must never be shown a call still running."""
+    if args.resume and WriteBackMode(args.write_back) is WriteBackMode.OFF:
+        sys.exit(f"settle-proxy: error: {RESUME_NEEDS_WRITE_BACK}")
+    return bool(args.resume)

@@ -28,10 +28,13 @@ from proxy.relay.hooks import Addon, Addons
 from proxy.relay.options import RELAY, RELAY_METRICS, RelayMetrics, RelayOptions
 from proxy.relay.tasks import BACKGROUND, Background, Idles
 from proxy.relay.upstream import MOUNT_PREFIX, UPSTREAM, upstream_session
+from proxy.resume.clients import ClientStreams
+from proxy.resume.journal import JOURNAL, Journal, resume_route
 from proxy.service import health
 from proxy.service.auth import require_basic_auth
 from proxy.service.config import SETTINGS, Settings
 from proxy.service.metrics import METRICS, Metrics
+from proxy.service.resuming import start_resume
 from proxy.supervision.process_records import ProcessRecords
 from proxy.supervision.supervisor import SUPERVISOR
 from proxy.supervision.tool_processes import TOOL_PROCESSES, ToolProcesses
@@ -102,6 +105,9 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
             LiveSettle(ctx),
             SessionStreamSettle(ctx),
         ]
+        clients = ClientStreams() if settings.resume else None
+        if clients is not None:
+            addons.append(clients)
         if prefix := app.get(MOUNT_PREFIX):
             addons.insert(0, MountedLinks(prefix))
         dispatcher = app[ADDONS] = Addons(addons, metrics.addon_errors)
@@ -113,6 +119,16 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
                 background.add(addon)
         if (watcher := await _tool_processes(app, stack)) is not None:
             tracker.listeners.append(watcher)
+        if settings.resume:
+            await start_resume(
+                app,
+                stack,
+                probe=probe,
+                writer=writer,
+                tracker=tracker,
+                background=background,
+                clients=clients,
+            )
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)
         yield
@@ -166,6 +182,8 @@ def create_app(settings: Settings) -> web.Application:
     app[RELAY_METRICS] = RelayMetrics(metrics.requests, metrics.upstream_seconds, metrics.open_streams)
     app.cleanup_ctx.extend((upstream_session, _addons))
     app.on_response_prepare.append(drop_invented_headers)
+    app[JOURNAL] = Journal(metrics.registry, enabled=settings.resume, dry_run=settings.dry_run)
+    app.router.add_get(f"{health.PREFIX}/resume", resume_route)
     health.add_routes(app)
     # (?s): a path may hold an encoded line break, and the upstream must answer for it, not us.
     app.router.add_route("*", "/{tail:(?s:.*)}", forward)

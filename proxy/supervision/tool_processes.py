@@ -153,6 +153,10 @@ class ToolProcesses:
             found.append(Orphan(pid, command_line(pid), self._calls.get(key) if key else None))
         return found
 
+    def tied(self, call: str) -> bool:
+        """Whether a process was tied to `call` (the v1 part id, or the v2 call id)."""
+        return call in self._processes.values()
+
     def _v1_part(self, part: Any) -> None:
         if not isinstance(part, dict) or part.get("type") != "tool" or not isinstance(part.get("id"), str):
             return

@@ -51,6 +51,9 @@ class Plan:
     description: str = "demo"
     """The call's `description`; may hold a lone surrogate, sent as its escape as a provider would."""
     text_every: float | None = None
+    tool: str = "bash"
+    """The tool the model calls; `arguments` replace bash's command and description (e.g. for `task`)."""
+    arguments: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,8 @@ class RecordedRequest:
 
     at: float
     prompt: str | None
+    latest_prompt: str | None
+    """The newest user text (a further prompt, or a resume's continuation)."""
     roles: tuple[str, ...]
     tools: tuple[str, ...]
     decision: str
@@ -135,9 +140,9 @@ class MockModel:
         with self._lock:
             plan = self._plans.get(texts[-1] if texts else "") or self._plans.get(prompt or "", Plan())
         slow = plan.text_every is not None and "bash" in tools
-        wants_tool = "bash" in tools and not slow and not _tool_answered(messages, plan)
+        wants_tool = plan.tool in tools and not slow and not _tool_answered(messages, plan)
         call_id = f"call_mock_{next(self._call_ids)}" if wants_tool else None
-        self._record(prompt, messages, tools, plan, call_id, slow=slow)
+        self._record(texts, messages, tools, plan, call_id, slow=slow)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         if slow and plan.text_every is not None:
@@ -155,7 +160,7 @@ class MockModel:
 
     def _record(
         self,
-        prompt: str | None,
+        texts: Sequence[str],
         messages: Sequence[Mapping[str, Any]],
         tools: tuple[str, ...],
         plan: Plan,
@@ -168,7 +173,8 @@ class MockModel:
         )
         entry = RecordedRequest(
             at=time.time(),
-            prompt=prompt,
+            prompt=texts[0] if texts else None,
+            latest_prompt=texts[-1] if texts else None,
             roles=tuple(str(m.get("role")) for m in messages),
             tools=tools,
             decision=decision,
@@ -214,12 +220,17 @@ def _chunk(delta: Mapping[str, Any], finish_reason: str | None = None) -> dict[s
 
 def _tool_call_delta(call_id: str, plan: Plan) -> dict[str, Any]:
     # The standard library writes a lone surrogate as its escape, where orjson refuses it.
-    arguments = json.dumps({"command": plan.command, "description": plan.description}, separators=(",", ":"))
+    given = (
+        plan.arguments
+        if plan.arguments is not None
+        else {"command": plan.command, "description": plan.description}
+    )
+    arguments = json.dumps(given, separators=(",", ":"))
     call = {
         "index": 0,
         "id": call_id,
         "type": "function",
-        "function": {"name": "bash", "arguments": arguments},
+        "function": {"name": plan.tool, "arguments": arguments},
     }
     return _chunk({"role": "assistant", "tool_calls": [call]})
 

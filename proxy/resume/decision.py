@@ -1,0 +1,123 @@
+"""Whether an interrupted turn may be resumed: pure, so every reason is tested without a server.
+
+A resume is the agent acting on the user's machine with nobody watching, so every check is a
+reason *not* to, and the first that applies is the answer. They are taken in two steps: what can
+be told from the session before its calls are settled (`before_settling`), and what must be true
+of the settled history and a liveness reading taken after it (`after_settling`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from proxy.resume.turns import InterruptedTurn, LastTurn
+
+__all__ = ["After", "Before", "Outcome", "Policy", "Verdict", "after_settling", "before_settling"]
+
+DEFAULT_WITHIN_S = 300.0
+"""`--resume-within`: a restart under `settle-proxy run` takes seconds (its pauses grow to 15 s,
+and a cold opencode start with its plugin install well under a minute), so five minutes covers
+any restart the proxy itself makes with room to spare; a server that stayed down longer was
+restarted by a person, who is then at the machine and may well have moved on."""
+DEFAULT_ATTEMPTS = 3
+"""`--resume-attempts`: prompts sent for one person's turn, across a resumed turn that is itself
+interrupted and a prompt the server admitted but never ran."""
+
+
+class Outcome(StrEnum):
+    """What became of one decision (the metric's label, the log line's `outcome`)."""
+
+    RESUMED = "resumed"
+    WOULD_RESUME = "would-resume"
+    SKIPPED = "skipped"
+    NOT_STARTED = "not-started"
+    GAVE_UP = "gave-up"
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    attempts: int = DEFAULT_ATTEMPTS
+    within_s: float = DEFAULT_WITHIN_S
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Go ahead (`why` is None), or the reason not to."""
+
+    why: str | None = None
+
+    @property
+    def go(self) -> bool:
+        return self.why is None
+
+
+GO = Verdict()
+
+
+@dataclass(frozen=True, slots=True)
+class Before:
+    """What is known of a session the stream showed busy when the server went away."""
+
+    last: LastTurn
+    parent_id: str | None
+    """The session's parent (a `task` call's child session has one)."""
+    waiting_on_person: str | None
+    """A permission or question the stream showed asked and not answered, by kind."""
+    age_s: float
+    """Seconds since the last sign of life of the server while the session was busy."""
+
+
+def before_settling(facts: Before, policy: Policy) -> Verdict:
+    """The reasons that need nothing settled to be known."""
+    turn = facts.last.turn
+    if facts.age_s > policy.within_s:
+        return Verdict(f"last alive {facts.age_s:.0f} s ago, past --resume-within {policy.within_s:g} s")
+    if facts.parent_id is not None:
+        return Verdict(f"a child session (of {facts.parent_id}): its parent's turn is the one to resume")
+    if facts.last.newer is not None:
+        return Verdict(
+            f"a newer message {facts.last.newer} is in the session: a person wrote, or it was resumed already"
+        )
+    if turn is None:
+        return Verdict("no interrupted turn: the last assistant message finished")
+    if (person := facts.waiting_on_person or _asks_a_person(turn)) is not None:
+        return Verdict(f"it was waiting on a person ({person}): left settled for them to answer")
+    return GO
+
+
+def _asks_a_person(turn: InterruptedTurn) -> str | None:
+    return "a question" if any(call.tool == "question" for call in turn.calls) else None
+
+
+@dataclass(frozen=True, slots=True)
+class After:
+    """The session re-read after its calls were settled, and a reading taken after that."""
+
+    before: Before
+    active: bool
+    elsewhere: str | None
+    """Another process on the server's database that could be running the session, described."""
+    used: int
+    """Prompts already sent for this person's turn (this and earlier interruptions of it)."""
+
+
+def after_settling(facts: After, policy: Policy) -> Verdict:
+    """Everything `before_settling` checks, on the re-read, and what only the re-read can tell."""
+    if not (verdict := before_settling(facts.before, policy)).go:
+        return verdict
+    turn = facts.before.last.turn
+    assert turn is not None  # before_settling went ahead
+    if facts.active:
+        return Verdict("the session is running: the server did not lose the turn")
+    if facts.elsewhere is not None:
+        return Verdict(f"another process on the database may be running it: {facts.elsewhere}")
+    if still_open := [call.call_id for call in turn.calls if call.still_open]:
+        return Verdict(
+            f"not settled in the server's storage: {', '.join(still_open)} still open when re-read"
+        )
+    if facts.used >= policy.attempts:
+        return Verdict(
+            f"{facts.used} prompt(s) sent for this turn already (--resume-attempts {policy.attempts})"
+        )
+    return GO

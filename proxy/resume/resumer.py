@@ -1,0 +1,297 @@
+"""Resuming the turns a crash interrupted: settle durably, decide, claim once, send, see it start.
+
+For each session the watch hands on: wait the grace period, and for the client streams that were
+open when the server was last heard to be back (bounded, `clients`); read the session and its messages
+and rule out what needs nothing settled (a child session, a newer message, a person waiting, too
+old); make the interrupted calls durable through the write-back and read the messages again;
+take a liveness reading after that read; decide on all of it; claim the turn in the ledger
+(committed) and record the prompt (committed); then wait for the server to be ready, send, and
+confirm the turn started, or count the attempt and try again after a pause, up to the budget.
+Every decision is one line in the journal. With `dry_run` it decides and logs, and sends nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
+
+from proxy.opencode.client import Credentials
+from proxy.opencode.ids import ascending_id
+from proxy.relay.tasks import KeyedTasks
+from proxy.resume.clients import CLIENTS_BACK_S, ClientStreams
+from proxy.resume.decision import After, Before, Outcome, Policy, after_settling, before_settling
+from proxy.resume.journal import Journal
+from proxy.resume.ledger import Ledger
+from proxy.resume.sending import READ_ERRORS
+from proxy.resume.text import ProcessFate, resume_text
+from proxy.resume.turns import InterruptedTurn, last_turn, user_message_after
+from proxy.resume.watch import Candidate
+from proxy.writeback.scheduler import Writer
+from rules import Api, Liveness
+
+__all__ = ["Fates", "ResumeOptions", "Resumer"]
+
+log = logging.getLogger(__name__)
+RETRY_PAUSE_S = 5.0
+
+
+class Reader(Protocol):
+    """Liveness on demand (`proxy.opencode.liveness.LivenessProbe`)."""
+
+    async def read(self, api: Api, session_id: str, credentials: Credentials) -> Liveness: ...
+
+
+class ResumeServer(Protocol):
+    """The restarted server as the resume uses it (`proxy.resume.sending.Server`)."""
+
+    async def messages(self, turn_api: Api, session_id: str) -> Any: ...
+
+    async def session_info(self, turn_api: Api, session_id: str) -> dict[str, Any]: ...
+
+    async def ready(self, directory: str | None, provider: str | None) -> bool: ...
+
+    async def prompt(
+        self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str
+    ) -> None: ...
+
+    async def started(self, turn: InterruptedTurn, prompt_id: str) -> str | None: ...
+
+
+Fates = Callable[[Sequence[str]], Awaitable[Mapping[str, ProcessFate]]]
+"""What became of the processes of the named calls (by call id), as the proxy knows it."""
+
+
+async def no_fates(_: Sequence[str]) -> Mapping[str, ProcessFate]:
+    return {}
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeOptions:
+    policy: Policy
+    grace: float
+    dry_run: bool = False
+    text: str | None = None
+    """`--resume-text`: the prompt to send instead of the one that names the calls."""
+    retry_pause: float = RETRY_PAUSE_S
+
+
+@dataclass(frozen=True, slots=True)
+class Try:
+    """One try at starting the turn: prompts sent (0 or 1), whether it started, and how or why not."""
+
+    sent: int
+    started: bool
+    how: str
+
+
+class Resumer(KeyedTasks[str]):
+    """Considers each candidate once at a time per session; owns those tasks until closed."""
+
+    def __init__(
+        self,
+        server: ResumeServer,
+        probe: Reader,
+        *,
+        writer: Writer | None,
+        ledger: Ledger,
+        journal: Journal,
+        options: ResumeOptions,
+        credentials: Credentials,
+        fates: Fates = no_fates,
+        clients: ClientStreams | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__("resume")
+        self._server = server
+        self._probe = probe
+        self._writer = writer
+        self._ledger = ledger
+        self._journal = journal
+        self._options = options
+        self._credentials = credentials
+        self._fates = fates
+        self._clients = clients
+        self._clock = clock
+
+    def consider(self, candidate: Candidate) -> None:
+        self.start(candidate.session_id, partial(self._guarded, candidate))
+
+    async def _guarded(self, candidate: Candidate) -> None:
+        try:
+            await self._consider(candidate)
+        except READ_ERRORS as error:
+            self._skip(candidate, f"the server could not be read: {type(error).__name__}: {error}")
+        except Exception as error:
+            log.exception("resume of %s failed", candidate.session_id)
+            self._skip(candidate, f"failed: {type(error).__name__}: {error}")
+
+    async def _consider(self, candidate: Candidate) -> None:
+        await asyncio.sleep(self._options.grace)
+        await self._clients_back(candidate)
+        if not await self._server.ready(candidate.directory, None):
+            self._skip(candidate, "the server did not become ready (config, location)")
+            return
+        info = await self._server.session_info(candidate.api, candidate.session_id)
+        before = await self._before(candidate, info)
+        if (verdict := before_settling(before, self._options.policy)).why is not None:
+            self._skip(candidate, verdict.why, before.last.turn)
+            return
+        turn = before.last.turn
+        assert turn is not None
+        if (open_calls := [c.call_id for c in turn.calls if c.still_open]) and not self._options.dry_run:
+            await self._settle(turn, open_calls)
+        after = await self._after(candidate, info, turn.message_id)
+        if (verdict := after_settling(after, self._options.policy)).why is not None:
+            self._skip(candidate, verdict.why, after.before.last.turn or turn)
+            return
+        settled = after.before.last.turn
+        assert settled is not None
+        await self._resume(candidate, settled, _directory(info) or candidate.directory)
+
+    async def _clients_back(self, candidate: Candidate) -> None:
+        """Wait (bounded) for the client streams that were open when the server was last heard."""
+        if self._clients is None:
+            return
+        watching = self._clients.open_at(candidate.last_alive)
+        try:
+            async with asyncio.timeout(CLIENTS_BACK_S):
+                await self._clients.back(watching)
+        except TimeoutError:
+            log.info(
+                "resume of %s goes ahead with %d of %d client stream(s) back after %g s",
+                candidate.session_id,
+                self._clients.open,
+                watching,
+                CLIENTS_BACK_S,
+                extra={"fields": {"session": candidate.session_id}},
+            )
+
+    async def _before(self, candidate: Candidate, info: dict[str, Any], cut_off: str | None = None) -> Before:
+        view = await self._server.messages(candidate.api, candidate.session_id)
+        parent = info.get("parentID")
+        return Before(
+            last_turn(view, candidate.api, candidate.session_id, cut_off=cut_off),
+            parent if isinstance(parent, str) and parent else None,
+            candidate.waiting_on_person,
+            self._clock() - candidate.last_alive,
+        )
+
+    async def _settle(self, turn: InterruptedTurn, open_calls: list[str]) -> None:
+        """Make the open calls durable through the write-back (it re-reads, then confirms, then
+        writes only what is still open and vouched for)."""
+        if self._writer is None:
+            return
+
+        async def confirm() -> Liveness:
+            return await self._probe.read(turn.api, turn.session_id, self._credentials)
+
+        targets = [*open_calls, turn.message_id]
+        written = await self._writer.write(turn.api, turn.session_id, self._credentials, targets, confirm)
+        for item in written:
+            log.info(
+                "wrote back before resuming mode=%s api=%s session=%s message=%s part=%s rule=%s",
+                self._writer.mode,
+                item.api,
+                item.session_id,
+                item.message_id,
+                item.part or "-",
+                item.rule,
+                extra={"fields": {"session": item.session_id, "message": item.message_id, "part": item.part}},
+            )
+
+    async def _after(self, candidate: Candidate, info: dict[str, Any], cut_off: str) -> After:
+        before = await self._before(candidate, info, cut_off)
+        if self._options.dry_run and before.last.turn is not None:
+            # Nothing was written: decide as if the write-back had settled what it would settle.
+            calls = tuple(dataclasses.replace(call, still_open=False) for call in before.last.turn.calls)
+            last = dataclasses.replace(before.last, turn=dataclasses.replace(before.last.turn, calls=calls))
+            before = dataclasses.replace(before, last=last)
+        liveness = await self._probe.read(candidate.api, candidate.session_id, self._credentials)
+        turn = before.last.turn
+        used = (
+            0 if turn is None else await self._ledger.used(turn.session_id, turn.prompted_by, turn.message_id)
+        )
+        # A tool runs only in a process that existed when it started: one started after the turn's
+        # last sign of life cannot be running it (it could only start a turn of its own, which
+        # adds a message, and a newer message already rules a resume out).
+        last_alive_ms = int((time.time() - (self._clock() - candidate.last_alive)) * 1000)
+        elsewhere = None
+        if liveness.elsewhere_since is not None and liveness.elsewhere_since <= last_alive_ms:
+            elsewhere = f"one running since {liveness.elsewhere_since} ms (epoch), before the turn ended"
+        return After(before, liveness.active, elsewhere, used)
+
+    async def _resume(self, candidate: Candidate, turn: InterruptedTurn, directory: str | None) -> None:
+        fates = await self._fates([call.call_id for call in turn.calls])
+        text = self._options.text or resume_text(turn.calls, fates)
+        calls = [{"call": c.call_id, "tool": c.tool} for c in turn.calls]
+        if self._options.dry_run:
+            self._decide(Outcome.WOULD_RESUME, turn, "--dry-run: nothing sent", calls=calls)
+            return
+        claim = await self._ledger.claim(turn.session_id, turn.prompted_by, turn.message_id)
+        if not claim.won:
+            self._decide(Outcome.SKIPPED, turn, f"already claimed, by {claim.owner} (state database)")
+            return
+        await self._send(turn, directory, claim.used, text, calls)
+
+    async def _send(
+        self, turn: InterruptedTurn, directory: str | None, used: int, text: str, calls: list[dict[str, str]]
+    ) -> None:
+        """Prompt until the turn starts, `--resume-attempts` prompts in all for the person's turn
+        (`used` of them spent already); a server never ready spends a try too, not a prompt."""
+        attempts = self._options.policy.attempts
+        for tries in range(1, attempts + 1):
+            prompt_id = ascending_id("msg")
+            tried = await self._attempt(turn, directory, prompt_id, text)
+            used += tried.sent
+            why = tried.how
+            if tried.started:
+                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.RESUMED))
+                self._decide(Outcome.RESUMED, turn, why, prompt=prompt_id, attempt=used, calls=calls)
+                return
+            if used >= attempts or tries >= attempts:
+                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.GAVE_UP))
+                self._decide(Outcome.GAVE_UP, turn, f"{why}; {used} of --resume-attempts {attempts} spent")
+                return
+            self._decide(Outcome.NOT_STARTED, turn, f"{why}; trying again in {self._options.retry_pause:g} s")
+            await asyncio.sleep(self._options.retry_pause)
+            view = await self._server.messages(turn.api, turn.session_id)
+            if (person := user_message_after(view, turn.api, prompt_id)) is not None:
+                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.SKIPPED))
+                why = f"a person wrote ({person}) after the prompt that did not start"
+                self._decide(Outcome.SKIPPED, turn, why)
+                return
+
+    async def _attempt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> Try:
+        provider = turn.model["providerID"] if turn.model else None
+        if not await self._server.ready(directory, provider):
+            return Try(0, False, "the server did not become ready (config, location, provider)")
+        await self._ledger.sending(turn.session_id, turn.message_id, prompt_id)
+        try:
+            await self._server.prompt(turn, directory, prompt_id, text)
+        except READ_ERRORS as error:
+            return Try(1, False, f"the prompt was refused: {error}")
+        how = await self._server.started(turn, prompt_id)
+        if how is None:
+            return Try(1, False, "the prompt was admitted, but the turn did not start")
+        return Try(1, True, how)
+
+    def _skip(self, candidate: Candidate, why: str, turn: InterruptedTurn | None = None) -> None:
+        message = turn.message_id if turn is not None else None
+        self._journal.decided(Outcome.SKIPPED, candidate.api, candidate.session_id, why, message=message)
+
+    def _decide(self, outcome: Outcome, turn: InterruptedTurn, why: str, **more: Any) -> None:
+        self._journal.decided(outcome, turn.api, turn.session_id, why, message=turn.message_id, **more)
+
+
+def _directory(info: dict[str, Any]) -> str | None:
+    directory = info.get("directory")
+    if not isinstance(directory, str):
+        location = info.get("location")
+        directory = location.get("directory") if isinstance(location, dict) else None
+    return directory if isinstance(directory, str) and directory else None

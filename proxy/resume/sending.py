@@ -1,0 +1,124 @@
+"""Starting a resumed turn through the server's own API, as a client would, and seeing it start.
+
+Measured on opencode 1.18.33: a v2 prompt sent the moment a restarted server's health first
+answers is admitted (200) and never runs. So the server must first be ready (its config, its
+location in the session's directory, and the turn's provider answer), and a prompt counts only
+once the turn is seen to start: the session active, or an assistant message newer than the
+prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+from aiohttp import hdrs
+from yarl import URL
+
+from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
+from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
+from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
+from proxy.resume.turns import InterruptedTurn, message_after
+from rules import Api
+
+__all__ = ["READ_ERRORS", "Server"]
+
+READY_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 20.0
+POLL_S = 0.5
+READ_ERRORS = (aiohttp.ClientError, TimeoutError, UpstreamRefused, LivenessUnknown, ValueError)
+
+
+class Server:
+    """The restarted server, as the resume sees it."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        api: UpstreamApi,
+        probe: LivenessProbe,
+        origin: URL,
+        credentials: Credentials,
+    ) -> None:
+        self._session = session
+        self._api = api
+        self._probe = probe
+        self._origin = origin.origin()
+        self._credentials = credentials
+
+    async def messages(self, turn_api: Api, session_id: str) -> Any:
+        http = V1_HTTP if turn_api is Api.V1 else V2_HTTP
+        return await self._api.get(http.messages_path(session_id), self._credentials)
+
+    async def session_info(self, turn_api: Api, session_id: str) -> dict[str, Any]:
+        path = f"/session/{session_id}" if turn_api is Api.V1 else f"/api/session/{session_id}"
+        info = await self._api.get(path, self._credentials)
+        if turn_api is Api.V2 and isinstance(info, dict) and isinstance(info.get("data"), dict):
+            info = info["data"]
+        return info if isinstance(info, dict) else {}
+
+    async def ready(self, directory: str | None, provider: str | None) -> bool:
+        """Wait until the server can run a turn in `directory` with `provider`; False past the timeout."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        headers = _directory_header(directory)
+        while time.monotonic() < deadline:
+            try:
+                await self._request("GET", "/config", headers)
+                await self._request("GET", "/api/location", headers)
+                if provider is not None:
+                    await self._request("GET", f"/api/provider/{quote(provider, safe='')}", headers)
+                return True
+            except READ_ERRORS:
+                await asyncio.sleep(POLL_S)
+        return False
+
+    async def prompt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> None:
+        """Send the prompt (v1 `prompt_async` with the turn's own agent and model; v2 `prompt`)."""
+        if turn.api is Api.V1:
+            body: dict[str, Any] = {"messageID": prompt_id, "parts": [{"type": "text", "text": text}]}
+            if turn.agent is not None:
+                body["agent"] = turn.agent
+            if turn.model is not None:
+                body["model"] = turn.model
+            await self._request(
+                "POST", f"/session/{turn.session_id}/prompt_async", _directory_header(directory), body
+            )
+        else:
+            body = {"id": prompt_id, "prompt": {"text": text}}
+            await self._request("POST", f"/api/session/{turn.session_id}/prompt", {}, body)
+
+    async def started(self, turn: InterruptedTurn, prompt_id: str) -> str | None:
+        """How the turn was seen to start (the session active, or an answer to the prompt), or
+        None when it did not within `START_TIMEOUT_S`."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                if (await self._probe.read(turn.api, turn.session_id, self._credentials)).active:
+                    return "the session went active"
+                view = await self.messages(turn.api, turn.session_id)
+                if message_after(view, turn.api, prompt_id, "assistant") is not None:
+                    return "an answer to the prompt is stored"
+            except READ_ERRORS:
+                pass
+            await asyncio.sleep(POLL_S)
+        return None
+
+    async def _request(self, method: str, path: str, headers: dict[str, str], body: Any = None) -> None:
+        url = self._origin.with_path(path)
+        if self._credentials.params:
+            url = url.with_query(self._credentials.params)
+        sent = {**self._credentials.headers, **headers, hdrs.ACCEPT_ENCODING: "identity"}
+        async with asyncio.timeout(10.0):
+            async with self._session.request(
+                method, url, headers=sent, json=body, allow_redirects=False
+            ) as answer:
+                content = await answer.read()
+                if answer.status not in (200, 204):
+                    raise UpstreamRefused(method, path, answer.status, content)
+
+
+def _directory_header(directory: str | None) -> dict[str, str]:
+    return {"x-opencode-directory": quote(directory, safe="")} if directory else {}

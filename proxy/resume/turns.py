@@ -1,0 +1,184 @@
+"""What a session's message view says about its last turn: was it cut off, and where.
+
+Pure: a parsed view in, an `InterruptedTurn` (or the reason there is none) out. Both runtimes
+give every message an ascending id (`msg_…`, sorted by creation), so the newest message is the
+one with the greatest id, whatever order the view lists them in (v1 oldest first, v2 newest).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rules import OPEN_STATUSES, Api
+from rules.runtimes import V1_ERROR, V2_ERROR
+
+__all__ = [
+    "InterruptedCall",
+    "InterruptedTurn",
+    "LastTurn",
+    "last_turn",
+    "message_after",
+    "user_message_after",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptedCall:
+    """A tool call the crash cut off: still open in the server's storage, or settled as interrupted."""
+
+    call_id: str
+    """The v1 part id, or the v2 call id."""
+    tool: str
+    input: dict[str, Any]
+    still_open: bool
+    """True while storage still shows it running (it must be settled before any resume)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptedTurn:
+    """The newest assistant message of a session, when a crash cut it off."""
+
+    session_id: str
+    api: Api
+    message_id: str
+    calls: tuple[InterruptedCall, ...]
+    """Empty when the model was cut off while it wrote (no tool call yet)."""
+    agent: str | None
+    model: dict[str, str] | None
+    """v1 `{"providerID", "modelID"}` of the assistant message (v2 keeps it on the session)."""
+    prompted_by: str | None
+    """The id of the user message this assistant message answers (the newest before it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LastTurn:
+    """What the newest messages say: the interrupted turn, if any, and whether anything is newer."""
+
+    turn: InterruptedTurn | None
+    newer: str | None
+    """The id of a message newer than the newest assistant message (a person wrote, or a resume
+    was already sent), else None."""
+
+
+def last_turn(view: Any, api: Api, session_id: str, *, cut_off: str | None = None) -> LastTurn:
+    """The session's last turn as `view` (a parsed message list of runtime `api`) shows it.
+
+    `cut_off` names a message an earlier read already showed cut off: a write-back may since have
+    closed it (v1 `db` and v2 set `time.completed` on an unfinished message), and it stays cut off.
+    """
+    messages = _messages(view, api)
+    ordered = sorted((m for m in messages if isinstance(_id(m, api), str)), key=lambda m: str(_id(m, api)))
+    assistants = [index for index, m in enumerate(ordered) if _role(m, api) == "assistant"]
+    if not assistants:
+        return LastTurn(None, None)
+    index = assistants[-1]
+    newest = ordered[index]
+    newer = str(_id(ordered[-1], api)) if index < len(ordered) - 1 else None
+    users = [m for m in ordered[:index] if _role(m, api) == "user"]
+    calls = tuple(call for item in _items(newest, api) if (call := _interrupted(item, api)) is not None)
+    header = _header(newest, api)
+    unfinished = "completed" not in (header.get("time") or {}) or cut_off == _id(newest, api)
+    if not calls and not unfinished:
+        return LastTurn(None, newer)
+    turn = InterruptedTurn(
+        session_id,
+        api,
+        str(_id(newest, api)),
+        calls,
+        _text(header.get("agent") or header.get("mode")),
+        _model(header, api),
+        str(_id(users[-1], api)) if users else None,
+    )
+    return LastTurn(turn, newer)
+
+
+def user_message_after(view: Any, api: Api, message_id: str) -> str | None:
+    """The id of the newest user message newer than `message_id` in `view`, if there is one."""
+    return message_after(view, api, message_id, "user")
+
+
+def message_after(view: Any, api: Api, message_id: str, role: str) -> str | None:
+    """The id of the newest message of `role` ("user", "assistant") newer than `message_id`."""
+    newer = [
+        str(_id(m, api))
+        for m in _messages(view, api)
+        if _role(m, api) == role and isinstance(_id(m, api), str) and str(_id(m, api)) > message_id
+    ]
+    return max(newer, default=None)
+
+
+def _messages(view: Any, api: Api) -> list[dict[str, Any]]:
+    if api is Api.V2 and isinstance(view, dict):
+        view = view.get("data")
+    return [m for m in view if isinstance(m, dict)] if isinstance(view, list) else []
+
+
+def _header(message: dict[str, Any], api: Api) -> dict[str, Any]:
+    header = message.get("info") if api is Api.V1 else message
+    return header if isinstance(header, dict) else {}
+
+
+def _id(message: dict[str, Any], api: Api) -> Any:
+    return _header(message, api).get("id")
+
+
+def _role(message: dict[str, Any], api: Api) -> Any:
+    header = _header(message, api)
+    return header.get("role") if api is Api.V1 else header.get("type")
+
+
+def _items(message: dict[str, Any], api: Api) -> list[dict[str, Any]]:
+    items = message.get("parts" if api is Api.V1 else "content")
+    return (
+        [i for i in items if isinstance(i, dict) and i.get("type") == "tool"]
+        if isinstance(items, list)
+        else []
+    )
+
+
+def _interrupted(item: dict[str, Any], api: Api) -> InterruptedCall | None:
+    state = _dict(item.get("state"))
+    status = state.get("status")
+    if status in OPEN_STATUSES[api]:
+        still_open = True
+    elif status == "error" and _settled_as_interrupted(state, api):
+        still_open = False
+    else:
+        return None
+    tool = item.get("tool") if api is Api.V1 else item.get("name")
+    given = state.get("input")
+    return InterruptedCall(
+        str(item.get("id")), str(tool), given if isinstance(given, dict) else {}, still_open
+    )
+
+
+def _settled_as_interrupted(state: dict[str, Any], api: Api) -> bool:
+    if api is Api.V1:
+        metadata = state.get("metadata")
+        return (
+            state.get("error") == V1_ERROR
+            and isinstance(metadata, dict)
+            and metadata.get("interrupted") is True
+        )
+    error = state.get("error")
+    return isinstance(error, dict) and error.get("message") == V2_ERROR["message"]
+
+
+def _model(header: dict[str, Any], api: Api) -> dict[str, str] | None:
+    if api is Api.V1:
+        provider, model = header.get("providerID"), header.get("modelID")
+    else:
+        chosen = _dict(header.get("model"))
+        provider, model = chosen.get("providerID"), chosen.get("id")
+    if isinstance(provider, str) and isinstance(model, str):
+        return {"providerID": provider, "modelID": model}
+    return None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,117 @@
+"""Which sessions were running when the server went away: kept from the followed event stream.
+
+Only a turn the proxy saw running can be one a crash interrupted: a stale session found in a
+view later may be an old crash from before the proxy was watching. So the watch remembers the
+sessions the stream last showed busy (v1 `session.status` busy or retrying, or a tool part shown
+running, until idle; v2 any `session.next.*` event until a step ends with a finish other than
+`tool-calls`), and the
+permissions and questions asked and not yet answered (a person must answer those). When the
+stream comes back after a loss, each session still busy is handed on as a `Candidate`, with the
+moment the stream last spoke as its last sign of life.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from proxy.opencode.tracker import GlobalEvent, StreamListener
+from rules import OPEN_STATUSES, Api
+
+__all__ = ["Candidate", "Watch"]
+
+REMEMBERED = 10_000
+_V1_BUSY = ("busy", "retry")
+_PERSON_KINDS = ("permission.", "question.")
+_ANSWERED = ("replied", "rejected")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A session the stream showed busy when it was lost."""
+
+    session_id: str
+    api: Api
+    directory: str | None
+    last_alive: float
+    """`time.monotonic()` when the stream last spoke before it was lost."""
+    waiting_on_person: str | None
+
+
+class Watch(StreamListener):
+    """A `StreamListener`; `start(candidate)` is called for each session busy at a loss."""
+
+    def __init__(
+        self, start: Callable[[Candidate], None], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._start = start
+        self._clock = clock
+        self._busy: OrderedDict[str, tuple[Api, str | None]] = OrderedDict()
+        self._asked: dict[str, dict[str, str]] = {}
+        """Per session, the permission and question requests not yet answered, by id: their kind."""
+        self._heard: float | None = None
+
+    def running(self) -> list[str]:
+        """The sessions the stream shows in a turn now (what a crash now would hand on)."""
+        return list(self._busy)
+
+    def following(self) -> None:
+        busy, asked, heard = self._busy, self._asked, self._heard
+        self._busy, self._asked = OrderedDict(), {}
+        if heard is None:
+            return
+        for session_id, (api, directory) in busy.items():
+            waiting = asked.get(session_id)
+            person = f"a {next(iter(waiting.values()))} asked" if waiting else None
+            self._start(Candidate(session_id, api, directory, heard, person))
+
+    def event(self, event: GlobalEvent) -> None:
+        self._heard = self._clock()
+        session_id = event.session_id
+        if session_id is None:
+            return
+        kind = event.kind
+        if kind == "session.status":
+            status = (event.properties.get("status") or {}).get("type")
+            if status in _V1_BUSY:
+                self._remember(session_id, Api.V1, event.directory)
+            else:
+                self._busy.pop(session_id, None)
+        elif kind in ("session.idle", "session.error"):
+            self._busy.pop(session_id, None)
+        elif kind == "message.part.updated" and _running_tool(event.properties.get("part")):
+            self._remember(session_id, Api.V1, event.directory)
+        elif kind.startswith("session.next."):
+            if kind == "session.next.step.ended" and event.properties.get("finish") != "tool-calls":
+                self._busy.pop(session_id, None)
+            else:
+                self._remember(session_id, Api.V2, event.directory)
+        elif kind.startswith(_PERSON_KINDS):
+            self._person(session_id, event)
+
+    def _remember(self, session_id: str, api: Api, directory: str | None) -> None:
+        self._busy[session_id] = (api, directory)
+        self._busy.move_to_end(session_id)
+        while len(self._busy) > REMEMBERED:
+            self._busy.popitem(last=False)
+
+    def _person(self, session_id: str, event: GlobalEvent) -> None:
+        subject, _, verb = event.kind.partition(".")
+        request = (
+            event.properties.get("id") or event.properties.get("requestID") or event.properties.get("callID")
+        )
+        key = str(request)
+        if verb in _ANSWERED:
+            self._asked.get(session_id, {}).pop(key, None)
+        else:
+            self._asked.setdefault(session_id, {})[key] = subject
+
+
+def _running_tool(part: object) -> bool:
+    """A v1 tool part the server shows running: its session is in a turn (a proxy that started
+    during the turn learns of it from the tool's output updates)."""
+    if not isinstance(part, dict) or part.get("type") != "tool" or not isinstance(part.get("state"), dict):
+        return False
+    return part["state"].get("status") in OPEN_STATUSES[Api.V1]

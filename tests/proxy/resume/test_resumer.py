@@ -1,0 +1,255 @@
+"""The resume sequence with an in-process server: settle first, claim once, record before each
+prompt, confirm the start, retry within the budget, and say every decision."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Collection
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from proxy.opencode.client import Credentials, UpstreamRefused
+from proxy.resume.decision import Policy
+from proxy.resume.journal import Journal
+from proxy.resume.ledger import Ledger
+from proxy.resume.resumer import ResumeOptions, Resumer
+from proxy.resume.turns import InterruptedTurn
+from proxy.resume.watch import Candidate
+from proxy.writeback.scheduler import Confirm, WriteBackMode, Written
+from rules import Api, Liveness
+from tests.proxy.resume.views import v1_settled, v1_tool, v1_user, v1_view
+
+NOW = 1000.0
+
+
+class FakeServer:
+    def __init__(self, ledger: Ledger, *, starts_after: int = 1) -> None:
+        self.view: Any = v1_view(v1_settled("prt_1"))
+        self.info: dict[str, Any] = {"directory": "/work"}
+        self.prompts: list[tuple[str, str, int]] = []
+        self._ledger = ledger
+        self._starts_after = starts_after
+        self.unreadable = False
+        self.ready_after_start: bool = True
+        self.person_writes = False
+        self.then: Any = None
+        """The view every read after the next one gets (another writer changed the session)."""
+        self._asked_ready = 0
+
+    async def messages(self, turn_api: Api, session_id: str) -> Any:
+        if self.unreadable:
+            raise UpstreamRefused("GET", "/session/ses_1/message", 500, b"")
+        view = self.view
+        if self.then is not None:
+            self.view, self.then = self.then, None
+        return view
+
+    async def session_info(self, turn_api: Api, session_id: str) -> dict[str, Any]:
+        return self.info
+
+    async def ready(self, directory: str | None, provider: str | None) -> bool:
+        self._asked_ready += 1
+        return self._asked_ready == 1 or self.ready_after_start
+
+    async def prompt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> None:
+        recorded = await self._ledger.used(turn.session_id, prompt_id, "msg_next")
+        self.prompts.append((prompt_id, text, recorded))
+        if self.person_writes:
+            self.view = [*self.view, v1_user("msg_zzz")]
+
+    async def started(self, turn: InterruptedTurn, prompt_id: str) -> str | None:
+        return "the session went active" if len(self.prompts) >= self._starts_after else None
+
+
+class FakeProbe:
+    active = False
+
+    async def read(self, api: Api, session_id: str, credentials: Credentials) -> Liveness:
+        return Liveness(session_id, self.active, taken_at=10_000)
+
+
+class SettlingWriter:
+    def __init__(self, server: FakeServer, *, settles: bool = True) -> None:
+        self.server = server
+        self.settles = settles
+        self.targets: list[Collection[str]] = []
+
+    @property
+    def mode(self) -> WriteBackMode:
+        return WriteBackMode.API
+
+    async def write(
+        self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        self.targets.append(targets)
+        assert not (await confirm()).active
+        if not self.settles:
+            return []
+        self.server.view = v1_view(v1_settled("prt_1"))
+        return [Written(api, session_id, "msg_002", "prt_1", "orphaned-tool")]
+
+
+@pytest.fixture
+async def ledger(tmp_path: Path) -> AsyncIterator[Ledger]:
+    async with Ledger.open(tmp_path / "processes.db") as opened:
+        yield opened
+
+
+def resumer(
+    server: FakeServer,
+    ledger: Ledger,
+    *,
+    writer: SettlingWriter | None = None,
+    dry_run: bool = False,
+    attempts: int = 3,
+    text: str | None = None,
+) -> tuple[Resumer, Journal]:
+    journal = Journal(CollectorRegistry(), enabled=True, dry_run=dry_run)
+    options = ResumeOptions(Policy(attempts, 300), grace=0, dry_run=dry_run, text=text, retry_pause=0)
+    made = Resumer(
+        server,
+        FakeProbe(),
+        writer=writer,
+        ledger=ledger,
+        journal=journal,
+        options=options,
+        credentials=Credentials(),
+        clock=lambda: NOW,
+    )
+    return made, journal
+
+
+CANDIDATE = Candidate("ses_1", Api.V1, "/work", NOW - 5, None)
+
+
+async def considered(made: Resumer, candidate: Candidate = CANDIDATE) -> None:
+    made.consider(candidate)
+    await made.idle()
+
+
+async def test_an_open_call_is_written_back_before_the_prompt_that_names_it(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO")
+    server = FakeServer(ledger)
+    server.view = v1_view(v1_tool("prt_1"))
+    writer = SettlingWriter(server)
+    made, journal = resumer(server, ledger, writer=writer)
+    await considered(made)
+    assert [set(t) for t in writer.targets] == [{"prt_1", "msg_002"}]
+    assert (
+        "wrote back before resuming mode=api api=v1 session=ses_1 message=msg_002 part=prt_1" in caplog.text
+    )
+    [(prompt_id, text, recorded)] = server.prompts
+    assert recorded == 1, "the attempt is committed before the prompt is sent"
+    assert "- bash: `echo hello && sleep 600`" in text
+    [decision] = journal.recent()
+    assert (decision["outcome"], decision["prompt"], decision["attempt"]) == ("resumed", prompt_id, 1)
+
+
+async def test_a_call_the_write_back_could_not_settle_is_never_resumed(ledger: Ledger) -> None:
+    server = FakeServer(ledger)
+    server.view = v1_view(v1_tool("prt_1"))
+    made, journal = resumer(server, ledger, writer=SettlingWriter(server, settles=False))
+    await considered(made)
+    assert server.prompts == []
+    assert "prt_1 still open when re-read" in journal.recent()[0]["why"]
+
+
+async def test_a_turn_that_does_not_start_is_tried_again_within_the_budget(ledger: Ledger) -> None:
+    server = FakeServer(ledger, starts_after=2)
+    made, journal = resumer(server, ledger)
+    await considered(made)
+    assert [recorded for _, _, recorded in server.prompts] == [1, 2]
+    assert [d["outcome"] for d in journal.recent()] == ["not-started", "resumed"]
+    assert journal.resumes.labels("not-started")._value.get() == 1
+
+
+async def test_a_turn_that_never_starts_is_given_up_when_the_budget_is_spent(ledger: Ledger) -> None:
+    server = FakeServer(ledger, starts_after=99)
+    made, journal = resumer(server, ledger, attempts=2)
+    await considered(made)
+    assert len(server.prompts) == 2
+    outcomes = [d["outcome"] for d in journal.recent()]
+    assert outcomes == ["not-started", "gave-up"]
+    assert "2 of --resume-attempts 2 spent" in journal.recent()[-1]["why"]
+
+
+async def test_a_turn_is_resumed_once_however_often_it_is_handed_on(ledger: Ledger) -> None:
+    server = FakeServer(ledger)
+    made, journal = resumer(server, ledger)
+    await considered(made)
+    await considered(made)
+    assert len(server.prompts) == 1
+    assert journal.recent()[-1]["why"].startswith("already claimed, by ")
+
+
+async def test_a_dry_run_decides_and_neither_claims_nor_sends(ledger: Ledger) -> None:
+    server = FakeServer(ledger)
+    server.view = v1_view(v1_tool("prt_1"))
+    writer = SettlingWriter(server)
+    made, journal = resumer(server, ledger, writer=writer, dry_run=True)
+    await considered(made)
+    assert (server.prompts, writer.targets) == ([], [])
+    assert journal.recent()[0]["outcome"] == "would-resume"
+    assert (await ledger.claim("ses_1", "msg_001", "msg_002")).won
+
+
+async def test_a_server_that_cannot_be_read_is_a_skip_with_the_reason(ledger: Ledger) -> None:
+    server = FakeServer(ledger)
+    server.unreadable = True
+    made, journal = resumer(server, ledger)
+    await considered(made)
+    assert journal.recent()[0]["why"].startswith("the server could not be read: UpstreamRefused")
+
+
+async def test_a_child_session_is_left_to_its_parent(ledger: Ledger) -> None:
+    server = FakeServer(ledger)
+    server.info = {"directory": "/work", "parentID": "ses_0"}
+    made, journal = resumer(server, ledger)
+    await considered(made)
+    assert server.prompts == []
+    assert journal.recent()[0]["why"].startswith("a child session (of ses_0)")
+
+
+async def test_a_server_that_never_becomes_ready_is_given_up_within_the_budget(ledger: Ledger) -> None:
+    server = FakeServer(ledger)
+    server.ready_after_start = False
+    made, journal = resumer(server, ledger, attempts=2)
+    await considered(made)
+    assert server.prompts == []
+    assert [d["outcome"] for d in journal.recent()] == ["not-started", "gave-up"]
+    assert "0 of --resume-attempts 2 spent" in journal.recent()[-1]["why"]
+
+
+async def test_a_person_who_writes_after_a_prompt_that_did_not_start_is_not_prompted_over(
+    ledger: Ledger,
+) -> None:
+    server = FakeServer(ledger, starts_after=99)
+    server.person_writes = True
+    made, journal = resumer(server, ledger)
+    await considered(made)
+    assert len(server.prompts) == 1
+    assert journal.recent()[-1]["why"] == "a person wrote (msg_zzz) after the prompt that did not start"
+
+
+async def test_a_turn_cut_while_the_model_wrote_is_resumed_though_a_write_back_closed_it(
+    ledger: Ledger,
+) -> None:
+    server = FakeServer(ledger)
+    server.view = v1_view({"id": "prt_2", "type": "text", "text": ""})
+    server.then = v1_view({"id": "prt_2", "type": "text", "text": ""}, completed=True)
+    made, journal = resumer(server, ledger)
+    await considered(made)
+    [(_, text, _)] = server.prompts
+    assert "while you were answering" in text
+    assert journal.recent()[0]["outcome"] == "resumed"
+
+
+async def test_resume_text_replaces_the_prompt(ledger: Ledger) -> None:
+    server = FakeServer(ledger)
+    made, _ = resumer(server, ledger, text="carry on, carefully")
+    await considered(made)
+    assert [text for _, text, _ in server.prompts] == ["carry on, carefully"]

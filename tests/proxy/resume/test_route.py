@@ -1,0 +1,52 @@
+"""`GET /_settle/resume`, and `--resume` as the application and its settings take it."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from yarl import URL
+
+from proxy.service.app import create_app
+from proxy.service.config import RESUME_NEEDS_WRITE_BACK, Settings
+from proxy.writeback.scheduler import WriteBackMode
+
+Client = Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]]
+
+
+async def test_resume_is_off_and_says_so(upstream: TestServer, aiohttp_client: Client) -> None:
+    client = await aiohttp_client(create_app(Settings(upstream=URL(str(upstream.make_url("/"))))))
+    answer = await client.get("/_settle/resume")
+    assert await answer.json() == {"enabled": False, "dry_run": False, "running": [], "decisions": []}
+
+
+async def test_resume_on_opens_its_ledger_in_the_state_database(
+    upstream: TestServer, aiohttp_client: Client, tmp_path: Path
+) -> None:
+    settings = Settings(
+        upstream=URL(str(upstream.make_url("/"))),
+        write_back=WriteBackMode.API,
+        resume=True,
+        state_db=tmp_path / "state" / "processes.db",
+        lock_dir=tmp_path / "locks",
+    )
+    client = await aiohttp_client(create_app(settings))
+    assert (await (await client.get("/_settle/resume")).json())["enabled"] is True
+    assert (tmp_path / "state" / "processes.db").is_file()
+
+
+async def test_resume_without_a_state_database_is_off_and_says_so(
+    upstream: TestServer, aiohttp_client: Client
+) -> None:
+    settings = Settings(upstream=URL(str(upstream.make_url("/"))), write_back=WriteBackMode.API, resume=True)
+    client = await aiohttp_client(create_app(settings))
+    assert (await (await client.get("/_settle/resume")).json())["enabled"] is False
+
+
+def test_settings_refuse_resume_without_write_back() -> None:
+    with pytest.raises(ValueError, match="--resume needs --write-back") as refused:
+        Settings(upstream=URL("http://127.0.0.1:4096"), resume=True)
+    assert str(refused.value) == RESUME_NEEDS_WRITE_BACK

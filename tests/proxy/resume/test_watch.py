@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.opencode.tracker import GlobalEvent
+from proxy.resume.watch import Candidate, Watch
+from rules import Api
+
+
+def event(kind: str, session: str = "ses_1", **properties: Any) -> GlobalEvent:
+    return GlobalEvent("/work", None, kind, {"sessionID": session, **properties})
+
+
+class Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def watched(*events: GlobalEvent) -> tuple[Watch, list[Candidate]]:
+    found: list[Candidate] = []
+    watch = Watch(found.append, Clock())
+    watch.following()
+    for each in events:
+        watch.event(each)
+    return watch, found
+
+
+def test_sessions_busy_when_the_stream_is_lost_are_handed_on_once() -> None:
+    watch, found = watched(
+        event("session.status", status={"type": "busy"}),
+        event("session.next.tool.called", "ses_2"),
+        event("session.status", "ses_3", status={"type": "busy"}),
+        event("session.idle", "ses_3"),
+    )
+    watch.following()
+    assert [(c.session_id, c.api, c.directory, c.last_alive) for c in found] == [
+        ("ses_1", Api.V1, "/work", 100.0),
+        ("ses_2", Api.V2, "/work", 100.0),
+    ]
+    watch.following()
+    assert len(found) == 2
+
+
+def test_the_first_connection_hands_on_nothing() -> None:
+    _, found = watched()
+    assert found == []
+
+
+def test_a_v2_turn_whose_step_ended_with_stop_is_over_but_not_one_that_calls_tools() -> None:
+    watch, found = watched(
+        event("session.next.step.ended", "ses_1", finish="stop"),
+        event("session.next.step.ended", "ses_2", finish="tool-calls"),
+    )
+    watch.following()
+    assert [c.session_id for c in found] == ["ses_2"]
+
+
+def test_a_permission_asked_and_not_answered_is_handed_on_with_the_session() -> None:
+    watch, found = watched(
+        event("session.status", status={"type": "busy"}),
+        event("permission.asked", id="per_1"),
+        event("session.status", "ses_2", status={"type": "busy"}),
+        event("question.asked", "ses_2", id="que_1"),
+        event("question.replied", "ses_2", requestID="que_1"),
+    )
+    watch.following()
+    assert [(c.session_id, c.waiting_on_person) for c in found] == [
+        ("ses_1", "a permission asked"),
+        ("ses_2", None),
+    ]
+
+
+def test_a_running_tool_shows_its_session_busy_to_a_proxy_that_started_during_the_turn() -> None:
+    part = {"type": "tool", "sessionID": "ses_1", "state": {"status": "running"}}
+    done = {"type": "tool", "sessionID": "ses_2", "state": {"status": "completed"}}
+    watch, found = watched(
+        event("message.part.updated", part=part), event("message.part.updated", "ses_2", part=done)
+    )
+    watch.following()
+    assert [(c.session_id, c.api) for c in found] == [("ses_1", Api.V1)]
