@@ -31,7 +31,7 @@ from proxy.relay.upstream import MOUNT_PREFIX, UPSTREAM, upstream_session
 from proxy.resume.clients import ClientStreams
 from proxy.resume.journal import JOURNAL, Journal, resume_route
 from proxy.service import health
-from proxy.service.auth import require_basic_auth
+from proxy.service.auth import DETAILS_GUARD, require_basic_auth
 from proxy.service.config import SETTINGS, Settings
 from proxy.service.metrics import METRICS, Metrics
 from proxy.service.resuming import start_resume
@@ -117,6 +117,8 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
                 tracker.listeners.append(addon)
             if isinstance(addon, Idles):
                 background.add(addon)
+        if DETAILS_GUARD in app:
+            tracker.listeners.append(app[DETAILS_GUARD])
         if (watcher := await _tool_processes(app, stack)) is not None:
             tracker.listeners.append(watcher)
         if settings.resume:

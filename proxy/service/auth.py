@@ -64,6 +64,16 @@ class DetailsGuard:
         self._upstream_is_open: bool | None = None
         """Whether the upstream's last answer to a request without credentials let it through."""
 
+    def following(self) -> None:
+        """The proxy's own event stream, asked with its own credentials, was let through: without
+        credentials of its own, that is an answer of the upstream to a request without any, which
+        stands while the upstream cannot be reached (a crash before anyone asked for details)."""
+        if self._expected is None:
+            self._upstream_is_open = True
+
+    def event(self, event: object) -> None:
+        """Events say nothing about who may see details."""
+
     def guard(self, handler: Handler) -> Handler:
         """`handler`, answered only for whom the guard admits."""
 
@@ -120,4 +130,13 @@ def parse_credentials(text: str) -> tuple[str, str]:
     return username, password
 
 
-__all__ = ["REALM", "DetailsGuard", "UpstreamCheck", "parse_credentials", "require_basic_auth"]
+DETAILS_GUARD = web.AppKey("details guard", DetailsGuard)
+
+__all__ = [
+    "DETAILS_GUARD",
+    "REALM",
+    "DetailsGuard",
+    "UpstreamCheck",
+    "parse_credentials",
+    "require_basic_auth",
+]

@@ -14,7 +14,7 @@ from proxy import __version__
 from proxy.opencode.other_processes import OTHER_PROCESSES
 from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamState
 from proxy.relay.upstream import UPSTREAM
-from proxy.service.auth import DetailsGuard
+from proxy.service.auth import DETAILS_GUARD, DetailsGuard
 from proxy.service.config import SETTINGS
 from proxy.service.metrics import CONTENT_TYPE_LATEST, METRICS
 from proxy.supervision.supervisor import SUPERVISOR
@@ -126,9 +126,10 @@ def add_routes(app: web.Application) -> None:
     """Register the routes; they must come before the catch-all forwarder. Every one but the
     probe (`up`) is behind the `DetailsGuard`."""
     settings = app[SETTINGS]
-    guard = DetailsGuard(
+    details = app[DETAILS_GUARD] = DetailsGuard(
         settings.authorization, _status_without_credentials, behind_own_auth=settings.auth is not None
-    ).guard
+    )
+    guard = details.guard
     app.router.add_get(f"{PREFIX}/up", up)
     app.router.add_get(f"{PREFIX}/health", guard(health))
     app.router.add_get(f"{PREFIX}/metrics", guard(metrics))

@@ -95,10 +95,15 @@ async def _until_status(session: aiohttp.ClientSession, url: URL, want: int) -> 
         await asyncio.sleep(0.2)
 
 
-async def _assert_down(session: aiohttp.ClientSession, proxy: URL) -> None:
-    """While the server is down the proxy answers, and says why."""
+async def _assert_down(session: aiohttp.ClientSession, proxy: URL, *, has_heard_it: bool = True) -> None:
+    """While the server is down the proxy answers, and says why: in its health once it has heard the
+    server without credentials (so it knows the server wants none); before that only in its probe."""
+    assert await _until_status(session, proxy / "_settle" / "up", 503) == {"status": "down"}
     health = await _until_status(session, proxy / "_settle" / "health", 503)
-    assert health["upstream"]["reachable"] is False
+    if has_heard_it:
+        assert health["upstream"]["reachable"] is False
+    else:
+        assert health["error"] == "unknown", health
     status, body = await _status(session, proxy / "session" / "status")
     assert (status, body["error"]) == (502, "bad_gateway")
 
@@ -158,7 +163,7 @@ async def test_server_killed_mid_request_stream_and_websocket(
             assert closing.data not in RESERVED_CLOSE_CODES, f"close code {closing.data} must never be sent"
             await _assert_down(session, proxy)
             await asyncio.to_thread(late.start)
-            await _assert_down(session, URL(late.url))
+            await _assert_down(session, URL(late.url), has_heard_it=False)
         finally:
             await asyncio.to_thread(opencode.restart)
         try:

@@ -11,10 +11,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from aiohttp.test_utils import TestServer, make_mocked_request
 from yarl import URL
 
 from proxy.service.app import create_app
+from proxy.service.auth import DetailsGuard
 from proxy.service.config import Settings, basic_authorization
 from proxy.supervision.server_command import free_loopback_port
 from tests.proxy.conftest import ProxyClient
@@ -164,3 +165,40 @@ async def test_an_open_upstream_that_starts_asking_for_a_password_closes_them(
     assert (await proxy.get("/_settle/metrics")).status == 200
     fake.password = PASSWORD
     await _refused(proxy, "/_settle/metrics", NONE, 403)
+
+
+async def test_an_upstream_that_let_the_proxys_own_stream_through_keeps_details_open_while_down(
+    aiohttp_client: ClientFactory,
+) -> None:
+    """The proxy followed the upstream's events without credentials, then the upstream went away
+    before anyone asked for details (a crash): that answer stands, as an answer to a look-up would."""
+
+    async def unreachable(_: web.Request) -> int | None:
+        return None
+
+    async def details(_: web.Request) -> web.Response:
+        return web.json_response({"upstream": {"reachable": False}}, status=503)
+
+    guard = DetailsGuard(None, unreachable, behind_own_auth=False)
+    app = web.Application()
+    app.router.add_get("/_settle/health", guard.guard(details))
+    client = await aiohttp_client(app)
+    assert (await client.get("/_settle/health")).status == 503
+    assert "error" in await (await client.get("/_settle/health")).json()  # unknown: nothing shown
+    guard.following()
+    assert await (await client.get("/_settle/health")).json() == {"upstream": {"reachable": False}}
+
+
+async def test_a_proxy_given_the_password_still_checks_it_after_following() -> None:
+    async def unreachable(_: web.Request) -> int | None:
+        return None
+
+    guard = DetailsGuard(GOOD, unreachable, behind_own_auth=False)
+    guard.following()
+    request = make_mocked_request("GET", "/_settle/health")
+    refused = await guard.guard(_never_called)(request)
+    assert refused.status == 401
+
+
+async def _never_called(_: web.Request) -> web.StreamResponse:
+    raise AssertionError("a refused request reached its handler")

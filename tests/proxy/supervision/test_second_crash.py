@@ -99,9 +99,8 @@ async def tie(watcher: ToolProcesses, tool: subprocess.Popen[bytes]) -> None:
         "state": {"status": "running", "input": {"command": command_line(tool.pid)}},
     }
     watcher.event(GlobalEvent("/d", None, "message.part.updated", {"sessionID": "ses_a", "part": part}))
+    await until(lambda: watcher.orphans([tool.pid])[0].call_was_running, "the tool tied to its call", 5)
     await watcher.flush()
-    (orphan,) = watcher.orphans([tool.pid])
-    assert orphan.call_was_running
 
 
 @pytest.mark.parametrize("new_loop", loops())
