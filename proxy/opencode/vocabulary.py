@@ -35,6 +35,7 @@ __all__ = [
     "SESSION_ERROR",
     "SESSION_IDLE",
     "SESSION_STATUS",
+    "STEP_CALLS_TOOLS",
     "STEP_ENDED",
     "TOOL_FAILED",
     "TOOL_RUNNING",
@@ -79,7 +80,9 @@ V2_PREFIX = "session.next."
 PROMPT_ADMITTED = "session.next.prompt.admitted"
 """A prompt entered the turn: the server fails every call still open right after it."""
 STEP_ENDED = "session.next.step.ended"
-"""A step ended; its `finish` other than `tool-calls` ends the turn."""
+"""A step ended; its `finish` other than `STEP_CALLS_TOOLS` ends the turn."""
+STEP_CALLS_TOOLS = "tool-calls"
+"""The `finish` of a step that called tools: the turn goes on with the next step."""
 CALL_STARTED = "session.next.tool.called"
 TOOL_FAILED = "session.next.tool.failed"
 """How the server ends a call that failed, and how the proxy announces one it settled."""

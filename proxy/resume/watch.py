@@ -26,6 +26,7 @@ from proxy.opencode.vocabulary import (
     SESSION_ERROR,
     SESSION_IDLE,
     SESSION_STATUS,
+    STEP_CALLS_TOOLS,
     STEP_ENDED,
     V2_PREFIX,
     v1_status_active,
@@ -92,7 +93,7 @@ class Watch(StreamListener):
         elif kind == PART_UPDATED and _running_tool(event.properties.get("part")):
             self._remember(session_id, Api.V1, event.directory)
         elif kind.startswith(V2_PREFIX):
-            if kind == STEP_ENDED and event.properties.get("finish") != "tool-calls":
+            if kind == STEP_ENDED and event.properties.get("finish") != STEP_CALLS_TOOLS:
                 self._busy.pop(session_id, None)
             else:
                 self._remember(session_id, Api.V2, event.directory)
