@@ -55,6 +55,7 @@ def _make_importable() -> None:
 _make_importable()
 
 from proxy.opencode.routes import MessageRoute, match_message_route  # noqa: E402
+from proxy.opencode.vocabulary import v1_status_active  # noqa: E402
 from rules import OPEN_STATUSES, Api, Liveness, UnexpectedShape, settle_view  # noqa: E402
 
 _NEEDLES = {
@@ -81,7 +82,7 @@ def get_json(url: str, authorization: str | None) -> Any:
 
 def is_busy(status: Any) -> bool:
     """v1 lists busy and retrying sessions; anything listed and not idle is alive."""
-    return not (isinstance(status, dict) and status.get("type") == "idle")
+    return v1_status_active(status) is not False
 
 
 class SettleAddon:

@@ -13,6 +13,7 @@ from typing import Any
 
 from proxy.addons.live_watch import says_idle
 from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.vocabulary import MESSAGE_UPDATED, OPEN_STATUSES, PART_UPDATED, SESSION_STATUS
 from proxy.relay.bounded import Bounded
 from rules import V1, OpenTool
 
@@ -44,14 +45,14 @@ class StreamMemory:
     def observe(self, event: GlobalEvent) -> str | None:
         """Remember what `event` shows; return the session it says went idle while one of its
         parts is open (its parts must be confirmed), else None."""
-        if event.kind == "message.part.updated":
+        if event.kind == PART_UPDATED:
             self._part_updated(event)
-        elif event.kind == "message.updated":
+        elif event.kind == MESSAGE_UPDATED:
             self._message_updated(event)
         elif event.session_id is not None and says_idle(event):
             self.busy.pop(event.session_id, None)
             return event.session_id if self.has_open(event.session_id) else None
-        elif event.session_id is not None and event.kind == "session.status":
+        elif event.session_id is not None and event.kind == SESSION_STATUS:
             self.busy[event.session_id] = Place(event.session_id, "", event.directory, event.project)
         return None
 
@@ -76,7 +77,7 @@ class StreamMemory:
         if not isinstance(part, dict) or part.get("type") != "tool" or not isinstance(part.get("id"), str):
             return
         state: dict[str, Any] = part["state"] if isinstance(part.get("state"), dict) else {}
-        if state.get("status") in V1.open_statuses:
+        if state.get("status") in OPEN_STATUSES[V1.api]:
             tool = part.get("tool")
             place = OpenTool(
                 V1.api,

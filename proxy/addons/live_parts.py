@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.addons.context import SettleContext
-from proxy.addons.events import opencode_event
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import StreamMemory
 from proxy.addons.live_watch import NewsWatch
@@ -23,8 +22,9 @@ from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.vocabulary import OPEN_STATUSES, part_settled, session_idle
 from proxy.relay.tasks import KeyedTasks
-from rules import OPEN_STATUSES, Api, Liveness, OpenTool, settle_view
+from rules import Api, Liveness, OpenTool, settle_view
 
 log = logging.getLogger(__name__)
 
@@ -147,17 +147,11 @@ class OpenParts(KeyedTasks[str]):
         *,
         settled_here: bool,
     ) -> None:
-        session: dict[str, object] = {"sessionID": part.session_id}
-        ended = (settled_part["state"].get("time") or {}).get("end")
-        state = [
-            opencode_event("message.part.updated", {**session, "part": settled_part, "time": ended}),
-            opencode_event("message.updated", {**session, "info": info}),
-            opencode_event("session.status", {**session, "status": {"type": "idle"}}),
-        ]
+        state = part_settled(part.session_id, settled_part, info)
         _log_orphan(part_id, part, settled_part, settled_here=settled_here, dry_run=self._ctx.dry_run)
         if self._ctx.dry_run:
             return
-        self._clients.publish(part_id, Orphan(part, state, [opencode_event("session.idle", session)]))
+        self._clients.publish(part_id, Orphan(part, state, [session_idle(part.session_id)]))
         if settled_here and self._ctx.write_back is not None:
             self._ctx.write_back.schedule(Api.V1, part.session_id, self._ctx.credentials, {part_id})
 

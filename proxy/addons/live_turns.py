@@ -15,7 +15,6 @@ from functools import partial
 from typing import Any
 
 from proxy.addons.context import SettleContext
-from proxy.addons.events import opencode_event
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import Place, StreamMemory
 from proxy.addons.live_watch import NewsWatch, Ticket
@@ -23,6 +22,7 @@ from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.vocabulary import SESSION_STATUS, idle_status, message_updated, session_idle
 from proxy.relay.tasks import KeyedTasks
 from rules import Api, Liveness, UnexpectedShape, settle_view
 
@@ -98,9 +98,7 @@ class DeadTurns(KeyedTasks[str]):
 
     def _tell(self, session_id: str, closed: list[tuple[Place, dict[str, Any]]], busy: Place | None) -> None:
         for place, info in closed:
-            self._announce(
-                place, [opencode_event("message.updated", {"sessionID": session_id, "info": info})]
-            )
+            self._announce(place, [message_updated(session_id, info)])
             log.info(
                 "%s unfinished message in client streams",
                 "would close" if self._ctx.dry_run else "closed",
@@ -116,16 +114,13 @@ class DeadTurns(KeyedTasks[str]):
             )
         if busy is not None or closed:
             place = busy if busy is not None else closed[-1][0]
-            self._announce(
-                place,
-                [opencode_event("session.status", {"sessionID": session_id, "status": {"type": "idle"}})],
-            )
+            self._announce(place, [idle_status(session_id)])
 
     def _announce(self, place: Place, state: list[dict[str, Any]]) -> None:
         """Send `state` to every client stream now (with `session.idle` after an idle status),
         and to streams that open later until the stream says something newer about the session."""
         if self._ctx.dry_run:
             return
-        idle = state[-1]["type"] == "session.status"
-        moment = [opencode_event("session.idle", {"sessionID": place.session_id})] if idle else []
+        idle = state[-1]["type"] == SESSION_STATUS
+        moment = [session_idle(place.session_id)] if idle else []
         self._clients.publish(place.message_id or "status", Orphan(place, state, moment))

@@ -24,20 +24,15 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
-from proxy.opencode.runtimes import v1_status_active
 from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.vocabulary import ends_turn
 
 log = logging.getLogger(__name__)
-
-IDLE_KINDS = ("session.idle", "session.error")
-"""With `session.status` idle: the events that say a session's turn is over."""
 
 
 def says_idle(event: GlobalEvent) -> bool:
     """Whether `event` says its session's turn is over (a status unknown here does not)."""
-    if event.kind == "session.status":
-        return v1_status_active(event.properties.get("status")) is False
-    return event.kind in IDLE_KINDS
+    return ends_turn(event.kind, event.properties)
 
 
 @dataclass(slots=True, eq=False)

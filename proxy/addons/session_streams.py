@@ -36,12 +36,11 @@ from proxy.addons.events import event_frame
 from proxy.addons.live_watch import NewsWatch, Ticket
 from proxy.addons.routing import route_of
 from proxy.opencode.client import Credentials, UpstreamRefused
-from proxy.opencode.event_log import CALL_ENDED, CALL_STARTED, tool_failed_data
-from proxy.opencode.ids import ascending_id
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.routes import EventStream
 from proxy.opencode.runtimes import V2_HTTP
 from proxy.opencode.tracker import GlobalEvent, StreamListener
+from proxy.opencode.vocabulary import CALL_ENDED, CALL_STARTED, tool_failed
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow, FlowKey
 from proxy.relay.tasks import KeyedTasks
@@ -49,7 +48,6 @@ from rules import Api, Change, Settlement, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
 
-TOOL_FAILED = "session.next.tool.failed"
 _REMEMBERED = 10_000
 _CALLS_PER_SESSION = 1_000
 
@@ -193,6 +191,5 @@ def _failed_call(session_id: str, settlement: Settlement, change: Change) -> Fai
     item = settlement.settled(change)
     if item.get("type") != "tool":
         return None
-    data = tool_failed_data(session_id, change.target.message, item)
-    event = {"id": ascending_id("evt"), "type": TOOL_FAILED, "data": data}
+    event = tool_failed(session_id, change.target.message, item)
     return FailedCall(event, change.target.tool, change.rule)

@@ -20,7 +20,7 @@ import aiohttp
 import orjson
 
 from proxy.opencode import jsonio
-from proxy.opencode.runtimes import v1_status_active
+from proxy.opencode.vocabulary import stated_liveness
 from rules import Api
 
 PIECE = 2**16
@@ -119,10 +119,5 @@ def liveness_meaning(event: GlobalEvent) -> SessionEvent | None:
     session_id = event.session_id
     if session_id is None:
         return None
-    if event.kind == "session.status":
-        return SessionEvent(session_id, Api.V1, v1_status_active(event.properties.get("status")))
-    if event.kind == "session.idle":
-        return SessionEvent(session_id, Api.V1, False)
-    if event.kind.startswith("session.next."):
-        return SessionEvent(session_id, Api.V2, None)
-    return None
+    stated = stated_liveness(event.kind, event.properties)
+    return None if stated is None else SessionEvent(session_id, *stated)

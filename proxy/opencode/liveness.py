@@ -24,8 +24,9 @@ from prometheus_client import Counter
 
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
 from proxy.opencode.other_processes import OtherProcesses
-from proxy.opencode.runtimes import V1_HTTP, V2_HTTP, v1_status_active
+from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
 from proxy.opencode.server_clock import ServerClock
+from proxy.opencode.vocabulary import v1_status_active
 from proxy.relay.bounded import Bounded
 from rules import Api, Liveness
 

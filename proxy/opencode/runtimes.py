@@ -4,8 +4,7 @@ its liveness answer.
 What the runtimes' messages look like is in :mod:`rules.runtimes`; this adds only what takes
 a request. How liveness is read from these answers is in :mod:`proxy.opencode.liveness`, how
 a settlement is written through them in :mod:`proxy.writeback.api_writer`. What a v1 status
-means is said here once, for both places that read one: `GET /session/status` and the
-`session.status` event.
+means is said in :mod:`proxy.opencode.vocabulary`, for both places that read one.
 """
 
 from __future__ import annotations
@@ -51,16 +50,4 @@ V2_HTTP = HttpRuntime(
     "/api/session",
     "/api/session/active",
 )
-V1_STATUS_ACTIVE: dict[str, bool] = {"busy": True, "retry": True, "idle": False}
-"""The v1 status types of 1.18.33 (`SessionStatus`), and whether each means a turn runs."""
-
-
-def v1_status_active(status: Any) -> bool | None:
-    """Whether a v1 status (`{"type": …}`) says the session runs a turn; None for a status
-    the proxy does not know, which vouches for nothing either way: no reading is kept from
-    it, and a fresh one must be asked (and a listed session in it is not inactive)."""
-    kind = status.get("type") if isinstance(status, dict) else None
-    return V1_STATUS_ACTIVE.get(kind) if isinstance(kind, str) else None
-
-
 HTTP_RUNTIMES: dict[Api, HttpRuntime] = {runtime.api: runtime for runtime in (V1_HTTP, V2_HTTP)}

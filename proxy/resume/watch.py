@@ -18,14 +18,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.opencode.tracker import GlobalEvent, StreamListener
-from rules import OPEN_STATUSES, Api
+from proxy.opencode.vocabulary import (
+    ANSWERED,
+    OPEN_STATUSES,
+    PART_UPDATED,
+    PERSON_PREFIXES,
+    SESSION_ERROR,
+    SESSION_IDLE,
+    SESSION_STATUS,
+    STEP_CALLS_TOOLS,
+    STEP_ENDED,
+    V2_PREFIX,
+    v1_status_active,
+)
+from rules import Api
 
 __all__ = ["Candidate", "Watch"]
 
 REMEMBERED = 10_000
-_V1_BUSY = ("busy", "retry")
-_PERSON_KINDS = ("permission.", "question.")
-_ANSWERED = ("replied", "rejected")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,22 +83,21 @@ class Watch(StreamListener):
         if session_id is None:
             return
         kind = event.kind
-        if kind == "session.status":
-            status = (event.properties.get("status") or {}).get("type")
-            if status in _V1_BUSY:
+        if kind == SESSION_STATUS:
+            if v1_status_active(event.properties.get("status")):
                 self._remember(session_id, Api.V1, event.directory)
             else:
                 self._busy.pop(session_id, None)
-        elif kind in ("session.idle", "session.error"):
+        elif kind in (SESSION_IDLE, SESSION_ERROR):
             self._busy.pop(session_id, None)
-        elif kind == "message.part.updated" and _running_tool(event.properties.get("part")):
+        elif kind == PART_UPDATED and _running_tool(event.properties.get("part")):
             self._remember(session_id, Api.V1, event.directory)
-        elif kind.startswith("session.next."):
-            if kind == "session.next.step.ended" and event.properties.get("finish") != "tool-calls":
+        elif kind.startswith(V2_PREFIX):
+            if kind == STEP_ENDED and event.properties.get("finish") != STEP_CALLS_TOOLS:
                 self._busy.pop(session_id, None)
             else:
                 self._remember(session_id, Api.V2, event.directory)
-        elif kind.startswith(_PERSON_KINDS):
+        elif kind.startswith(PERSON_PREFIXES):
             self._person(session_id, event)
 
     def _remember(self, session_id: str, api: Api, directory: str | None) -> None:
@@ -103,7 +112,7 @@ class Watch(StreamListener):
             event.properties.get("id") or event.properties.get("requestID") or event.properties.get("callID")
         )
         key = str(request)
-        if verb in _ANSWERED:
+        if verb in ANSWERED:
             self._asked.get(session_id, {}).pop(key, None)
         else:
             self._asked.setdefault(session_id, {})[key] = subject

@@ -19,11 +19,11 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from proxy.opencode.event_log import CALL_ENDED, CALL_STARTED
 from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.vocabulary import CALL_ENDED, CALL_STARTED, OPEN_STATUSES, PART_UPDATED, TOOL_RUNNING
 from proxy.relay.bounded import Bounded
 from proxy.system.procfs import command_line, pids, program_name, stat
-from rules import OPEN_STATUSES, Api
+from rules import Api
 
 _SCAN_AFTER_S = (0.2, 1.0, 3.0)
 """When to look for a started call's process: it may start a moment after the call is announced."""
@@ -137,7 +137,7 @@ class ToolProcesses:
                 log.warning("orphaned process %s", described(orphan), extra={"fields": orphan.as_json()})
 
     def event(self, event: GlobalEvent) -> None:
-        if event.kind == "message.part.updated":
+        if event.kind == PART_UPDATED:
             self._v1_part(event.properties.get("part"))
         elif event.kind == CALL_STARTED or event.kind in CALL_ENDED:
             self._v2_call(event)
@@ -161,7 +161,7 @@ class ToolProcesses:
         if not isinstance(part, dict) or part.get("type") != "tool" or not isinstance(part.get("id"), str):
             return
         state: dict[str, Any] = part["state"] if isinstance(part.get("state"), dict) else {}
-        if state.get("status") == "running":  # `pending` may still carry a half-streamed input
+        if state.get("status") == TOOL_RUNNING:
             command = (state.get("input") or {}).get("command")
             self._started(Api.V1, str(part.get("sessionID")), part["id"], str(part.get("tool")), command)
         elif state.get("status") not in OPEN_STATUSES[Api.V1]:

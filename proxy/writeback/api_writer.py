@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
-from proxy.opencode.event_log import PROMPT_ADMITTED, call_left_open, event_name, tool_failed_data
-from proxy.opencode.ids import ascending_id
+from proxy.opencode.event_log import call_left_open
 from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
+from proxy.opencode.vocabulary import PROMPT_ADMITTED, event_name, for_replay, tool_failed
 from proxy.writeback.locks import SessionLocks
 from proxy.writeback.scheduler import Confirm, WriteBackMode, Written, targeted
 from rules import Api, Change, Liveness, Target, settle
@@ -150,7 +150,8 @@ class ApiWriter:
         for _ in range(_APPEND_ATTEMPTS):
             if not event_log.call_open(str(call.call)):
                 return False
-            event = _tool_failed(session_id, call.message, item, event_log.last_seq + 1)
+            failed = tool_failed(session_id, call.message, item)
+            event = for_replay(failed, session_id, event_log.last_seq + 1)
             try:
                 await self._upstream.call(
                     "POST", "/sync/replay", credentials, json={"directory": directory, "events": [event]}
@@ -234,14 +235,4 @@ def _fields(session_id: str, call: Target, outcome: str, why: str) -> dict[str, 
         "rule": OrphanedTool.name,
         "outcome": outcome,
         "why": why,
-    }
-
-
-def _tool_failed(session_id: str, message_id: str, item: JSONObject, seq: int) -> JSONObject:
-    return {
-        "id": ascending_id("evt"),
-        "aggregateID": session_id,
-        "seq": seq,
-        "type": "session.next.tool.failed.1",
-        "data": tool_failed_data(session_id, message_id, item),
     }

@@ -25,6 +25,7 @@ import aiosqlite
 
 from proxy.opencode import jsonio
 from proxy.opencode.ids import ascending_id
+from proxy.opencode.vocabulary import OPEN_STATUSES
 from proxy.writeback.db_rows import RuntimeRows, V1Rows, V2Rows
 from proxy.writeback.scheduler import Confirm, Written
 from rules import Api, OpenTool
@@ -66,7 +67,7 @@ class OpencodeDatabase:
             OpenTool(api, session, message, part, tool, since, directory)
             for api, rows in self._runtimes.items()
             for session, directory, message, part, tool, since in await self.rows(
-                rows.open_tools_sql, *sorted(rows.runtime.open_statuses)
+                rows.open_tools_sql, *sorted(OPEN_STATUSES[rows.runtime.api])
             )
         ]
         return sorted(found, key=lambda tool: tool.since or 0)

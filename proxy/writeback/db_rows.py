@@ -14,7 +14,16 @@ from collections.abc import Collection, Sequence
 from typing import Any, ClassVar, Protocol
 
 from proxy.opencode import jsonio
-from proxy.opencode.event_log import PROMPT_ADMITTED, call_left_open, tool_failed_data
+from proxy.opencode.event_log import call_left_open
+from proxy.opencode.vocabulary import (
+    MESSAGE_UPDATED,
+    OPEN_STATUSES,
+    PART_UPDATED,
+    PROMPT_ADMITTED,
+    TOOL_FAILED,
+    durable_type,
+    tool_failed_data,
+)
 from proxy.writeback.scheduler import Written, targeted
 from rules import V1, V2, Change, Liveness, Runtime, apply_changes, settle
 from rules.models import JSONObject
@@ -66,7 +75,7 @@ WHERE json_extract(p.data, '$.type') = 'tool' AND json_extract(p.data, '$.state.
 
     async def views(self, session_id: str) -> list[JSONObject]:
         """The messages of the session with an open tool part, as the API shows them."""
-        open_statuses = sorted(V1.open_statuses)
+        open_statuses = sorted(OPEN_STATUSES[V1.api])
         message_ids = [
             row[0] for row in await self._store.rows(_V1_OPEN_MESSAGES_SQL, session_id, *open_statuses)
         ]
@@ -89,11 +98,11 @@ WHERE json_extract(p.data, '$.type') = 'tool' AND json_extract(p.data, '$.state.
                 if change.on_tool:
                     await self._store.update("part", str(target.part), _without(settled, _V1_IDS), now)
                     data = {"sessionID": session_id, "part": settled, "time": now}
-                    await self._store.append(session_id, "message.part.updated.1", data)
+                    await self._store.append(session_id, durable_type(PART_UPDATED), data)
                 else:
                     await self._store.update("message", target.message, _without(settled, _V1_IDS), now)
                     data = {"sessionID": session_id, "info": settled}
-                    await self._store.append(session_id, "message.updated.1", data)
+                    await self._store.append(session_id, durable_type(MESSAGE_UPDATED), data)
                 written.append(Written(V1.api, session_id, target.message, target.part, change.rule))
         return written
 
@@ -152,7 +161,7 @@ WHERE json_extract(item.value, '$.type') = 'tool' AND json_extract(item.value, '
             message_id = changes[0].target.message
             for change in changes:
                 data = tool_failed_data(session_id, message_id, settlement.settled(change))
-                await self._store.append(session_id, "session.next.tool.failed.1", data)
+                await self._store.append(session_id, durable_type(TOOL_FAILED), data)
                 written.append(Written(V2.api, session_id, message_id, change.target.part, change.rule))
             settled = apply_changes(view, changes)
             await self._store.update("session_message", message_id, _without(settled, _V2_IDS), now_ms())

@@ -14,10 +14,10 @@ from proxy.addons.live_memory import Place
 from proxy.addons.session_streams import SessionStreamSettle
 from proxy.addons.settle import Settle
 from proxy.opencode.client import UpstreamApi
-from proxy.opencode.event_log import CALL_STARTED
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.routes import MessageRoute
 from proxy.opencode.tracker import GlobalEvent, LivenessTracker
+from proxy.opencode.vocabulary import CALL_STARTED
 from proxy.service.metrics import Metrics
 from rules import Api
 

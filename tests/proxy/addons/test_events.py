@@ -4,7 +4,8 @@ import re
 
 import orjson
 
-from proxy.addons.events import event_frame, opencode_event
+from proxy.addons.events import event_frame
+from proxy.opencode.vocabulary import opencode_event
 
 
 def test_an_event_has_opencodes_shape_and_a_fresh_ascending_id() -> None:

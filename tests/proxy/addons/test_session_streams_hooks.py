@@ -5,9 +5,10 @@ import pytest
 
 from proxy import testing
 from proxy.addons.context import SettleContext
-from proxy.addons.session_streams import TOOL_FAILED, SessionStreamSettle
+from proxy.addons.session_streams import SessionStreamSettle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
+from proxy.opencode.vocabulary import TOOL_FAILED
 from proxy.service.metrics import Metrics
 from tests.fixtures import compact
 from tests.proxy.fake_opencode import FakeOpencode

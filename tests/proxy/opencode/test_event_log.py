@@ -1,6 +1,7 @@
 import pytest
 
-from proxy.opencode.event_log import call_left_open, event_name
+from proxy.opencode.event_log import call_left_open
+from proxy.opencode.vocabulary import event_name
 
 
 def test_event_names_drop_the_storage_version() -> None:
