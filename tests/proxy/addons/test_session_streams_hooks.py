@@ -5,16 +5,22 @@ import pytest
 
 from proxy import testing
 from proxy.addons.context import SettleContext
+from proxy.addons.live import LiveSettle
+from proxy.addons.routing import Routing
 from proxy.addons.session_streams import TOOL_FAILED, SessionStreamSettle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
+from proxy.opencode.tracker import GlobalEvent
+from proxy.relay.hooks import Addons
 from proxy.service.metrics import Metrics
-from tests.fixtures import compact
+from tests.fixtures import compact, load
 from tests.proxy.fake_opencode import FakeOpencode
 
 V2 = "ses_dd6bd0f33ffejRStwdnQDIkDom"
 STREAM = f"/api/session/{V2}/event"
 SSE = {"Content-Type": "text/event-stream"}
+V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
+V1_PART = load("v1-message-stale-running.json")[1]["parts"][1]
 
 
 @pytest.fixture
@@ -62,11 +68,21 @@ async def test_only_a_session_stream_gets_injections(
     assert not addon.busy
 
 
-async def test_closing_cancels_the_pending_confirmations(upstream_api: UpstreamApi) -> None:
-    addon = SessionStreamSettle(
-        SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=3600)
-    )
-    async with testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE)):
-        assert addon.busy
-        await addon.close()  # KeyedTasks' close, listed before Addon's no-op among the bases
-        assert not addon.busy
+@pytest.mark.parametrize("owner", ["session-stream-settle", "live-settle"])
+async def test_closing_the_addons_cancels_their_pending_confirmations(
+    upstream_api: UpstreamApi, fake: FakeOpencode, owner: str
+) -> None:
+    """Application cleanup closes the addons through their dispatcher: a confirmation still in its
+    grace period is cancelled and never reads the server, however the addon holds its tasks."""
+    ctx = SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=3600)
+    streams, live = SessionStreamSettle(ctx), LiveSettle(ctx)
+    live.event(GlobalEvent("/cwd", "prj", "message.part.updated", {"part": V1_PART, "time": 1}))
+    live.event(GlobalEvent("/cwd", "prj", "session.status", {"sessionID": V1, "status": {"type": "idle"}}))
+    dispatcher = Addons([Routing(), streams, live], Metrics().addon_errors)
+    closing = streams if owner == "session-stream-settle" else live
+    async with testing.streaming([Routing(), streams], testing.flow("GET", STREAM, response_headers=SSE)):
+        assert closing.busy
+        asked = len(fake.seen)
+        await dispatcher.close()
+        assert not closing.busy
+    assert fake.seen[asked:] == []
