@@ -71,6 +71,14 @@ async def publish(
         fake.publish(kind, session_id, **properties)
 
 
+async def injected(proxy: ProxyClient) -> float:
+    """How many events the proxy has slipped into client streams (its counter: each is counted as
+    it is queued, so this is final once the background is idle)."""
+    text = await (await proxy.get("/_settle/metrics")).text()
+    (line,) = [line for line in text.splitlines() if line.startswith("settle_proxy_injected_events_total")]
+    return float(line.split()[-1])
+
+
 MARKER_SESSION = "ses_marker"
 """A session no test is about: the subject of the server's marker event (`next_is_the_servers`)."""
 

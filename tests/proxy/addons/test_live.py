@@ -22,6 +22,7 @@ from tests.proxy.conftest import (
     crash,
     ends_with_nothing_more,
     following,
+    injected,
     next_is_the_servers,
     publish,
 )
@@ -97,12 +98,6 @@ async def test_a_stream_open_through_the_crash_gets_it_live(proxy: ProxyClient, 
         "session.status",
         "session.idle",
     ]
-
-
-async def injected(proxy: ProxyClient) -> float:
-    text = await (await proxy.get("/_settle/metrics")).text()
-    (line,) = [line for line in text.splitlines() if line.startswith("settle_proxy_injected_events_total")]
-    return float(line.split()[-1])
 
 
 async def injected_into_a_new_stream(proxy: ProxyClient) -> float:

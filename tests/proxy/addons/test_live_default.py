@@ -18,8 +18,7 @@ from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.testing import idle
 from tests.fixtures import load
-from tests.proxy.addons.test_live import injected
-from tests.proxy.conftest import ProxyClient, crash, ends_with_nothing_more, following, publish
+from tests.proxy.conftest import ProxyClient, crash, ends_with_nothing_more, following, injected, publish
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"

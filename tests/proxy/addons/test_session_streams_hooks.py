@@ -1,5 +1,7 @@
 """The session-stream-settle addon's hooks, a client's stream at a time through `proxy.testing`."""
 
+import logging
+
 import orjson
 import pytest
 
@@ -11,7 +13,7 @@ from proxy.addons.session_streams import TOOL_FAILED, SessionStreamSettle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.tracker import GlobalEvent
-from proxy.relay.hooks import Addons
+from proxy.relay.hooks import Addons, Flow
 from proxy.service.metrics import Metrics
 from tests.fixtures import compact, load
 from tests.proxy.fake_opencode import FakeOpencode
@@ -49,6 +51,37 @@ async def test_a_busy_sessions_stream_is_told_nothing(addon: SessionStreamSettle
         await addon.idle()
         assert flow.injected is not None
         assert flow.injected.empty()
+    assert fake.liveness_requests >= 1, "the proxy asked before it decided"
+
+
+async def test_each_stream_is_told_once(addon: SessionStreamSettle) -> None:
+    first = testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE))
+    second = testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE))
+    async with first as one:
+        await addon.idle()
+        async with second as other:
+            await addon.idle()
+            assert [call_ids(flow) for flow in (one, other)] == [["call_mock_1"], ["call_mock_1"]]
+
+
+async def test_a_dry_run_tells_no_stream(
+    upstream_api: UpstreamApi, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="proxy.addons.session_streams")
+    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
+    ctx = SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0, dry_run=True)
+    addon = SessionStreamSettle(ctx)
+    async with testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE)) as flow:
+        await addon.idle()
+        assert call_ids(flow) == []
+    assert "would settle orphaned call in session streams" in caplog.text  # decided, and told nothing
+
+
+def call_ids(flow: Flow) -> list[str]:
+    """The calls the flow's stream was told failed, in order (what is queued for it, taken)."""
+    assert flow.injected is not None
+    frames = [flow.injected.get_nowait() for _ in range(flow.injected.qsize())]
+    return [orjson.loads(frame.removeprefix(b"data: "))["data"]["callID"] for frame in frames]
 
 
 @pytest.mark.parametrize(
