@@ -73,6 +73,7 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         lookups=metrics.liveness_requests,
     )
     background = app[BACKGROUND] = Background()
+    metrics.background_busy.set_function(lambda: float(background.busy))
     async with AsyncExitStack() as stack:
         writer = await _writer(settings, upstream, stack)
         write_back = None
