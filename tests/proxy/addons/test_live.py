@@ -107,26 +107,6 @@ async def injected_into_a_new_stream(proxy: ProxyClient) -> float:
     return await injected(proxy)
 
 
-async def test_nothing_is_said_of_a_part_the_server_settled_itself(
-    proxy: ProxyClient, fake: FakeOpencode
-) -> None:
-    await crash_with_part_open(proxy, fake)
-    await publish(
-        proxy,
-        fake,
-        "message.part.updated",
-        V1,
-        part={**PART, "state": {**PART["state"], "status": "completed"}},
-    )
-    assert await injected_into_a_new_stream(proxy) == 0
-
-
-async def test_nothing_is_said_while_the_session_is_busy(proxy: ProxyClient, fake: FakeOpencode) -> None:
-    fake.v1_busy["/cwd"] = {V1}
-    await crash_with_part_open(proxy, fake)
-    assert await injected_into_a_new_stream(proxy) == 0
-
-
 async def test_instance_streams_get_the_events_of_their_directory_only(
     proxy: ProxyClient, fake: FakeOpencode
 ) -> None:
@@ -235,26 +215,6 @@ async def test_a_turn_cut_before_any_tool_is_closed_in_streams_open_through_the_
     assert kinds == ["server.connected", "message.updated", "session.status"]
     await next_is_the_servers(fake, later)
     assert await injected(proxy) == 5
-
-
-async def test_nothing_is_said_of_a_turn_still_running_after_the_stream_came_back(
-    proxy: ProxyClient, fake: FakeOpencode
-) -> None:
-    fake.v1_busy["/cwd"] = {V1}
-    await crash_while_writing(proxy, fake)
-    assert await injected_into_a_new_stream(proxy) == 0
-
-
-async def test_nothing_is_said_of_a_turn_the_stream_saw_end(proxy: ProxyClient, fake: FakeOpencode) -> None:
-    fake.bodies[f"/session/{V1}/message/msg_writing"] = orjson.dumps(WRITING)
-    await publish(proxy, fake, "session.status", V1, status={"type": "busy"})
-    await publish(proxy, fake, "message.updated", V1, info=WRITING_INFO)
-    done = {**WRITING_INFO, "time": {**WRITING_INFO["time"], "completed": 2}}
-    await publish(proxy, fake, "message.updated", V1, info=done)
-    await publish(proxy, fake, "session.status", V1, status={"type": "idle"})
-    await crash(proxy, fake)
-    assert await injected_into_a_new_stream(proxy) == 0
-    assert not [r for r in fake.seen if r.path.endswith("/msg_writing")]
 
 
 async def test_news_of_the_session_during_the_confirmation_withdraws_it(
