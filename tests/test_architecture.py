@@ -1,5 +1,5 @@
 """ARCHITECTURE.md and the README's layout name the code as it is: every path they name exists,
-and the tree names every subpackage of `proxy` and every module of `rules`."""
+and the tree names every subpackage of `proxy` and every module of `proxy`, `rules` and `bench`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURE = (ROOT / "ARCHITECTURE.md").read_text()
 README = (ROOT / "README.md").read_text()
 LAYOUT = README[README.index("## Layout") :].split("\nDependencies", 1)[0]
+PACKAGES = ("proxy", "rules", "bench")
 _PATH = re.compile(r"`((?:[a-z_]+/)+(?:[a-z_]+\.(?:py|toml|md))?)`")
 
 
@@ -35,10 +36,30 @@ def test_the_tree_names_every_subpackage_of_proxy() -> None:
     assert named == actual
 
 
-def test_the_tree_names_every_module_of_rules() -> None:
-    lines = _tree()
-    rules_lines = lines[lines.index(next(line for line in lines if line.startswith("rules/"))) + 1 :]
-    rules_lines = rules_lines[: next(i for i, line in enumerate(rules_lines) if not line.startswith("  "))]
-    named = {name.strip() for line in rules_lines for name in re.split(r"\s{2,}", line.strip())[0].split(",")}
-    actual = {path.stem for path in (ROOT / "rules").glob("*.py")} - {"__init__"}
-    assert named == actual
+def _blocks() -> dict[str, str]:
+    """The tree's text per package (`rules`, `proxy`, `proxy/relay`, ...): a line naming a package
+    at the left margin or one level in starts its block, deeper lines go on with it."""
+    blocks: dict[str, str] = {}
+    top = current = ""
+    for line in _tree():
+        indent, first = len(line) - len(line.lstrip()), line.split()[0]
+        if indent == 0:
+            top = current = first.rstrip("/")
+        elif indent == 2:
+            current = f"{top}/{first.rstrip('/')}" if first.endswith("/") else top
+        blocks[current] = blocks.get(current, "") + line + "\n"
+    return blocks
+
+
+def _modules() -> list[Path]:
+    found = [path for package in PACKAGES for path in (ROOT / package).rglob("*.py")]
+    return sorted(path.relative_to(ROOT) for path in found if path.name != "__init__.py")
+
+
+@pytest.mark.parametrize("module", _modules(), ids=str)
+def test_the_tree_names_every_module(module: Path) -> None:
+    """Each module by its own name, in its package's block (a hyphenated addon name is not it)."""
+    block = _blocks().get(str(module.parent), "")
+    assert re.search(rf"(?<![\w-]){re.escape(module.stem)}(?:\.py)?(?![\w-])", block), (
+        f"{module} is not named in ARCHITECTURE.md's tree under {module.parent}/"
+    )

@@ -40,22 +40,32 @@ class _Read:
     liveness: Liveness
 
 
-class OpenParts(KeyedTasks[str]):
+class OpenParts:
     """One confirmation at a time per session, of the parts the stream last showed open there;
     any news of the session withdraws it."""
 
     def __init__(self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams) -> None:
-        super().__init__("live-settle")
         self._ctx = ctx
+        self._confirming: KeyedTasks[str] = KeyedTasks("live-settle")
         self._memory = memory
         self._clients = clients
         self._watch = NewsWatch("open parts", ctx.metrics.withdrawn_confirmations)
 
     def schedule(self, session_id: str) -> None:
-        self.start(session_id, lambda: self._confirm(session_id))
+        self._confirming.start(session_id, lambda: self._confirm(session_id))
 
     def heard(self, event: GlobalEvent) -> None:
         self._watch.heard(event)
+
+    @property
+    def busy(self) -> bool:
+        return self._confirming.busy
+
+    async def idle(self) -> None:
+        await self._confirming.idle()
+
+    async def close(self) -> None:
+        await self._confirming.close()
 
     async def _confirm(self, session_id: str) -> None:
         with self._watch.watching(session_id) as ticket:

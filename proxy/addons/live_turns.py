@@ -29,21 +29,31 @@ from rules import Api, Liveness, UnexpectedShape, settle_view
 log = logging.getLogger(__name__)
 
 
-class DeadTurns(KeyedTasks[str]):
+class DeadTurns:
     """One confirmation at a time per session; any event about the session withdraws it."""
 
     def __init__(self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams) -> None:
-        super().__init__("live-settle turns")
         self._ctx = ctx
+        self._confirming: KeyedTasks[str] = KeyedTasks("live-settle turns")
         self._memory = memory
         self._clients = clients
         self._watch = NewsWatch("dead turns", ctx.metrics.withdrawn_confirmations)
 
     def schedule(self, session_id: str) -> None:
-        self.start(session_id, partial(self._confirm, session_id))
+        self._confirming.start(session_id, partial(self._confirm, session_id))
 
     def heard(self, event: GlobalEvent) -> None:
         self._watch.heard(event)
+
+    @property
+    def busy(self) -> bool:
+        return self._confirming.busy
+
+    async def idle(self) -> None:
+        await self._confirming.idle()
+
+    async def close(self) -> None:
+        await self._confirming.close()
 
     async def _confirm(self, session_id: str) -> None:
         with self._watch.watching(session_id) as ticket:

@@ -64,15 +64,15 @@ class SessionStream:
 STREAM = FlowKey[SessionStream]("session stream")
 
 
-class SessionStreamSettle(KeyedTasks[str], Addon, StreamListener):
+class SessionStreamSettle(Addon, StreamListener):
     """Settle orphaned v2 tool calls in the session event streams clients follow, and confirm the
     calls the followed stream left open as soon as it is back."""
 
     name: ClassVar[str] = "session-stream-settle"
 
     def __init__(self, ctx: SettleContext) -> None:
-        super().__init__(self.name)
         self._ctx = ctx
+        self._confirming: KeyedTasks[str] = KeyedTasks(self.name)
         self._credentials = ctx.credentials
         self._streams: dict[SessionStream, None] = {}
         """An ordered set: each is also kept in its flow (`STREAM`)."""
@@ -86,7 +86,7 @@ class SessionStreamSettle(KeyedTasks[str], Addon, StreamListener):
     def following(self) -> None:
         for session_id in list(self._open):
             del self._open[session_id]
-            self.start(session_id, partial(self._confirm, session_id, self._credentials))
+            self._confirming.start(session_id, partial(self._confirm, session_id, self._credentials))
 
     def event(self, event: GlobalEvent) -> None:
         self._watch.heard(event)
@@ -111,11 +111,23 @@ class SessionStreamSettle(KeyedTasks[str], Addon, StreamListener):
         self._streams[stream] = None
         flow[STREAM] = stream
         credentials = self._ctx.probe.credentials(flow.request)
-        self.start(stream.session_id, lambda: self._confirm(stream.session_id, credentials))
+        self._confirming.start(stream.session_id, lambda: self._confirm(stream.session_id, credentials))
 
     async def done(self, flow: Flow) -> None:
         if (stream := flow.get(STREAM)) is not None:
             self._streams.pop(stream, None)
+
+    @property
+    def busy(self) -> bool:
+        return self._confirming.busy
+
+    async def idle(self) -> None:
+        """Wait until no confirmation runs."""
+        await self._confirming.idle()
+
+    async def close(self) -> None:
+        """Cancel pending confirmations (application cleanup)."""
+        await self._confirming.close()
 
     async def _confirm(self, session_id: str, credentials: Credentials) -> None:
         with self._watch.watching(session_id) as ticket:

@@ -24,7 +24,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import aiohttp
 from aiohttp import hdrs, web
@@ -102,7 +102,6 @@ class StreamMetrics:
         )
 
 
-@runtime_checkable
 class StreamListener(Protocol):
     """Something else that wants the stream's events (after the tracker has applied them)."""
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Hashable
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar
 
 from aiohttp import web
 
 K = TypeVar("K", bound=Hashable)
 
 
-@runtime_checkable
 class Idles(Protocol):
     """An owner of background tasks that can say whether any runs, and wait until none does."""
 
@@ -26,8 +25,8 @@ class KeyedTasks(Generic[K]):
     """Confirmations and writes scheduled per session: a second request for a key whose task is
     still under way is the same request, so it starts nothing.
 
-    Their owners subclass it, and are busy, idle and closed as their tasks are. An addon lists it
-    before `Addon` among its bases, so that this `close` is the one called.
+    Its owner holds one (composition, never a base class: an addon's `close` is then its own,
+    whatever its bases) and says it is busy, idle and closed as its tasks are.
     """
 
     def __init__(self, name: str) -> None:

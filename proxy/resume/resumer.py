@@ -90,7 +90,7 @@ class Try:
     how: str
 
 
-class Resumer(KeyedTasks[str]):
+class Resumer:
     """Considers each candidate once at a time per session; owns those tasks until closed."""
 
     def __init__(
@@ -107,7 +107,7 @@ class Resumer(KeyedTasks[str]):
         clients: ClientStreams | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__("resume")
+        self._considering: KeyedTasks[str] = KeyedTasks("resume")
         self._server = server
         self._probe = probe
         self._writer = writer
@@ -120,7 +120,18 @@ class Resumer(KeyedTasks[str]):
         self._clock = clock
 
     def consider(self, candidate: Candidate) -> None:
-        self.start(candidate.session_id, partial(self._guarded, candidate))
+        self._considering.start(candidate.session_id, partial(self._guarded, candidate))
+
+    @property
+    def busy(self) -> bool:
+        return self._considering.busy
+
+    async def idle(self) -> None:
+        await self._considering.idle()
+
+    async def close(self) -> None:
+        """Cancel every consideration under way (application cleanup)."""
+        await self._considering.close()
 
     async def _guarded(self, candidate: Candidate) -> None:
         try:

@@ -20,13 +20,13 @@ from proxy.addons.settle import Settle
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.other_processes import OTHER_PROCESSES, OtherProcesses, mark_this_process
-from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamListener
+from proxy.opencode.tracker import TRACKER, LivenessTracker
 from proxy.relay.departures import DEPARTURES, Departures
 from proxy.relay.forward import ADDONS, forward
 from proxy.relay.headers import MountedLinks, drop_invented_headers
 from proxy.relay.hooks import Addon, Addons
 from proxy.relay.options import RELAY, RELAY_METRICS, RelayMetrics, RelayOptions
-from proxy.relay.tasks import BACKGROUND, Background, Idles
+from proxy.relay.tasks import BACKGROUND, Background
 from proxy.relay.upstream import MOUNT_PREFIX, UPSTREAM, upstream_session
 from proxy.resume.clients import ClientStreams
 from proxy.resume.journal import JOURNAL, Journal, resume_route
@@ -73,6 +73,7 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         lookups=metrics.liveness_requests,
     )
     background = app[BACKGROUND] = Background()
+    metrics.background_busy.set_function(lambda: float(background.busy))
     async with AsyncExitStack() as stack:
         writer = await _writer(settings, upstream, stack)
         write_back = None
@@ -99,12 +100,8 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
             write_back,
             settings.dry_run,
         )
-        addons: list[Addon] = [
-            Routing(),
-            Settle(ctx, tracker=tracker),
-            LiveSettle(ctx),
-            SessionStreamSettle(ctx),
-        ]
+        live, streams = LiveSettle(ctx), SessionStreamSettle(ctx)
+        addons: list[Addon] = [Routing(), Settle(ctx, tracker=tracker), live, streams]
         clients = ClientStreams() if settings.resume else None
         if clients is not None:
             addons.append(clients)
@@ -112,11 +109,9 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
             addons.insert(0, MountedLinks(prefix))
         dispatcher = app[ADDONS] = Addons(addons, metrics.addon_errors)
         stack.push_async_callback(dispatcher.close)
-        for addon in addons:
-            if isinstance(addon, StreamListener):
-                tracker.listeners.append(addon)
-            if isinstance(addon, Idles):
-                background.add(addon)
+        tracker.listeners.extend((live, streams))
+        background.add(live)
+        background.add(streams)
         if DETAILS_GUARD in app:
             tracker.listeners.append(app[DETAILS_GUARD])
         if (watcher := await _tool_processes(app, stack)) is not None:

@@ -90,6 +90,11 @@ class Metrics:
             "Processes a dead server left running (under settle-proxy run).",
             registry=self.registry,
         )
+        self.background_busy = Gauge(
+            "settle_proxy_background_busy",
+            "1 while a confirmation, a write-back pass or a resume is under way; 0 once all decided.",
+            registry=self.registry,
+        )
         self.open_streams = Gauge(
             "settle_proxy_open_streams",
             "Event streams and WebSockets open right now.",

@@ -116,7 +116,7 @@ class _Batch:
     targets: set[str] = field(default_factory=set)
 
 
-class WriteBack(KeyedTasks[tuple[Api, str, int]]):
+class WriteBack:
     """Schedules confirmations and writes; owns their tasks until `close()`, which cancels what
     has not been written yet: an unconfirmed write is simply not made.
 
@@ -125,7 +125,7 @@ class WriteBack(KeyedTasks[tuple[Api, str, int]]):
     """
 
     def __init__(self, probe: LivenessProbe, writer: Writer, grace: float) -> None:
-        super().__init__("write-back")
+        self._passing: KeyedTasks[tuple[Api, str, int]] = KeyedTasks("write-back")
         self._probe = probe
         self._writer = writer
         self._grace = grace
@@ -142,7 +142,7 @@ class WriteBack(KeyedTasks[tuple[Api, str, int]]):
         self._pending.setdefault(session, _Batch(credentials)).targets.update(targets)
         if session not in self._running:
             self._running.add(session)
-            self.start((api, session_id, next(self._serial)), lambda: self._passes(session))
+            self._passing.start((api, session_id, next(self._serial)), lambda: self._passes(session))
 
     async def settled(self, api: Api, session_id: str, ids: Collection[str]) -> dict[str, Outcome]:
         """Wait until no pass is pending or writing for any of `ids` of the session, and say how
@@ -172,10 +172,18 @@ class WriteBack(KeyedTasks[tuple[Api, str, int]]):
         finally:
             self._end(session)
 
+    @property
+    def busy(self) -> bool:
+        return self._passing.busy
+
+    async def idle(self) -> None:
+        """Wait until no pass is pending or writing (tests and the offline command use this)."""
+        await self._passing.idle()
+
     async def close(self) -> None:
         """Cancel every pass (a task cancelled before it ran never ran its own `finally`), and
         end every wait on what they would have written."""
-        await super().close()
+        await self._passing.close()
         for session in {*self._running, *self._pending, *self._writing}:
             self._end(session)
 

@@ -14,13 +14,14 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from .http_client import free_port, port_open
+from .http_client import free_port, port_open, request
 from .opencode_server import REPO_ROOT
 from .polling import poll
 
 _START_TIMEOUT_S = 20.0
 _STOP_TIMEOUT_S = 10.0
 _LOG_TAIL_CHARS = 3000
+_BACKGROUND_BUSY = "settle_proxy_background_busy "
 
 
 class ProxyProcess:
@@ -110,6 +111,21 @@ class ProxyProcess:
 
     def _log_tail(self) -> str:
         return self.log()[-_LOG_TAIL_CHARS:]
+
+
+def wait_all_decided(base_url: str, *, within: float) -> None:
+    """Wait until the proxy at `base_url` (with credentials in it if the server wants a password)
+    says no confirmation, write-back pass or resume is under way: every decision it was going to
+    make about what it was shown is made, and logged. A positive signal, where a pause would
+    pass whenever the proxy was merely slow."""
+
+    def decided() -> bool | None:
+        reply = request("GET", f"{base_url}/_settle/metrics")
+        assert reply.status == 200, reply.body[:300]
+        (line,) = [line for line in reply.body.decode().splitlines() if line.startswith(_BACKGROUND_BUSY)]
+        return True if float(line.split()[-1]) == 0 else None
+
+    poll(decided, what=f"every decision of the proxy at {base_url}", timeout=within)
 
 
 def write_back_proxies(upstream: str, database: Path, logs: Path, grace_s: float) -> dict[str, ProxyProcess]:

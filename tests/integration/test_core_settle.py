@@ -10,7 +10,6 @@ stays running that long; the tests that need one check that premise first.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from .expected import V2_TOOL_ERROR, assert_v1_settled, assert_v2_settled
 from .http_client import Reply, request
 from .opencode_server import OpencodeServer, directory_header
 from .polling import poll
+from .proxy_process import wait_all_decided
 from .turns import (
     RUNTIMES,
     Observed,
@@ -245,13 +245,15 @@ def test_v2_session_stream_of_a_stale_session_is_told_the_call_failed(
 
 
 def test_v2_session_stream_of_a_busy_session_is_left_alone(
-    scene: CrashScene, opencode: OpencodeServer, proxy_url: str
+    scene: CrashScene, opencode: OpencodeServer, proxy_url: str, tmp_path: Path
 ) -> None:
     observed = scene.busy_elsewhere["v2"]
     path = f"/api/session/{observed.session_id}/event"
     with EventTap(proxy_url + path) as through:
-        time.sleep(_PROXY_GRACE_S + 2.0)
+        through.wait_for(lambda event: "durable" in event, what="the replayed history", timeout=15.0)
+        wait_all_decided(proxy_url, within=_PROXY_GRACE_S + 10)  # its confirmation decided: active
         events = through.payloads()
     _assert_still_running(opencode.url, observed, "checked right after the stream was watched")
     assert events, "premise: the stream replayed the session's history"
     assert not [event for event in events if _is_tool_failed(event)]
+    assert "orphaned call in session streams" not in (tmp_path / "proxy.log").read_text()

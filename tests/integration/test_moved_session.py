@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import itertools
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ import pytest
 from .http_client import get_json, request, with_credentials
 from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer, directory_header, opencode_binary
-from .proxy_process import ProxyProcess
+from .proxy_process import ProxyProcess, wait_all_decided
 from .races import Race, Urls, fetcher
 from .turns import (
     Turn,
@@ -148,7 +147,9 @@ def test_a_moved_session_is_asked_in_its_new_directory(
             body = reply.json()
             messages = body if isinstance(body, list) else [body]
             assert status_of(messages, part_id) == "running"
-        time.sleep(GRACE_S + 2.0)
+        # No fetch was settled (the header says so, checked above), and a proxy schedules a
+        # write-back only with a settled view (this one, without the server's password, follows no
+        # stream): nothing is pending, so what is stored now is what stays.
         assert status_of(read_messages(base, moved), part_id) == "running"
         assert busy_in(base, first.session_id, moving.worktree)
         assert "wrote back" not in proxy.log()
@@ -220,7 +221,9 @@ def test_a_session_that_keeps_moving_is_never_shown_settled(
         lane = functools.partial(_moving_lane, race, base, mock_model, moving)
         fetchers = [functools.partial(fetcher, race, url) for url in urls for _ in range(MOVING_FETCHERS)]
         all_stopped = race.run([lane, *fetchers], MOVING_RACE_S)
-        time.sleep(GRACE_S + 1.0)
+        # `asking` writes back only what a fetch showed settled (none may be: `false_settles`);
+        # `following` also confirms from its stream: wait until it has decided all it will.
+        wait_all_decided(urls[1].proxy, within=GRACE_S + 10)
         logs = asking.log() + following.log()
     finally:
         asking.stop()

@@ -46,7 +46,7 @@ from .live_races import (
 from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer
 from .polling import poll
-from .proxy_process import ProxyProcess, running, write_back_proxies
+from .proxy_process import ProxyProcess, running, wait_all_decided, write_back_proxies
 from .races import (
     RACE_S,
     SETTLED_HEADER,
@@ -166,7 +166,8 @@ def test_turns_started_while_a_write_back_is_pending_are_never_written(
         for pending in pendings:
             _fetch_then_prompt(proxies[pending.mode].url, opencode.url, pending)
             wait_turn_done(opencode.url, pending.stale.turn, timeout=TURN_TIMEOUT_S)
-        time.sleep(WRITE_BACK_GRACE_S + 1.0)
+        for proxy in proxies.values():  # every pending write-back decided (and logged)
+            wait_all_decided(proxy.url, within=WRITE_BACK_GRACE_S + 30)
         logs = {mode: proxy.log() for mode, proxy in proxies.items()}
     new_tools = {pending.stale.session_id: _tools_after(opencode.url, pending) for pending in pendings}
     print(f"\npending write-backs: {len(pendings)} sessions, new tools {sum(map(len, new_tools.values()))}")

@@ -30,7 +30,7 @@ from .http_client import get_json, request
 from .mock_model import MockModel
 from .opencode_server import OpencodeServer, opencode_binary
 from .polling import poll
-from .proxy_process import ProxyProcess, running, write_back_proxies
+from .proxy_process import ProxyProcess, running, wait_all_decided, write_back_proxies
 from .races import RACE_S, Race, Urls, fetcher, lane
 from .settle_cli import SettleRun, run_settle
 from .turns import (
@@ -87,13 +87,13 @@ def shared(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> I
         rows_before = opencode_db.snapshot(first.database)
         with running(proxies.values()):
             proxied = _views_of(proxies, live)
-            last_live_fetch = time.monotonic()
             for (mode, _), observed in stale.items():
                 if mode in proxies:
                     read_messages(proxies[mode].url, observed.turn)
             offline = run_settle(first.database, "--upstream", first.url)
             written = _wait_written(first, stale)
-            time.sleep(max(0.0, last_live_fetch + 2 * GRACE_S + 1.0 - time.monotonic()))
+            for proxy in proxies.values():  # what the live fetches could have scheduled is decided
+                wait_all_decided(proxy.url, within=2 * GRACE_S + 10)
             yield Shared(
                 first=first,
                 second=second,

@@ -17,7 +17,7 @@ from proxy.opencode.tracker import TRACKER, StreamState
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.supervision.server_command import free_loopback_port
-from proxy.testing import hearing, refollowing
+from proxy.testing import WAIT_S, hearing, refollowing
 from tests.proxy.fake_opencode import FakeOpencode
 from tests.proxy.system.fake_proc import FakeProc
 
@@ -69,6 +69,33 @@ async def publish(
     """Send an event on the fake's `/global/event` and wait until the proxy's listeners have it."""
     async with hearing(proxy.app, kind, session_id):
         fake.publish(kind, session_id, **properties)
+
+
+async def injected(proxy: ProxyClient) -> float:
+    """How many events the proxy has slipped into client streams (its counter: each is counted as
+    it is queued, so this is final once the background is idle)."""
+    text = await (await proxy.get("/_settle/metrics")).text()
+    (line,) = [line for line in text.splitlines() if line.startswith("settle_proxy_injected_events_total")]
+    return float(line.split()[-1])
+
+
+MARKER_SESSION = "ses_marker"
+"""A session no test is about: the subject of the server's marker event (`next_is_the_servers`)."""
+
+
+async def next_is_the_servers(fake: FakeOpencode, stream: AsyncIterator[Any]) -> None:
+    """The next event a client's `/global/event` stream gets is the one the server sends now: the
+    proxy slipped nothing in before it. A positive signal, where a pause could be too short."""
+    fake.publish("server.heartbeat", MARKER_SESSION)
+    marker = {"type": "server.heartbeat", "properties": {"sessionID": MARKER_SESSION}}
+    event = await anext(stream)
+    assert event["payload"] == marker, event
+
+
+async def ends_with_nothing_more(fake: FakeOpencode, response: aiohttp.ClientResponse) -> None:
+    """The server ends a quiet instance stream (`/event`); the client gets nothing more before its end."""
+    fake.release.set()
+    assert await asyncio.wait_for(response.content.read(), WAIT_S) == b""
 
 
 async def crash(proxy: ProxyClient, fake: FakeOpencode) -> None:

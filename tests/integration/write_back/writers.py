@@ -28,7 +28,7 @@ from ..event_tap import EventTap
 from ..interposed_upstream import InterposedUpstream, Send
 from ..opencode_server import OpencodeServer, directory_header
 from ..polling import WaitTimeout, poll
-from ..proxy_process import ProxyProcess, running, write_back_proxies
+from ..proxy_process import ProxyProcess, running, wait_all_decided, write_back_proxies
 from ..turns import Observed, Turn, is_active, read_messages, send_prompt, wait_turn_done
 from .restarts import Crashed
 from .sessions import GRACE_S, LATE, LIVE, WRITTEN, Events, Key, observe, stored
@@ -90,12 +90,13 @@ def write_back(server: OpencodeServer, crashed: Crashed, logs: Path) -> WrittenB
         late = {key: _prompt_between_readings(server, db, crashed.stale[key]) for key in LATE}
         for key in WRITTEN:
             _fetch(api.url if key[0] == "api" else db.url, crashed.stale[key].turn)
-        last_live_fetch = _fetch_live(live, (api.url, db.url))
+        _fetch_live(live, (api.url, db.url))
         direct = _wait_written(server, {key: crashed.stale[key] for key in WRITTEN})
         heard = _heard(tap, crashed.stale[("api", "v1")])
         race = asyncio.run(_race(server, crashed.stale[("race", "v2")]))
         _wait_skipped(db, late=[crashed.stale[key] for key in LATE])
-        time.sleep(max(0.0, last_live_fetch + 2 * GRACE_S + 0.5 - time.monotonic()))
+        for proxy in (api, db):  # what the live fetches could have scheduled is decided
+            wait_all_decided(proxy.url, within=2 * GRACE_S + 10)
         return WrittenBack(
             direct=direct,
             heard=heard,
@@ -114,14 +115,13 @@ def _fetch(base_url: str, turn: Turn) -> None:
     assert reply, f"{turn.session_id}: empty message view"
 
 
-def _fetch_live(live: dict[Key, Observed], proxies: Sequence[str]) -> float:
-    """Fetch every live session through every proxy a few times; returns when the last fetch ended."""
+def _fetch_live(live: dict[Key, Observed], proxies: Sequence[str]) -> None:
+    """Fetch every live session through every proxy a few times."""
     for _ in range(3):
         for observed in live.values():
             for proxy in proxies:
                 _fetch(proxy, observed.turn)
         time.sleep(0.2)
-    return time.monotonic()
 
 
 def _prompt_between_readings(

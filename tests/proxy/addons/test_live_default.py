@@ -18,7 +18,7 @@ from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.testing import idle
 from tests.fixtures import load
-from tests.proxy.conftest import ProxyClient, crash, following, publish
+from tests.proxy.conftest import ProxyClient, crash, ends_with_nothing_more, following, injected, publish
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
@@ -96,8 +96,8 @@ async def test_the_default_directory_is_asked_again_after_every_restart(
     assert await kinds(events(own), 2) == ["server.connected", "message.part.updated"]
     first = await asyncio.wait_for(plain.content.readuntil(b"\n\n"), 5)
     assert first.startswith(b'data: {"type":"server.connected"')
-    with pytest.raises(TimeoutError):  # a session of /cwd is none of the default instance's business now
-        await asyncio.wait_for(plain.content.readline(), 0.3)
+    await ends_with_nothing_more(fake, plain)  # /cwd's session is none of the default instance's business now
+    assert await injected(proxy) == 3  # `own`'s, not `plain`'s
 
 
 async def test_a_plain_event_stream_waits_while_the_default_directory_is_unknown(

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
+from proxy import testing
 from proxy.addons import routing
 from proxy.addons.routing import ROUTE, Routing, route_of
 from proxy.opencode.routes import EventStream, MessageRoute, Route, match_route
-from proxy.relay.hooks import Flow
+from proxy.relay.hooks import Addon, Flow
 from rules import Api
-from tests.fixtures import compact
-from tests.proxy.conftest import ProxyClient
-from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
 
@@ -62,9 +62,29 @@ def test_a_flow_routing_never_saw_goes_nowhere() -> None:
     assert route_of(flow) == Route()
 
 
-async def test_the_route_is_matched_once_per_flow(
-    proxy: ProxyClient, fake: FakeOpencode, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class Reading(Addon):
+    """Reads the route in every hook, as the addons that act on it do."""
+
+    name: ClassVar[str] = "reading"
+
+    def __init__(self) -> None:
+        self.read: list[Route] = []
+
+    async def request_headers(self, flow: Flow) -> None:
+        self.read.append(route_of(flow))
+
+    async def response_headers(self, flow: Flow) -> None:
+        self.read.append(route_of(flow))
+        flow.read_whole(by=self.name)
+
+    async def response(self, flow: Flow) -> None:
+        self.read.append(route_of(flow))
+
+    async def done(self, flow: Flow) -> None:
+        self.read.append(route_of(flow))
+
+
+async def test_the_route_is_matched_once_per_flow(monkeypatch: pytest.MonkeyPatch) -> None:
     matched: list[str] = []
 
     def counting(method: str, path: str) -> Route:
@@ -72,8 +92,8 @@ async def test_the_route_is_matched_once_per_flow(
         return match_route(method, path)
 
     monkeypatch.setattr(routing, "match_route", counting)
-    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
-    response = await proxy.get(f"/session/{V1}/message")
-    assert response.status == 200
-    assert "X-Settle-Settled" in response.headers  # every hook of `settle` ran on the route
+    readers = [Reading(), Reading()]
+    await testing.cycle([Routing(), *readers], testing.flow("GET", f"/session/{V1}/message"))
+    route = Route(messages=MessageRoute(Api.V1, V1, single=False))
+    assert [reader.read for reader in readers] == [[route] * 4] * 2  # every hook of every reader
     assert matched == [f"/session/{V1}/message"]

@@ -1,21 +1,29 @@
 """The session-stream-settle addon's hooks, a client's stream at a time through `proxy.testing`."""
 
+import logging
+
 import orjson
 import pytest
 
 from proxy import testing
 from proxy.addons.context import SettleContext
+from proxy.addons.live import LiveSettle
+from proxy.addons.routing import Routing
 from proxy.addons.session_streams import SessionStreamSettle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
+from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import TOOL_FAILED
+from proxy.relay.hooks import Addons, Flow
 from proxy.service.metrics import Metrics
-from tests.fixtures import compact
+from tests.fixtures import compact, load
 from tests.proxy.fake_opencode import FakeOpencode
 
 V2 = "ses_dd6bd0f33ffejRStwdnQDIkDom"
 STREAM = f"/api/session/{V2}/event"
 SSE = {"Content-Type": "text/event-stream"}
+V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
+V1_PART = load("v1-message-stale-running.json")[1]["parts"][1]
 
 
 @pytest.fixture
@@ -44,6 +52,37 @@ async def test_a_busy_sessions_stream_is_told_nothing(addon: SessionStreamSettle
         await addon.idle()
         assert flow.injected is not None
         assert flow.injected.empty()
+    assert fake.liveness_requests >= 1, "the proxy asked before it decided"
+
+
+async def test_each_stream_is_told_once(addon: SessionStreamSettle) -> None:
+    first = testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE))
+    second = testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE))
+    async with first as one:
+        await addon.idle()
+        async with second as other:
+            await addon.idle()
+            assert [call_ids(flow) for flow in (one, other)] == [["call_mock_1"], ["call_mock_1"]]
+
+
+async def test_a_dry_run_tells_no_stream(
+    upstream_api: UpstreamApi, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="proxy.addons.session_streams")
+    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
+    ctx = SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0, dry_run=True)
+    addon = SessionStreamSettle(ctx)
+    async with testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE)) as flow:
+        await addon.idle()
+        assert call_ids(flow) == []
+    assert "would settle orphaned call in session streams" in caplog.text  # decided, and told nothing
+
+
+def call_ids(flow: Flow) -> list[str]:
+    """The calls the flow's stream was told failed, in order (what is queued for it, taken)."""
+    assert flow.injected is not None
+    frames = [flow.injected.get_nowait() for _ in range(flow.injected.qsize())]
+    return [orjson.loads(frame.removeprefix(b"data: "))["data"]["callID"] for frame in frames]
 
 
 @pytest.mark.parametrize(
@@ -63,11 +102,21 @@ async def test_only_a_session_stream_gets_injections(
     assert not addon.busy
 
 
-async def test_closing_cancels_the_pending_confirmations(upstream_api: UpstreamApi) -> None:
-    addon = SessionStreamSettle(
-        SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=3600)
-    )
-    async with testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE)):
-        assert addon.busy
-        await addon.close()  # KeyedTasks' close, listed before Addon's no-op among the bases
-        assert not addon.busy
+@pytest.mark.parametrize("owner", ["session-stream-settle", "live-settle"])
+async def test_closing_the_addons_cancels_their_pending_confirmations(
+    upstream_api: UpstreamApi, fake: FakeOpencode, owner: str
+) -> None:
+    """Application cleanup closes the addons through their dispatcher: a confirmation still in its
+    grace period is cancelled and never reads the server, however the addon holds its tasks."""
+    ctx = SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=3600)
+    streams, live = SessionStreamSettle(ctx), LiveSettle(ctx)
+    live.event(GlobalEvent("/cwd", "prj", "message.part.updated", {"part": V1_PART, "time": 1}))
+    live.event(GlobalEvent("/cwd", "prj", "session.status", {"sessionID": V1, "status": {"type": "idle"}}))
+    dispatcher = Addons([Routing(), streams, live], Metrics().addon_errors)
+    closing = streams if owner == "session-stream-settle" else live
+    async with testing.streaming([Routing(), streams], testing.flow("GET", STREAM, response_headers=SSE)):
+        assert closing.busy
+        asked = len(fake.seen)
+        await dispatcher.close()
+        assert not closing.busy
+    assert fake.seen[asked:] == []

@@ -14,11 +14,13 @@ from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.service.logs import JsonFormatter, TextFormatter
 from proxy.supervision.server_command import free_loopback_port
+from proxy.testing import idle
 from tests.fixtures import compact
-from tests.proxy.conftest import ProxyClient
+from tests.proxy.conftest import ProxyClient, following
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
+V2 = "ses_dd6bd0f33ffejRStwdnQDIkDom"
 ClientFactory = Callable[[web.Application], Awaitable[ProxyClient]]
 
 
@@ -59,6 +61,34 @@ async def test_metrics_count_requests_and_rewrites(proxy: ProxyClient, fake: Fak
     assert 'settle_proxy_requests_total{method="GET",status="404"} 1.0' in text
     assert 'settle_proxy_liveness_requests_total{api="v1"} 1.0' in text
     assert "settle_proxy_upstream_seconds_count 2.0" in text
+
+
+async def background_busy(client: ProxyClient) -> float:
+    text = await (await client.get("/_settle/metrics")).text()
+    (line,) = [line for line in text.splitlines() if line.startswith("settle_proxy_background_busy ")]
+    return float(line.split()[-1])
+
+
+@pytest.mark.parametrize("grace", [3600.0, 0.0])
+async def test_metrics_say_whether_a_decision_is_still_under_way(
+    upstream: TestServer, aiohttp_client: ClientFactory, fake: FakeOpencode, grace: float
+) -> None:
+    """What a test (or an operator) waits for instead of a pause: 1 while a confirmation, a
+    write-back pass or a resume runs, 0 once every one has decided."""
+    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
+    client = await aiohttp_client(
+        create_app(Settings(upstream=URL(str(upstream.make_url("/"))), grace=grace))
+    )
+    await following(client)
+    await idle(client.app)  # the server's default directory, asked when the stream is followed
+    assert await background_busy(client) == 0.0
+    async with client.get(f"/api/session/{V2}/event") as stream:
+        assert stream.status == 200  # its confirmation started before its headers were relayed
+        if grace:
+            assert await background_busy(client) == 1.0
+        else:
+            await idle(client.app)
+            assert await background_busy(client) == 0.0
 
 
 @pytest.fixture
