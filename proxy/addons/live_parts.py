@@ -17,7 +17,7 @@ from typing import Any
 from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import StreamMemory
-from proxy.addons.live_watch import NewsWatch
+from proxy.addons.live_watch import NewsWatch, Ticket
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
@@ -52,7 +52,7 @@ class OpenParts:
         self._watch = NewsWatch("open parts", ctx.metrics.withdrawn_confirmations)
 
     def schedule(self, session_id: str) -> None:
-        self._confirming.start(session_id, lambda: self._confirm(session_id))
+        self._confirming.start(session_id, lambda: self._confirm(self._watch.begin(session_id)))
 
     def heard(self, event: GlobalEvent) -> None:
         self._watch.heard(event)
@@ -67,8 +67,9 @@ class OpenParts:
     async def close(self) -> None:
         await self._confirming.close()
 
-    async def _confirm(self, session_id: str) -> None:
-        with self._watch.watching(session_id) as ticket:
+    async def _confirm(self, ticket: Ticket) -> None:
+        session_id = ticket.session_id
+        with self._watch.held(ticket):
             read = await self._read_after_grace(session_id)
             if read is None or not self._watch.vouches(ticket):
                 return

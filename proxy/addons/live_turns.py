@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from functools import partial
 from typing import Any
 
 from proxy.addons.context import SettleContext
@@ -40,7 +39,7 @@ class DeadTurns:
         self._watch = NewsWatch("dead turns", ctx.metrics.withdrawn_confirmations)
 
     def schedule(self, session_id: str) -> None:
-        self._confirming.start(session_id, partial(self._confirm, session_id))
+        self._confirming.start(session_id, lambda: self._confirm(self._watch.begin(session_id)))
 
     def heard(self, event: GlobalEvent) -> None:
         self._watch.heard(event)
@@ -55,9 +54,9 @@ class DeadTurns:
     async def close(self) -> None:
         await self._confirming.close()
 
-    async def _confirm(self, session_id: str) -> None:
-        with self._watch.watching(session_id) as ticket:
-            await self._close_turn(session_id, ticket)
+    async def _confirm(self, ticket: Ticket) -> None:
+        with self._watch.held(ticket):
+            await self._close_turn(ticket.session_id, ticket)
 
     async def _close_turn(self, session_id: str, ticket: Ticket) -> None:
         await asyncio.sleep(self._ctx.grace)

@@ -59,19 +59,25 @@ class NewsWatch:
         for ticket in self._tickets.pop(event.session_id, ()):
             ticket.news = event.kind
 
-    @contextmanager
-    def watching(self, session_id: str) -> Iterator[Ticket]:
-        """A ticket for one confirmation of `session_id`, watched until the block ends."""
+    def begin(self, session_id: str) -> Ticket:
+        """A ticket for one confirmation of `session_id`, watched from now on. It is taken when the
+        confirmation is scheduled, not when its task first runs: the tracker hands over the events
+        that came in the same chunk as a reconnect before any task runs, and they are news too."""
         ticket = Ticket(session_id)
         self._tickets.setdefault(session_id, set()).add(ticket)
+        return ticket
+
+    @contextmanager
+    def held(self, ticket: Ticket) -> Iterator[Ticket]:
+        """`ticket`, watched until the block ends."""
         try:
             yield ticket
         finally:
-            tickets = self._tickets.get(session_id)
+            tickets = self._tickets.get(ticket.session_id)
             if tickets is not None:
                 tickets.discard(ticket)
                 if not tickets:
-                    del self._tickets[session_id]
+                    del self._tickets[ticket.session_id]
 
     def vouches(self, ticket: Ticket) -> bool:
         """Whether the confirmation may announce; when news withdrew it, log and count that."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar
@@ -86,7 +87,7 @@ class SessionStreamSettle(Addon, StreamListener):
     def following(self) -> None:
         for session_id in list(self._open):
             del self._open[session_id]
-            self._confirming.start(session_id, partial(self._confirm, session_id, self._credentials))
+            self._confirming.start(session_id, partial(self._confirmation, session_id, self._credentials))
 
     def event(self, event: GlobalEvent) -> None:
         self._watch.heard(event)
@@ -111,7 +112,7 @@ class SessionStreamSettle(Addon, StreamListener):
         self._streams[stream] = None
         flow[STREAM] = stream
         credentials = self._ctx.probe.credentials(flow.request)
-        self._confirming.start(stream.session_id, lambda: self._confirm(stream.session_id, credentials))
+        self._confirming.start(stream.session_id, partial(self._confirmation, stream.session_id, credentials))
 
     async def done(self, flow: Flow) -> None:
         if (stream := flow.get(STREAM)) is not None:
@@ -129,9 +130,13 @@ class SessionStreamSettle(Addon, StreamListener):
         """Cancel pending confirmations (application cleanup)."""
         await self._confirming.close()
 
-    async def _confirm(self, session_id: str, credentials: Credentials) -> None:
-        with self._watch.watching(session_id) as ticket:
-            await self._settle(session_id, credentials, ticket)
+    def _confirmation(self, session_id: str, credentials: Credentials) -> Coroutine[Any, Any, None]:
+        """The confirmation of `session_id`, watched for news from the moment it is scheduled."""
+        return self._confirm(self._watch.begin(session_id), credentials)
+
+    async def _confirm(self, ticket: Ticket, credentials: Credentials) -> None:
+        with self._watch.held(ticket):
+            await self._settle(ticket.session_id, credentials, ticket)
 
     async def _settle(self, session_id: str, credentials: Credentials, ticket: Ticket) -> None:
         await asyncio.sleep(self._ctx.grace)

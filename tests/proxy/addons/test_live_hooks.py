@@ -27,10 +27,15 @@ SSE = {"Content-Type": "text/event-stream"}
 
 
 @pytest.fixture
-def live(upstream_api: UpstreamApi, fake: FakeOpencode) -> LiveSettle:
+def metrics() -> Metrics:
+    return Metrics()
+
+
+@pytest.fixture
+def live(upstream_api: UpstreamApi, fake: FakeOpencode, metrics: Metrics) -> LiveSettle:
     fake.bodies[f"/session/{V1}/message/{MESSAGE['info']['id']}"] = orjson.dumps(MESSAGE)
     fake.bodies[f"/session/{V1}/message/msg_writing"] = orjson.dumps({"info": WRITING_INFO, "parts": []})
-    return LiveSettle(SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0.05))
+    return LiveSettle(SettleContext(LivenessProbe(upstream_api), upstream_api, metrics, grace=0.05))
 
 
 def heard(live: LiveSettle, kind: str, **properties: Any) -> None:
@@ -96,3 +101,15 @@ async def test_nothing_is_said_of_a_turn_the_stream_saw_end(live: LiveSettle, fa
     live.following()
     assert await told_a_new_stream(live) == []
     assert not [r for r in fake.seen if r.path.endswith("/msg_writing")]
+
+
+async def test_news_handed_over_with_the_reconnect_withdraws_the_confirmation(
+    live: LiveSettle, metrics: Metrics
+) -> None:
+    """The tracker hands the listeners the events that came in the same chunk as the reconnect
+    before any confirmation's task runs: they are news all the same."""
+    heard(live, "message.part.updated", part=PART, time=1)
+    live.following()
+    heard(live, "session.status", status={"type": "busy"})  # a turn started: the client was told
+    assert await told_a_new_stream(live) == []
+    assert metrics.withdrawn_confirmations.labels("open parts")._value.get() == 1
