@@ -9,9 +9,11 @@ alone), a v1 call waiting on a permission (left for the person) and a v1 `task` 
 child session (the parent resumed, the child never); a TUI and two official-SDK subscriptions
 stay open through the first proxy across the crash. Every wait ends on a
 positive signal: a decision in `/_settle/resume`, a finished turn, a count of model requests.
-The resuming proxies wait 10 s (`--grace`) before they look: the tracker's reconnect pauses
-(0.25 s growing to 5 s) can bring two proxies back up to 5 s apart after the restart, and the
-dry-run and the impatient proxy must decide on the interrupted turn as the crash left it.
+The resuming proxies wait 20 s (`--grace`) before they look: the tracker's reconnect pauses
+(0.25 s growing to 5 s) can bring two proxies back up to 5 s apart after the restart, the
+person's message sent right after the restart must be stored before they look (the freshly
+started server of a loaded machine took over 10 s to store it once), and the dry-run and the
+impatient proxy must decide on the interrupted turn as the crash left it.
 """
 
 from __future__ import annotations
@@ -78,9 +80,9 @@ def crash(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> It
     logs = root / "proxies"
     logs.mkdir()
     proxies = {
-        "first": ProxyProcess(server.url, logs / "first.log", (*RESUMING, "--grace", "10")),
+        "first": ProxyProcess(server.url, logs / "first.log", (*RESUMING, "--grace", "20")),
         "second": ProxyProcess(
-            server.url, logs / "second.log", (*RESUMING_DB, "--db", str(server.database), "--grace", "10")
+            server.url, logs / "second.log", (*RESUMING_DB, "--db", str(server.database), "--grace", "20")
         ),
         "dry": ProxyProcess(server.url, logs / "dry.log", (*RESUMING, "--grace", "0", "--dry-run")),
         "late": ProxyProcess(
