@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -14,7 +15,7 @@ from aiohttp import web
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live import LiveSettle
-from proxy.addons.routing import Routing
+from proxy.addons.routing import Routing, event_stream, message_view
 from proxy.addons.session_streams import SessionStreamSettle
 from proxy.addons.settle import Settle
 from proxy.opencode.client import Credentials, UpstreamApi
@@ -22,9 +23,9 @@ from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.other_processes import OTHER_PROCESSES, OtherProcesses, mark_this_process
 from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamListener
 from proxy.relay.departures import DEPARTURES, Departures
-from proxy.relay.forward import ADDONS, forward
+from proxy.relay.forward import Forwarder
 from proxy.relay.headers import MountedLinks, drop_invented_headers
-from proxy.relay.hooks import Addon, Addons
+from proxy.relay.hooks import Addon, Addons, Scope
 from proxy.relay.options import RELAY, RELAY_METRICS, RelayMetrics, RelayOptions
 from proxy.relay.tasks import BACKGROUND, Background, Idles
 from proxy.relay.upstream import MOUNT_PREFIX, UPSTREAM, upstream_session
@@ -59,8 +60,9 @@ async def _writer(settings: Settings, upstream: UpstreamApi, stack: AsyncExitSta
     return None
 
 
-async def _addons(app: web.Application) -> AsyncIterator[None]:
-    """`cleanup_ctx` entry: the addons a stand-alone proxy runs, and what they own."""
+async def _addons(forwarder: Forwarder, app: web.Application) -> AsyncIterator[None]:
+    """`cleanup_ctx` entry: the addons a stand-alone proxy runs, and what they own; `forwarder`
+    is given them, with the upstream session."""
     settings, metrics = app[SETTINGS], app[METRICS]
     upstream = UpstreamApi(app[UPSTREAM], settings.upstream)
     mark_this_process()
@@ -99,18 +101,23 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
             write_back,
             settings.dry_run,
         )
-        addons: list[Addon] = [
-            Routing(),
+        settle, live, session_streams = (
             Settle(ctx, tracker=tracker),
             LiveSettle(ctx),
             SessionStreamSettle(ctx),
-        ]
+        )
+        addons: list[Addon] = [Routing(), settle, live, session_streams]
+        # Each addon sees only the routes it acts on, so any other route costs no hook of theirs.
+        scopes: dict[Addon, Scope] = {settle: message_view, live: event_stream, session_streams: event_stream}
         clients = ClientStreams() if settings.resume else None
         if clients is not None:
             addons.append(clients)
-        if prefix := app.get(MOUNT_PREFIX):
+            scopes[clients] = event_stream
+        prefix = app.get(MOUNT_PREFIX, "")
+        if prefix:
             addons.insert(0, MountedLinks(prefix))
-        dispatcher = app[ADDONS] = Addons(addons, metrics.addon_errors)
+        dispatcher = Addons(addons, metrics.addon_errors, scopes=scopes)
+        forwarder.start(app[UPSTREAM], dispatcher, prefix=prefix)
         stack.push_async_callback(dispatcher.close)
         for addon in addons:
             if isinstance(addon, StreamListener):
@@ -178,15 +185,18 @@ def create_app(settings: Settings) -> web.Application:
     app[RELAY] = RelayOptions(
         settings.upstream_origin, settings.connect_timeout, settings.response_timeout, settings.max_body
     )
-    app[DEPARTURES] = Departures()
-    app[RELAY_METRICS] = RelayMetrics(metrics.requests, metrics.upstream_seconds, metrics.open_streams)
-    app.cleanup_ctx.extend((upstream_session, _addons))
+    app[DEPARTURES] = departures = Departures()
+    relay_metrics = app[RELAY_METRICS] = RelayMetrics(
+        metrics.requests, metrics.upstream_seconds, metrics.open_streams
+    )
+    forwarder = Forwarder(app[RELAY], relay_metrics, departures)
+    app.cleanup_ctx.extend((upstream_session, functools.partial(_addons, forwarder)))
     app.on_response_prepare.append(drop_invented_headers)
     app[JOURNAL] = Journal(metrics.registry, enabled=settings.resume, dry_run=settings.dry_run)
     app.router.add_get(f"{health.PREFIX}/resume", resume_route)
     health.add_routes(app)
     # (?s): a path may hold an encoded line break, and the upstream must answer for it, not us.
-    app.router.add_route("*", "/{tail:(?s:.*)}", forward)
+    app.router.add_route("*", "/{tail:(?s:.*)}", forwarder.forward)
     return app
 
 
