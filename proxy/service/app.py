@@ -20,7 +20,8 @@ from proxy.addons.session_streams import SessionStreamSettle
 from proxy.addons.settle import Settle
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
-from proxy.opencode.other_processes import OTHER_PROCESSES, OtherProcesses, mark_this_process
+from proxy.opencode.other_processes import mark_this_process
+from proxy.opencode.surveys import OTHER_PROCESSES, OtherProcesses
 from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamListener
 from proxy.relay.departures import DEPARTURES, Departures
 from proxy.relay.forward import Forwarder
@@ -75,7 +76,9 @@ async def _addons(forwarder: Forwarder, app: web.Application) -> AsyncIterator[N
         lookups=metrics.liveness_requests,
     )
     background = app[BACKGROUND] = Background()
+    background.add(elsewhere)
     async with AsyncExitStack() as stack:
+        stack.push_async_callback(elsewhere.close)
         writer = await _writer(settings, upstream, stack)
         write_back = None
         if writer is not None and not settings.dry_run:
