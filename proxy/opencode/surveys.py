@@ -52,10 +52,11 @@ class OtherProcesses:
         survey with that bound already vouches for all the reading could call dead (None: no
         survey vouches for good)."""
         last = self._last
-        if last is not None:
+        # A clock stepped back since the survey could make a process started since look older.
+        age_ms = -1.0 if last is None else self._clock() * 1000 - last.scanned_at
+        if last is not None and age_ms >= 0:
             if vouches is not None and last.bound is not None and vouches(last.bound):
                 return last.bound
-            age_ms = self._clock() * 1000 - last.scanned_at
             if last.final or age_ms < MAX_AGE_S * 1000:
                 if not last.final and age_ms >= REFRESH_AT * MAX_AGE_S * 1000:
                     self._refresh()

@@ -108,3 +108,15 @@ async def test_a_holder_that_ended_holds_nothing_back_once_its_survey_expired(
     assert await around.bound(vouching_past(last_alive)) == started - START_MARGIN_MS
     clock.now += surveys.MAX_AGE_S
     assert await around.bound(vouching_past(last_alive)) == clock.now * 1000
+
+
+async def test_a_clock_stepped_back_since_the_survey_makes_it_be_taken_again(
+    proc: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc.process(100, "socket:[111]", DB)
+    clock = Clock(monkeypatch, proc, NOW_S)
+    around = surveys.OtherProcesses(UPSTREAM, clock=clock)
+    await around.bound(vouching_past(0))
+    clock.now -= 60
+    assert await around.bound(vouching_past(0)) == clock.now * 1000
+    assert clock.surveys == 2
