@@ -104,21 +104,9 @@ async def _addons(forwarder: Forwarder, app: web.Application) -> AsyncIterator[N
             write_back,
             settings.dry_run,
         )
-        settle, live, session_streams = (
-            Settle(ctx, tracker=tracker),
-            LiveSettle(ctx),
-            SessionStreamSettle(ctx),
-        )
-        addons: list[Addon] = [Routing(), settle, live, session_streams]
-        # Each addon sees only the routes it acts on, so any other route costs no hook of theirs.
-        scopes: dict[Addon, Scope] = {settle: message_view, live: event_stream, session_streams: event_stream}
-        clients = ClientStreams() if settings.resume else None
-        if clients is not None:
-            addons.append(clients)
-            scopes[clients] = event_stream
         prefix = app.get(MOUNT_PREFIX, "")
-        if prefix:
-            addons.insert(0, MountedLinks(prefix))
+        clients = ClientStreams() if settings.resume else None
+        addons, scopes = _in_order(ctx, tracker, clients, prefix)
         dispatcher = Addons(addons, metrics.addon_errors, scopes=scopes)
         forwarder.start(app[UPSTREAM], dispatcher, prefix=prefix)
         stack.push_async_callback(dispatcher.close)
@@ -142,6 +130,22 @@ async def _addons(forwarder: Forwarder, app: web.Application) -> AsyncIterator[N
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)
         yield
+
+
+def _in_order(
+    ctx: SettleContext, tracker: LivenessTracker, clients: ClientStreams | None, prefix: str
+) -> tuple[list[Addon], dict[Addon, Scope]]:
+    """The addons in the order their hooks run, and the routes each acts on: a route none acts on
+    runs `routing` alone, with no other hook and no snapshot."""
+    settle, live, streams = Settle(ctx, tracker=tracker), LiveSettle(ctx), SessionStreamSettle(ctx)
+    addons: list[Addon] = [Routing(), settle, live, streams]
+    scopes: dict[Addon, Scope] = {settle: message_view, live: event_stream, streams: event_stream}
+    if clients is not None:
+        addons.append(clients)
+        scopes[clients] = event_stream
+    if prefix:
+        addons.insert(0, MountedLinks(prefix))
+    return addons, scopes
 
 
 async def _tool_processes(app: web.Application, stack: AsyncExitStack) -> ToolProcesses | None:
