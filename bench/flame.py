@@ -2,8 +2,8 @@
 
     python -m bench.flame --out bench/results/flame.svg -- --upstream http://127.0.0.1:PORT --port N
 
-runs the proxy (`python -m proxy` and the arguments after `--`) in this process, with a thread
-that samples the main thread's Python stack every `--interval` ms, until SIGINT or SIGTERM;
+runs the proxy (`python -m proxy` and the arguments after `--`) in this process, sampling its
+Python stack every `--interval` ms of CPU time (`Sampler`), until SIGINT or SIGTERM;
 then writes the stacks in the collapsed format (`<out>.collapsed`, one `frame;frame;... count`
 a line, as py-spy and flamegraph.pl write them) and the graph itself as a self-contained SVG.
 A sampler of our own, because py-spy is not installed here and cProfile's call graph cannot
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import html
+import signal
 import sys
-import threading
 import time
 import zlib
 from collections import Counter
@@ -26,10 +26,6 @@ from types import FrameType
 Stack = tuple[str, ...]
 WIDTH, ROW = 1800, 16
 """The graph's width, and the height of one frame (px)."""
-IDLE = frozenset(
-    ("Runner.run", "BaseEventLoop.run_until_complete", "BaseEventLoop.run_forever", "EpollSelector.select")
-)
-"""Frames at the top of a stack while the loop waits for work (uvloop waits in C, under `Runner.run`)."""
 
 
 def frame_name(frame: FrameType) -> str:
@@ -45,24 +41,28 @@ def stack_of(frame: FrameType | None) -> Stack:
     return tuple(reversed(names))
 
 
-class Sampler(threading.Thread):
-    """Counts the stacks of one thread, sampled every `interval` seconds."""
+class Sampler:
+    """Counts the Python stacks of the main thread, once every `interval` seconds of CPU time.
 
-    def __init__(self, target: int, interval: float) -> None:
-        super().__init__(daemon=True, name="flame-sampler")
-        self.target, self.interval = target, interval
+    A profiling timer (SIGPROF), as statprof and pyinstrument do: a sampling thread would see the
+    main thread only when it lets the GIL go, which under uvloop is between two turns of the loop,
+    never inside the work. The timer counts CPU time, so an idle proxy is not sampled at all; a
+    stack topped by the loop itself is time spent in uvloop's C code (its I/O and callbacks)."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
         self.stacks: Counter[Stack] = Counter()
-        self.stopped = threading.Event()
 
-    def run(self) -> None:
-        while not self.stopped.wait(self.interval):
-            frame = sys._current_frames().get(self.target)
-            if frame is not None:
-                self.stacks[stack_of(frame)] += 1
+    def _sample(self, _: int, frame: FrameType | None) -> None:
+        self.stacks[stack_of(frame)] += 1
 
+    def start(self) -> None:
+        signal.signal(signal.SIGPROF, self._sample)
+        signal.setitimer(signal.ITIMER_PROF, self.interval, self.interval)
 
-def _top(stack: Stack) -> str:
-    return stack[-1].split(" ")[0]
+    def stop(self) -> None:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, signal.SIG_IGN)
 
 
 def collapsed(stacks: Counter[Stack]) -> str:
@@ -123,19 +123,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, proxy_args = parse_args(argv)
     from proxy.cli.main import main as proxy_main  # noqa: PLC0415 - after the arguments are checked
 
-    sampler = Sampler(threading.get_ident(), args.interval / 1000)
+    sampler = Sampler(args.interval / 1000)
     sampler.start()
     started = time.monotonic()
     try:
         proxy_main(proxy_args)
+    except SystemExit as stopped:  # how the proxy always ends; the graph is written all the same
+        print(f"the proxy ended ({stopped.code})", file=sys.stderr)
     finally:
-        sampler.stopped.set()
-        sampler.join()
-    busy = Counter({stack: n for stack, n in sampler.stacks.items() if stack and _top(stack) not in IDLE})
+        sampler.stop()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".collapsed").write_text(collapsed(busy))
-    args.out.write_text(svg(busy, f"{args.title}, {time.monotonic() - started:.0f} s, idle samples left out"))
-    print(f"{sum(busy.values())} busy samples of {sum(sampler.stacks.values())}: {args.out}", file=sys.stderr)
+    args.out.with_suffix(".collapsed").write_text(collapsed(sampler.stacks))
+    seconds = sum(sampler.stacks.values()) * args.interval / 1000
+    args.out.write_text(
+        svg(sampler.stacks, f"{args.title}: {seconds:.1f} s of CPU in {time.monotonic() - started:.0f} s")
+    )
+    print(f"{sum(sampler.stacks.values())} samples: {args.out}", file=sys.stderr)
     return 0
 
 

@@ -118,14 +118,14 @@ class Forwarder:
     async def _answer_whole(
         self, flow: Flow, upstream: aiohttp.ClientResponse, max_wait: float | None
     ) -> web.StreamResponse:
-        pieces = _pieces(upstream, max_wait)
         if (flow.content_length or 0) > flow.max_body:
-            return await _unchecked(flow, upstream, "encoded", pieces)
+            return await _unchecked(flow, upstream, "encoded", _pieces(upstream, max_wait))
         body = WholeBody(flow)
         try:
-            async for piece in pieces:
+            while piece := await _bounded(upstream.content.readany(), max_wait):
                 if (past := body.add(piece)) is not None:
-                    return await _unchecked(flow, upstream, past, _prepended(body.pieces, pieces))
+                    rest = _prepended(body.pieces, _pieces(upstream, max_wait))
+                    return await _unchecked(flow, upstream, past, rest)
         except (aiohttp.ClientError, TimeoutError) as error:
             # Nothing was sent yet: a clean error is possible.
             return _failure(self.options.upstream_origin, error, max_wait)
@@ -136,18 +136,19 @@ class Forwarder:
     async def _stream(
         self, flow: Flow, upstream: aiohttp.ClientResponse, max_wait: float | None
     ) -> web.StreamResponse:
-        pieces = _pieces(upstream, max_wait)
-        if flow.injected is None and not is_event_stream(upstream):
-            try:
-                first = await anext(pieces, b"")
-            except (aiohttp.ClientError, TimeoutError) as error:
-                # Nothing was sent yet: a clean error is possible.
-                return _failure(self.options.upstream_origin, error, max_wait)
-            if first and upstream.content.at_eof():
-                # The whole body came in one piece (most answers do): headers and body in one write.
-                return _answer(flow, upstream, first)
-            pieces = _prepended(deque((first,)), pieces)
-        return await _send_streamed(flow, upstream, pieces)
+        if flow.injected is not None or is_event_stream(upstream):
+            return await _send_streamed(flow, upstream, _pieces(upstream, max_wait))
+        try:
+            # Read before any iterator is made: an async generator costs a registration with the
+            # loop (a WeakSet), a visible share of a small answer.
+            first = await _bounded(upstream.content.readany(), max_wait)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            # Nothing was sent yet: a clean error is possible.
+            return _failure(self.options.upstream_origin, error, max_wait)
+        if first and upstream.content.at_eof():
+            # The whole body came in one piece (most answers do): headers and body in one write.
+            return _answer(flow, upstream, first)
+        return await _send_streamed(flow, upstream, _prepended(deque((first,)), _pieces(upstream, max_wait)))
 
 
 def is_event_stream(response: aiohttp.ClientResponse) -> bool:

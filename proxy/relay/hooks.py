@@ -138,12 +138,14 @@ Scope = Callable[[Flow], bool]
 HOOKS: tuple[Hook, ...] = ("request_headers", "response_headers", "response", "done")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Snapshot:
     """What a hook may change in a flow, taken before the hook runs, to undo a failed one.
 
     Only the headers its stage can still change are copied: the upstream's before the request
     goes, the client's after (the upstream's are then sent, and the client's not known yet).
+    Not frozen: a frozen dataclass sets each field through `object.__setattr__`, and one is
+    taken for every hook call.
     """
 
     hook: Hook
