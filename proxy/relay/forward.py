@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import aiohttp
 from aiohttp import hdrs, web
+from prometheus_client import Counter
 from yarl import URL
 
 from proxy.relay.departures import Departures
@@ -53,6 +54,7 @@ class Forwarder:
         self.metrics = metrics
         self.departures = departures
         self._origin = str(options.upstream_origin)
+        self._counters: dict[tuple[str, int], Counter] = {}
 
     def start(self, session: aiohttp.ClientSession, addons: Addons, *, prefix: str = "") -> None:
         """What exists only once the application runs: its upstream session and its addons."""
@@ -95,12 +97,21 @@ class Forwarder:
             # Unreachable, or an answer aiohttp cannot parse (bad status line, invalid header):
             # either way the client gets JSON it can show, never a bare 500.
             failure = _failure(self.options.upstream_origin, error, flow.start_timeout)
-            metrics.requests.labels(request.method, str(failure.status)).inc()
+            self._count(request.method, failure.status)
             return failure
         metrics.upstream_seconds.observe(time.perf_counter() - started)
-        metrics.requests.labels(request.method, str(upstream.status)).inc()
+        self._count(request.method, upstream.status)
         async with upstream:
             return await self._respond(flow, upstream)
+
+    def _count(self, method: str, status: int) -> None:
+        """One request more by method and status; the labelled counter is looked up once (a
+        look-up takes a lock and builds the labels anew), and there are no more of them than
+        the metric itself keeps."""
+        counter = self._counters.get((method, status))
+        if counter is None:
+            counter = self._counters[method, status] = self.metrics.requests.labels(method, str(status))
+        counter.inc()
 
     async def _respond(self, flow: Flow, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
         flow.status = upstream.status
@@ -112,7 +123,8 @@ class Forwarder:
             return await self._answer_whole(flow, upstream, max_wait)
         if is_event_stream(upstream):
             with self.metrics.open_streams.track_inprogress():
-                return await self._stream(flow, upstream, None)  # a quiet stream is not a stuck one
+                # A quiet stream is not a stuck one.
+                return await _send_streamed(flow, upstream, _pieces(upstream, None))
         return await self._stream(flow, upstream, max_wait)
 
     async def _answer_whole(
@@ -136,7 +148,7 @@ class Forwarder:
     async def _stream(
         self, flow: Flow, upstream: aiohttp.ClientResponse, max_wait: float | None
     ) -> web.StreamResponse:
-        if flow.injected is not None or is_event_stream(upstream):
+        if flow.injected is not None:
             return await _send_streamed(flow, upstream, _pieces(upstream, max_wait))
         try:
             # Read before any iterator is made: an async generator costs a registration with the
