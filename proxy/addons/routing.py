@@ -30,3 +30,13 @@ class Routing(Addon):
 def route_of(flow: Flow) -> Route:
     """The flow's route (none, should `routing` have failed: the others then leave the flow alone)."""
     return flow.get(ROUTE) or _NOWHERE
+
+
+def message_view(flow: Flow) -> bool:
+    """The scope of an addon that acts on message views only."""
+    return route_of(flow).messages is not None
+
+
+def event_stream(flow: Flow) -> bool:
+    """The scope of an addon that acts on opencode's event streams only."""
+    return route_of(flow).stream is not None

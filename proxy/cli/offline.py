@@ -35,7 +35,8 @@ from proxy.cli.arguments import UPSTREAM, OneLineParser
 from proxy.cli.options import Environ, add_database_option, opencode_authorization
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
-from proxy.opencode.other_processes import OtherProcesses, mark_this_process
+from proxy.opencode.other_processes import mark_this_process
+from proxy.opencode.surveys import OtherProcesses
 from proxy.system.holders import can_see_holders, holders
 from proxy.writeback.database import OpencodeDatabase
 from proxy.writeback.scheduler import Confirm, Written

@@ -23,9 +23,9 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
-from proxy.opencode.other_processes import OtherProcesses
 from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
 from proxy.opencode.server_clock import ServerClock
+from proxy.opencode.surveys import OtherProcesses
 from proxy.opencode.vocabulary import v1_status_active
 from proxy.relay.bounded import Bounded
 from rules import Api, Liveness
@@ -96,7 +96,10 @@ class LivenessProbe:
         their tools are absent from the upstream's answer, so it cannot vouch for them."""
         if liveness.active or self._elsewhere is None:
             return liveness
-        return dataclasses.replace(liveness, elsewhere_since=await self._elsewhere.bound())
+        unbounded = dataclasses.replace(liveness, elsewhere_since=None)
+        # A bound the reading could not vouch past anyway leaves nothing for a later survey to add.
+        bound = await self._elsewhere.bound(lambda bound: not unbounded.vouches_for(bound))
+        return dataclasses.replace(liveness, elsewhere_since=bound)
 
     async def _active_v2(self, session_id: str, credentials: Credentials) -> tuple[bool, str | None]:
         answer, date = await self._upstream.dated_get(V2_HTTP.liveness_path, credentials)

@@ -22,7 +22,6 @@ tools: they mark themselves with a memfd named `MARKER`, which shows in their fd
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ipaddress
 import logging
@@ -32,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 from yarl import URL
 
 from proxy.system.open_files import (
@@ -52,8 +50,6 @@ MARKER = "settle-proxy"
 START_MARGIN_MS = 1_000
 """Start times are taken this much earlier than `/proc` says: the boot time it gives follows
 wall-clock steps made since boot, and an early bound can only hold back, never settle wrongly."""
-MAX_AGE_S = 1.0
-"""How long a survey is reused. Folding its time into the bound keeps a reused one exact."""
 _marker_fd: int | None = None
 
 
@@ -91,6 +87,8 @@ class Survey:
     """Processes whose open files could not be read (other users'): a blind spot."""
     listeners: tuple[str, ...] = ()
     """Inodes of the sockets listening on the upstream's port, for the next survey."""
+    final: bool = False
+    """Whether no later survey can say otherwise (no `/proc`, an upstream off this host's loopback)."""
 
     @property
     def bound(self) -> int | None:
@@ -140,12 +138,15 @@ def survey(
     try:
         boot_ms = boot_time_ms(proc)
     except (OSError, ValueError):
-        return Survey(scanned_at, unknown=f"no readable {proc}/stat: not Linux, or /proc is not mounted")
+        return Survey(
+            scanned_at, unknown=f"no readable {proc}/stat: not Linux, or /proc is not mounted", final=True
+        )
     if database is None and not _on_loopback(upstream):
         return Survey(
             scanned_at,
             unknown=f"the upstream {upstream.origin()} is not on this host's loopback "
             "(another host or container?)",
+            final=True,
         )
     seen, not_inspected = open_files(proc, f"/memfd:{MARKER} (deleted)")
     held = {socket for process in seen.values() for socket in process.sockets}
@@ -228,63 +229,3 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-class OtherProcesses:
-    """Surveys on demand, reused for `MAX_AGE_S`; says once in the log what it cannot know."""
-
-    def __init__(self, upstream: URL, *, database: Path | None = None) -> None:
-        self._upstream = upstream
-        self._database = database
-        self._last: Survey | None = None
-        self._lock = asyncio.Lock()
-        self._said: set[str] = set()
-
-    async def bound(self) -> int | None:
-        """`Liveness.elsewhere_since` for a reading taken now."""
-        return (await self.current()).bound
-
-    async def current(self) -> Survey:
-        """A survey at most `MAX_AGE_S` old."""
-        async with self._lock:
-            if self._last is None or time.time() * 1000 - self._last.scanned_at >= MAX_AGE_S * 1000:
-                listeners = self._last.listeners if self._last else ()
-                found = await asyncio.to_thread(
-                    survey, self._upstream, database=self._database, listeners=listeners
-                )
-                self._tell(found)
-                self._last = found
-            return self._last
-
-    def _tell(self, found: Survey) -> None:
-        if found.unknown is not None:
-            self._once(
-                "unknown",
-                "cannot tell whether another opencode process shares the upstream's database: "
-                f"{found.unknown}; tools running in such a process would be shown settled",
-            )
-        if found.not_inspected:
-            self._once(
-                "not inspected",
-                f"{found.not_inspected} processes of other users cannot be inspected: an opencode of theirs "
-                "on this database would not be seen",
-            )
-        before = {other.pid for other in self._last.others} if self._last else set()
-        for other in found.others:
-            if other.pid not in before:
-                log.info(
-                    "pid %d also holds %s (as %s): what was alive after its start is never settled (%s)",
-                    other.pid,
-                    ", ".join(found.databases),
-                    other.database,
-                    other.command[:80],
-                    extra={"fields": {"pid": other.pid, "database": other.database}},
-                )
-
-    def _once(self, topic: str, message: str) -> None:
-        if topic not in self._said:
-            self._said.add(topic)
-            log.warning("%s", message)
-
-
-OTHER_PROCESSES = web.AppKey("other_processes", OtherProcesses)

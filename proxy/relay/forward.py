@@ -16,9 +16,10 @@ from typing import TypeVar
 
 import aiohttp
 from aiohttp import hdrs, web
+from prometheus_client import Counter
 from yarl import URL
 
-from proxy.relay.departures import DEPARTURES
+from proxy.relay.departures import Departures
 from proxy.relay.errors import bad_gateway, gateway_timeout, transfer_coding_refused
 from proxy.relay.headers import (
     UPSTREAM_HEADERS,
@@ -27,85 +28,139 @@ from proxy.relay.headers import (
     upstream_request_headers,
 )
 from proxy.relay.hooks import Addons, Flow
-from proxy.relay.options import RELAY, RELAY_METRICS
+from proxy.relay.options import RelayMetrics, RelayOptions
 from proxy.relay.sse import relay_with_injection
-from proxy.relay.upstream import UPSTREAM, upstream_path
 from proxy.relay.websocket import is_websocket_upgrade, relay_websocket
 from proxy.relay.whole import Past, WholeBody
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-ADDONS = web.AppKey("addons", Addons)
 
+class Forwarder:
+    """The catch-all handler (every method, every path), and what it forwards with.
 
-def upstream_url(request: web.Request) -> URL:
-    """The upstream URL for `request`: same path and query, byte for byte."""
-    return URL(str(request.app[RELAY].upstream_origin) + upstream_path(request), encoded=True)
+    Its collaborators are given once, as `httputil.ReverseProxy`'s fields are: the options,
+    metrics and departures when the application is built, the upstream session, the addons and
+    the mount prefix when it starts (`start`); none is looked up per request.
+    """
 
+    session: aiohttp.ClientSession
+    addons: Addons
+    prefix: str
 
-async def forward(request: web.Request) -> web.StreamResponse:
-    """The catch-all handler: every method, every path."""
-    if (codings := unsupported_transfer_coding(request)) is not None:
-        return transfer_coding_refused(codings)
-    if is_websocket_upgrade(request):
-        return await relay_websocket(request, upstream_url(request))
-    addons = request.app[ADDONS]
-    options = request.app[RELAY]
-    flow = Flow(request, upstream_request_headers(request), options.response_timeout, options.max_body)
-    try:
-        with request.app[DEPARTURES].watching(request):
-            return await _exchange(flow, addons)
-    finally:
-        await addons.trigger("done", flow)
+    def __init__(self, options: RelayOptions, metrics: RelayMetrics, departures: Departures) -> None:
+        self.options = options
+        self.metrics = metrics
+        self.departures = departures
+        self._origin = str(options.upstream_origin)
+        self._counters: dict[tuple[str, int], Counter] = {}
 
+    def start(self, session: aiohttp.ClientSession, addons: Addons, *, prefix: str = "") -> None:
+        """What exists only once the application runs: its upstream session and its addons."""
+        self.session, self.addons, self.prefix = session, addons, prefix
 
-async def _exchange(flow: Flow, addons: Addons) -> web.StreamResponse:
-    request, metrics = flow.request, flow.request.app[RELAY_METRICS]
-    await addons.trigger("request_headers", flow)
-    timeout = request.app[RELAY].response_timeout
-    started = time.perf_counter()
-    try:
-        upstream = await _bounded(
-            request.app[UPSTREAM].request(
-                request.method,
-                upstream_url(request),
-                headers=flow.upstream_headers,
-                data=request.content if request.body_exists else None,
-                allow_redirects=False,
-            ),
-            flow.start_timeout,
-        )
-    except (aiohttp.ClientError, TimeoutError) as error:
-        # Unreachable, or an answer aiohttp cannot parse (bad status line, invalid header):
-        # either way the client gets JSON it can show, never a bare 500.
-        failure = _failure(request, error, flow.start_timeout)
-        metrics.requests.labels(request.method, str(failure.status)).inc()
-        return failure
-    metrics.upstream_seconds.observe(time.perf_counter() - started)
-    metrics.requests.labels(request.method, str(upstream.status)).inc()
-    async with upstream:
-        return await _respond(request, flow, upstream, addons, max_wait=timeout)
+    def upstream_url(self, request: web.Request) -> URL:
+        """The upstream URL for `request`: same path and query, byte for byte, without the prefix."""
+        return URL(self._origin + request.raw_path.removeprefix(self.prefix), encoded=True)
 
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        """The handler: every method, every path."""
+        if (codings := unsupported_transfer_coding(request)) is not None:
+            return transfer_coding_refused(codings)
+        if is_websocket_upgrade(request):
+            return await relay_websocket(request, self.upstream_url(request))
+        options = self.options
+        flow = Flow(request, upstream_request_headers(request), options.response_timeout, options.max_body)
+        try:
+            with self.departures.watching(request):
+                return await self._exchange(flow)
+        finally:
+            await self.addons.trigger("done", flow)
 
-async def _respond(
-    request: web.Request,
-    flow: Flow,
-    upstream: aiohttp.ClientResponse,
-    addons: Addons,
-    *,
-    max_wait: float | None,
-) -> web.StreamResponse:
-    flow.status = upstream.status
-    flow.response_headers = client_response_headers(upstream.headers)
-    flow.content_length = upstream.content_length
-    await addons.trigger("response_headers", flow)
-    if flow.read_body:
-        return await _answer_whole(flow, upstream, addons, max_wait)
-    if is_event_stream(upstream):
-        with request.app[RELAY_METRICS].open_streams.track_inprogress():
-            return await _stream(request, flow, upstream, None)  # a quiet stream is not a stuck one
-    return await _stream(request, flow, upstream, max_wait)
+    async def _exchange(self, flow: Flow) -> web.StreamResponse:
+        request, metrics, addons = flow.request, self.metrics, self.addons
+        await addons.trigger("request_headers", flow)
+        started = time.perf_counter()
+        try:
+            upstream = await _bounded(
+                self.session.request(
+                    request.method,
+                    self.upstream_url(request),
+                    headers=flow.upstream_headers,
+                    data=request.content if request.body_exists else None,
+                    allow_redirects=False,
+                ),
+                flow.start_timeout,
+            )
+        except (aiohttp.ClientError, TimeoutError) as error:
+            # Unreachable, or an answer aiohttp cannot parse (bad status line, invalid header):
+            # either way the client gets JSON it can show, never a bare 500.
+            failure = _failure(self.options.upstream_origin, error, flow.start_timeout)
+            self._count(request.method, failure.status)
+            return failure
+        metrics.upstream_seconds.observe(time.perf_counter() - started)
+        self._count(request.method, upstream.status)
+        async with upstream:
+            return await self._respond(flow, upstream)
+
+    def _count(self, method: str, status: int) -> None:
+        """One request more by method and status; the labelled counter is looked up once (a
+        look-up takes a lock and builds the labels anew), and there are no more of them than
+        the metric itself keeps."""
+        counter = self._counters.get((method, status))
+        if counter is None:
+            counter = self._counters[method, status] = self.metrics.requests.labels(method, str(status))
+        counter.inc()
+
+    async def _respond(self, flow: Flow, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+        flow.status = upstream.status
+        flow.response_headers = client_response_headers(upstream.headers)
+        flow.content_length = upstream.content_length
+        await self.addons.trigger("response_headers", flow)
+        max_wait = self.options.response_timeout
+        if flow.read_body:
+            return await self._answer_whole(flow, upstream, max_wait)
+        if is_event_stream(upstream):
+            with self.metrics.open_streams.track_inprogress():
+                # A quiet stream is not a stuck one.
+                return await _send_streamed(flow, upstream, _pieces(upstream, None))
+        return await self._stream(flow, upstream, max_wait)
+
+    async def _answer_whole(
+        self, flow: Flow, upstream: aiohttp.ClientResponse, max_wait: float | None
+    ) -> web.StreamResponse:
+        if (flow.content_length or 0) > flow.max_body:
+            return await _unchecked(flow, upstream, "encoded", _pieces(upstream, max_wait))
+        body = WholeBody(flow)
+        try:
+            while piece := await _bounded(upstream.content.readany(), max_wait):
+                if (past := body.add(piece)) is not None:
+                    rest = _prepended(body.pieces, _pieces(upstream, max_wait))
+                    return await _unchecked(flow, upstream, past, rest)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            # Nothing was sent yet: a clean error is possible.
+            return _failure(self.options.upstream_origin, error, max_wait)
+        flow.body = body.whole()
+        await self.addons.trigger("response", flow)
+        return _answer(flow, upstream, flow.body)
+
+    async def _stream(
+        self, flow: Flow, upstream: aiohttp.ClientResponse, max_wait: float | None
+    ) -> web.StreamResponse:
+        if flow.injected is not None:
+            return await _send_streamed(flow, upstream, _pieces(upstream, max_wait))
+        try:
+            # Read before any iterator is made: an async generator costs a registration with the
+            # loop (a WeakSet), a visible share of a small answer.
+            first = await _bounded(upstream.content.readany(), max_wait)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            # Nothing was sent yet: a clean error is possible.
+            return _failure(self.options.upstream_origin, error, max_wait)
+        if first and upstream.content.at_eof():
+            # The whole body came in one piece (most answers do): headers and body in one write.
+            return _answer(flow, upstream, first)
+        return await _send_streamed(flow, upstream, _prepended(deque((first,)), _pieces(upstream, max_wait)))
 
 
 def is_event_stream(response: aiohttp.ClientResponse) -> bool:
@@ -113,10 +168,9 @@ def is_event_stream(response: aiohttp.ClientResponse) -> bool:
     return response.content_type == "text/event-stream"
 
 
-def _failure(request: web.Request, error: BaseException, timeout: float | None) -> web.Response:
+def _failure(origin: URL, error: BaseException, timeout: float | None) -> web.Response:
     """The JSON answer for an upstream that failed before the client got a byte: 504 when the
     proxy's own response timeout ran out, 502 for everything else."""
-    origin = request.app[RELAY].upstream_origin
     if timeout is not None and isinstance(error, TimeoutError) and not isinstance(error, aiohttp.ClientError):
         return gateway_timeout(origin, timeout)
     return bad_gateway(origin, error)
@@ -137,24 +191,6 @@ async def _pieces(upstream: aiohttp.ClientResponse, max_wait: float | None) -> A
         yield piece
 
 
-async def _answer_whole(
-    flow: Flow, upstream: aiohttp.ClientResponse, addons: Addons, max_wait: float | None
-) -> web.StreamResponse:
-    pieces = _pieces(upstream, max_wait)
-    if (flow.content_length or 0) > flow.max_body:
-        return await _unchecked(flow, upstream, "encoded", pieces)
-    body = WholeBody(flow)
-    try:
-        async for piece in pieces:
-            if (past := body.add(piece)) is not None:
-                return await _unchecked(flow, upstream, past, _prepended(body.pieces, pieces))
-    except (aiohttp.ClientError, TimeoutError) as error:
-        return _failure(flow.request, error, max_wait)  # nothing was sent yet: a clean error is possible
-    flow.body = body.whole()
-    await addons.trigger("response", flow)
-    return _answer(flow, upstream, flow.body)
-
-
 async def _unchecked(
     flow: Flow, upstream: aiohttp.ClientResponse, past: Past, pieces: AsyncIterator[bytes]
 ) -> web.StreamResponse:
@@ -167,22 +203,6 @@ async def _unchecked(
         past,
         extra={"fields": fields},
     )
-    return await _send_streamed(flow, upstream, pieces)
-
-
-async def _stream(
-    request: web.Request, flow: Flow, upstream: aiohttp.ClientResponse, max_wait: float | None
-) -> web.StreamResponse:
-    pieces = _pieces(upstream, max_wait)
-    if flow.injected is None and not is_event_stream(upstream):
-        try:
-            first = await anext(pieces, b"")
-        except (aiohttp.ClientError, TimeoutError) as error:
-            return _failure(request, error, max_wait)  # nothing was sent yet: a clean error is possible
-        if first and upstream.content.at_eof():
-            # The whole body came in one piece (most answers do): headers and body in one write.
-            return _answer(flow, upstream, first)
-        pieces = _prepended(deque((first,)), pieces)
     return await _send_streamed(flow, upstream, pieces)
 
 

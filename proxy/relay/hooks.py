@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar, final
 
@@ -133,26 +133,38 @@ class Addon:
         """The application is shutting down: cancel what the addon still runs in the background."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Snapshot:
-    """What a hook may change in a flow, taken before the hook runs, to undo a failed one."""
+Scope = Callable[[Flow], bool]
+"""Whether an addon takes part in a flow, read from what the earlier hooks put in it (its route)."""
+HOOKS: tuple[Hook, ...] = ("request_headers", "response_headers", "response", "done")
 
-    upstream_headers: CIMultiDict[str]
+
+@dataclass(slots=True)
+class _Snapshot:
+    """What a hook may change in a flow, taken before the hook runs, to undo a failed one.
+
+    Only the headers its stage can still change are copied: the upstream's before the request
+    goes, the client's after (the upstream's are then sent, and the client's not known yet).
+    Not frozen: a frozen dataclass sets each field through `object.__setattr__`, and one is
+    taken for every hook call.
+    """
+
+    hook: Hook
+    headers: CIMultiDict[str]
     start_timeout: float | None
     status: int
-    response_headers: CIMultiDict[str]
     body: bytes
     readers: frozenset[str]
     metadata: dict[FlowKey[Any], Any]
     injected: tuple[asyncio.Queue[bytes] | None, str | None]
 
-    @classmethod
-    def of(cls, flow: Flow) -> _Snapshot:
-        return cls(
-            flow.upstream_headers.copy(),
+    @staticmethod
+    def of(flow: Flow, hook: Hook) -> _Snapshot:
+        headers = flow.upstream_headers if hook == "request_headers" else flow.response_headers
+        return _Snapshot(
+            hook,
+            headers.copy(),
             flow.start_timeout,
             flow.status,
-            flow.response_headers.copy(),
             flow.body,
             frozenset(flow.readers),
             dict(flow.metadata),
@@ -160,8 +172,11 @@ class _Snapshot:
         )
 
     def restore(self, flow: Flow) -> None:
-        flow.upstream_headers, flow.start_timeout = self.upstream_headers, self.start_timeout
-        flow.status, flow.response_headers, flow.body = self.status, self.response_headers, self.body
+        if self.hook == "request_headers":
+            flow.upstream_headers = self.headers
+        else:
+            flow.response_headers = self.headers
+        flow.start_timeout, flow.status, flow.body = self.start_timeout, self.status, self.body
         flow.readers, flow.metadata = set(self.readers), self.metadata
         flow._injected, flow._injector = self.injected
 
@@ -171,22 +186,34 @@ class Addons:
 
     A hook that raises is isolated: it is logged and counted, whatever it changed in the flow
     is undone (so the client gets the upstream's bytes, never a 500 made by the proxy), and the
-    other addons run on. Only the addons that implement a hook are called for it.
+    other addons run on. Only the addons that implement a hook are called for it, and an addon
+    given a scope only for the flows in it (as a router hands each route to its handlers), so a
+    flow no addon claims costs no hook call and no snapshot.
     """
 
-    def __init__(self, addons: Sequence[Addon], errors: Counter) -> None:
+    def __init__(
+        self, addons: Sequence[Addon], errors: Counter, *, scopes: Mapping[Addon, Scope] | None = None
+    ) -> None:
         self.addons = tuple(addons)
         self._errors = errors
-        self._implementing = {
-            hook: tuple(addon for addon in addons if getattr(type(addon), hook) is not getattr(Addon, hook))
-            for hook in ("request_headers", "response_headers", "response", "done")
+        scopes = scopes or {}
+        self._implementing: dict[Hook, tuple[tuple[Addon, Scope | None], ...]] = {
+            hook: tuple(
+                (addon, scopes.get(addon))
+                for addon in addons
+                if getattr(type(addon), hook) is not getattr(Addon, hook)
+            )
+            for hook in HOOKS
         }
 
     async def trigger(self, hook: Hook, flow: Flow) -> None:
-        """Call `hook` of every addon that has it, in order, each isolated from the others."""
-        for addon in self._implementing[hook]:
+        """Call `hook` of every addon that has it and takes part in `flow`, in order, each
+        isolated from the others."""
+        for addon, scope in self._implementing[hook]:
+            if scope is not None and not scope(flow):
+                continue
             method: Callable[[Flow], Coroutine[Any, Any, None]] = getattr(addon, hook)
-            snapshot = _Snapshot.of(flow) if hook != "done" else None
+            snapshot = _Snapshot.of(flow, hook) if hook != "done" else None
             try:
                 await method(flow)
             except Exception:

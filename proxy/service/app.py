@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -14,17 +15,18 @@ from aiohttp import web
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live import LiveSettle
-from proxy.addons.routing import Routing
+from proxy.addons.routing import Routing, event_stream, message_view
 from proxy.addons.session_streams import SessionStreamSettle
 from proxy.addons.settle import Settle
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
-from proxy.opencode.other_processes import OTHER_PROCESSES, OtherProcesses, mark_this_process
+from proxy.opencode.other_processes import mark_this_process
+from proxy.opencode.surveys import OTHER_PROCESSES, OtherProcesses
 from proxy.opencode.tracker import TRACKER, LivenessTracker
 from proxy.relay.departures import DEPARTURES, Departures
-from proxy.relay.forward import ADDONS, forward
+from proxy.relay.forward import Forwarder
 from proxy.relay.headers import MountedLinks, drop_invented_headers
-from proxy.relay.hooks import Addon, Addons
+from proxy.relay.hooks import Addon, Addons, Scope
 from proxy.relay.options import RELAY, RELAY_METRICS, RelayMetrics, RelayOptions
 from proxy.relay.tasks import BACKGROUND, Background
 from proxy.relay.upstream import MOUNT_PREFIX, UPSTREAM, upstream_session
@@ -59,8 +61,9 @@ async def _writer(settings: Settings, upstream: UpstreamApi, stack: AsyncExitSta
     return None
 
 
-async def _addons(app: web.Application) -> AsyncIterator[None]:
-    """`cleanup_ctx` entry: the addons a stand-alone proxy runs, and what they own."""
+async def _addons(forwarder: Forwarder, app: web.Application) -> AsyncIterator[None]:
+    """`cleanup_ctx` entry: the addons a stand-alone proxy runs, and what they own; `forwarder`
+    is given them, with the upstream session."""
     settings, metrics = app[SETTINGS], app[METRICS]
     upstream = UpstreamApi(app[UPSTREAM], settings.upstream)
     mark_this_process()
@@ -74,7 +77,9 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
     )
     background = app[BACKGROUND] = Background()
     metrics.background_busy.set_function(lambda: float(background.busy))
+    background.add(elsewhere)
     async with AsyncExitStack() as stack:
+        stack.push_async_callback(elsewhere.close)
         writer = await _writer(settings, upstream, stack)
         write_back = None
         if writer is not None and not settings.dry_run:
@@ -100,14 +105,12 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
             write_back,
             settings.dry_run,
         )
+        prefix = app.get(MOUNT_PREFIX, "")
         live, streams = LiveSettle(ctx), SessionStreamSettle(ctx)
-        addons: list[Addon] = [Routing(), Settle(ctx, tracker=tracker), live, streams]
         clients = ClientStreams() if settings.resume else None
-        if clients is not None:
-            addons.append(clients)
-        if prefix := app.get(MOUNT_PREFIX):
-            addons.insert(0, MountedLinks(prefix))
-        dispatcher = app[ADDONS] = Addons(addons, metrics.addon_errors)
+        addons, scopes = _in_order(Settle(ctx, tracker=tracker), live, streams, clients, prefix)
+        dispatcher = Addons(addons, metrics.addon_errors, scopes=scopes)
+        forwarder.start(app[UPSTREAM], dispatcher, prefix=prefix)
         stack.push_async_callback(dispatcher.close)
         tracker.listeners.extend((live, streams))
         background.add(live)
@@ -129,6 +132,25 @@ async def _addons(app: web.Application) -> AsyncIterator[None]:
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)
         yield
+
+
+def _in_order(
+    settle: Settle,
+    live: LiveSettle,
+    streams: SessionStreamSettle,
+    clients: ClientStreams | None,
+    prefix: str,
+) -> tuple[list[Addon], dict[Addon, Scope]]:
+    """The addons in the order their hooks run, and the routes each acts on: a route none acts on
+    runs `routing` alone, with no other hook and no snapshot."""
+    addons: list[Addon] = [Routing(), settle, live, streams]
+    scopes: dict[Addon, Scope] = {settle: message_view, live: event_stream, streams: event_stream}
+    if clients is not None:
+        addons.append(clients)
+        scopes[clients] = event_stream
+    if prefix:
+        addons.insert(0, MountedLinks(prefix))
+    return addons, scopes
 
 
 async def _tool_processes(app: web.Application, stack: AsyncExitStack) -> ToolProcesses | None:
@@ -175,15 +197,18 @@ def create_app(settings: Settings) -> web.Application:
     app[RELAY] = RelayOptions(
         settings.upstream_origin, settings.connect_timeout, settings.response_timeout, settings.max_body
     )
-    app[DEPARTURES] = Departures()
-    app[RELAY_METRICS] = RelayMetrics(metrics.requests, metrics.upstream_seconds, metrics.open_streams)
-    app.cleanup_ctx.extend((upstream_session, _addons))
+    app[DEPARTURES] = departures = Departures()
+    relay_metrics = app[RELAY_METRICS] = RelayMetrics(
+        metrics.requests, metrics.upstream_seconds, metrics.open_streams
+    )
+    forwarder = Forwarder(app[RELAY], relay_metrics, departures)
+    app.cleanup_ctx.extend((upstream_session, functools.partial(_addons, forwarder)))
     app.on_response_prepare.append(drop_invented_headers)
     app[JOURNAL] = Journal(metrics.registry, enabled=settings.resume, dry_run=settings.dry_run)
     app.router.add_get(f"{health.PREFIX}/resume", resume_route)
     health.add_routes(app)
     # (?s): a path may hold an encoded line break, and the upstream must answer for it, not us.
-    app.router.add_route("*", "/{tail:(?s:.*)}", forward)
+    app.router.add_route("*", "/{tail:(?s:.*)}", forwarder.forward)
     return app
 
 

@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp import hdrs, web
 
 from proxy import __version__
-from proxy.opencode.other_processes import OTHER_PROCESSES
+from proxy.opencode.surveys import OTHER_PROCESSES
 from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamState
 from proxy.relay.upstream import UPSTREAM
 from proxy.service.auth import DETAILS_GUARD, DetailsGuard

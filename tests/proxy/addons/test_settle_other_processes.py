@@ -2,12 +2,15 @@
 after the earliest of them started is left alone, in views and in readings kept from the event
 stream; health says what the survey found, or why it could not."""
 
+from typing import Any
+
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.addons.settle import SETTLED_HEADER
 from proxy.opencode import other_processes as processes
+from proxy.opencode import surveys
 from proxy.opencode.other_processes import START_MARGIN_MS
 from tests.fixtures import compact, load
 from tests.proxy.conftest import ProxyClient, following, publish
@@ -29,7 +32,7 @@ def other_server(proc: FakeProc, upstream: TestServer, monkeypatch: pytest.Monke
     proc.listen(upstream.port, "555")
     proc.process(100, "socket:[555]", DB, started_at=BOOT_S * 1000)
     monkeypatch.setattr(processes, "PROC", proc.root)
-    monkeypatch.setattr(processes, "MAX_AGE_S", 0.0)
+    monkeypatch.setattr(surveys, "MAX_AGE_S", 0.0)
     return proc
 
 
@@ -74,3 +77,22 @@ async def test_health_says_why_other_processes_are_unknown(proxy: ProxyClient) -
     health = await (await proxy.get("/_settle/health")).json()
     assert health["other_processes"]["known"] is False
     assert "holds no opencode database" in health["other_processes"]["why"]
+
+
+async def test_a_stale_view_asked_again_is_not_surveyed_again(
+    proxy: ProxyClient, fake: FakeOpencode, other_server: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A survey taken after the view's last sign of life vouches for it for good."""
+    surveys: list[int] = []
+    taking = processes.survey
+
+    def counted(*args: Any, **kwargs: Any) -> processes.Survey:
+        surveys.append(1)
+        return taking(*args, **kwargs)
+
+    monkeypatch.setattr(processes, "survey", counted)
+    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
+    for _ in range(3):
+        response = await proxy.get(f"/api/session/{V2}/message")
+        assert response.headers[SETTLED_HEADER] == "1"
+    assert len(surveys) == 1

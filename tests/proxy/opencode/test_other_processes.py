@@ -151,18 +151,3 @@ def test_a_marked_process_shows_its_marker_in_its_fd_table() -> None:
         with suppress(FileNotFoundError):  # the listing's own descriptor, closed by now
             links.append(os.readlink(f"/proc/self/fd/{fd}"))
     assert links.count(f"/memfd:{processes.MARKER} (deleted)") == 1
-
-
-async def test_a_survey_is_reused_for_a_while_and_what_is_unknown_is_said_once(
-    proc: FakeProc, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr(processes, "PROC", proc.root)
-    around = processes.OtherProcesses(UPSTREAM)
-    first = await around.current()
-    assert await around.current() is first
-    monkeypatch.setattr(processes, "MAX_AGE_S", 0.0)
-    assert await around.current() is not first
-    assert await around.bound() is None
-    warnings = [record for record in caplog.records if record.levelname == "WARNING"]
-    assert len(warnings) == 1
-    assert "is not among those readable here" in warnings[0].getMessage()

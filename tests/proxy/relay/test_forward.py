@@ -7,8 +7,15 @@ from collections.abc import AsyncIterator
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from yarl import URL
 
+from proxy.relay.departures import Departures
+from proxy.relay.forward import Forwarder
+from proxy.relay.hooks import Addons
+from proxy.relay.options import RelayMetrics, RelayOptions
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.supervision.server_command import free_loopback_port
@@ -217,3 +224,24 @@ async def test_an_event_stream_ends_the_way_the_upstreams_ended(  # type: ignore
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_forwarding_needs_nothing_from_the_application(upstream: TestServer) -> None:
+    """Its collaborators are given to the forwarder once, not looked up in the app per request."""
+    registry = CollectorRegistry()
+    metrics = RelayMetrics(
+        Counter("requests", "t", ("method", "status"), registry=registry),
+        Histogram("upstream_seconds", "t", registry=registry),
+        Gauge("open_streams", "t", registry=registry),
+    )
+    origin = URL(str(upstream.make_url("/"))).origin()
+    forwarder = Forwarder(RelayOptions(origin, 5.0), metrics, Departures())
+    errors = Counter("addon_errors", "t", ("addon", "hook"), registry=registry)
+    app = web.Application()  # none of the relay's keys
+    app.router.add_route("*", "/{tail:.*}", forwarder.forward)
+    async with aiohttp.ClientSession(auto_decompress=False) as session, TestServer(app) as server:
+        forwarder.start(session, Addons([], errors))
+        async with session.get(server.make_url("/echo?a=1")) as response:
+            assert response.status == 200
+            assert (await response.json())["path_qs"] == "/echo?a=1"
+    assert registry.get_sample_value("requests_total", {"method": "GET", "status": "200"}) == 1.0
