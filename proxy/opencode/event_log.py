@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rules.orphaned_tool import V2_ERROR
+from rules import V2_ERROR
 
 _VERSION = re.compile(r"\.\d+$")
 _OPENING = ("session.next.tool.input.started", "session.next.tool.input.ended", "session.next.tool.called")

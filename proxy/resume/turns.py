@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rules import OPEN_STATUSES, Api
-from rules.runtimes import V1_ERROR, V2_ERROR
+from rules import OPEN_STATUSES, V1_ERROR, V2_ERROR, Api
 
 __all__ = [
     "InterruptedCall",
