@@ -1,7 +1,8 @@
 """The `settle` addon: message views are made to agree with the server's liveness.
 
-A body is only parsed when a byte scan finds an open tool status or an unfinished assistant
-message in it (a turn cut while the model was writing has no tool), and only when the
+A body is only parsed when a byte scan finds a rule's trigger in it (for the built-in rules an
+open tool status, or an unfinished assistant message: a turn cut while the model was writing
+has no tool), and only when the
 session is inactive by a reading that is current once the whole body has arrived: one kept
 from the event stream (no event about the session since it was taken), or else a fresh one
 asked of the upstream. A reading vouches only for what was last alive well before it (the
