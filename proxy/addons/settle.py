@@ -117,10 +117,17 @@ class Settle(Addon):
             return
         self._record(route, outcome, log_it=scanned.known is None)
         if not self._dry_run:
-            _send(flow, outcome.body)
-            _label(flow, outcome)
-            if self._write_back is not None:
-                self._write_back.schedule(route.api, route.session_id, credentials, _targets(outcome))
+            self._deliver(flow, route, outcome, credentials)
+
+    def _deliver(
+        self, flow: Flow, route: MessageRoute, rewritten: Rewritten, credentials: Credentials
+    ) -> None:
+        """The settled body to the client, in the codings it takes and with the headers that say
+        what changed; and to the write-back, which makes it durable if the session stays idle."""
+        _send(flow, rewritten.body)
+        _label(flow, rewritten)
+        if self._write_back is not None:
+            self._write_back.schedule(route.api, route.session_id, credentials, _targets(rewritten))
 
     async def _settled(
         self, scanned: Scanned, kept: Liveness | None, credentials: Credentials
