@@ -3,7 +3,7 @@
 Clients fetch long histories, and a parse of all of one costs far more than the rest of a
 request (measured: 35 ms for a 3.6 MB list with orjson). So a list is first cut into its
 messages without parsing them (:mod:`proxy.views.splice`); only a message in which the byte
-scan (:mod:`proxy.views.scan`) found an open status is parsed and given to the rules, and
+scan (:mod:`proxy.views.scan`) found a rule's trigger is parsed and given to the rules, and
 its new bytes replace exactly its old ones. Everything else goes out as the upstream sent it,
 byte for byte.
 
