@@ -137,11 +137,9 @@ class Settle(Addon):
         route = scanned.route
         reading = await self._source.reading(route, credentials, kept)
         rewritten = self._views.settle(scanned, reading.liveness)
-        if isinstance(rewritten, Unchanged) or reading.liveness.vouches_for(rewritten.messages.last_alive):
+        if isinstance(rewritten, Unchanged):
             return rewritten
         liveness = await self._source.vouching(route, credentials, reading, rewritten.messages.last_alive)
-        if liveness.active:
-            return Unchanged(Reason.ACTIVE)
         if liveness.vouches_for(rewritten.messages.last_alive):
             return rewritten
         return self._views.settle_exactly(scanned, liveness)
