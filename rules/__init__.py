@@ -7,30 +7,44 @@ write-back, the offline `settle` command and any other framework.
 from rules.changes import Change, apply_changes, changed_object, merge_patch
 from rules.engine import Settlement, UnexpectedShape, settle
 from rules.liveness import Liveness
-from rules.models import Api, Message, V1Message, V2Message
-from rules.registry import DEFAULT_RULES
-from rules.rule import Rule
-from rules.runtimes import V1, V2, Runtime, runtime_for, runtime_of
+from rules.models import Api, JSONObject, Message, V1Message, V2Message
+from rules.orphaned_tool import OrphanedTool
+from rules.registry import DEFAULT_RULES, REGISTRY, Registry, needs_settling, triggers_of
+from rules.rule import Rule, Trigger
+from rules.runtimes import V1, V1_ABORTED, V1_ERROR, V2, V2_ERROR, Runtime, runtime_for, runtime_of
 from rules.targets import OpenTool, Target
 from rules.tools import OPEN_STATUSES
+from rules.triggers import OPEN_TOOL, UNFINISHED_MESSAGE
+from rules.unfinished_message import UnfinishedMessage
 from rules.views import SettledMessages, ViewSettlement, messages_of, settle_view, with_messages
 
 __all__ = [
     "DEFAULT_RULES",
     "OPEN_STATUSES",
+    "OPEN_TOOL",
+    "REGISTRY",
+    "UNFINISHED_MESSAGE",
     "V1",
+    "V1_ABORTED",
+    "V1_ERROR",
     "V2",
+    "V2_ERROR",
     "Api",
     "Change",
+    "JSONObject",
     "Liveness",
     "Message",
     "OpenTool",
+    "OrphanedTool",
+    "Registry",
     "Rule",
     "Runtime",
     "SettledMessages",
     "Settlement",
     "Target",
+    "Trigger",
     "UnexpectedShape",
+    "UnfinishedMessage",
     "V1Message",
     "V2Message",
     "ViewSettlement",
@@ -38,9 +52,11 @@ __all__ = [
     "changed_object",
     "merge_patch",
     "messages_of",
+    "needs_settling",
     "runtime_for",
     "runtime_of",
     "settle",
     "settle_view",
+    "triggers_of",
     "with_messages",
 ]

@@ -11,10 +11,9 @@ from pydantic import ValidationError
 from rules.changes import Change, apply_changes, changed_object
 from rules.liveness import Liveness
 from rules.models import Api, JSONObject
-from rules.registry import DEFAULT_RULES
+from rules.registry import DEFAULT_RULES, needs_settling
 from rules.rule import Rule
 from rules.runtimes import UnexpectedShape, runtime_of
-from rules.tools import needs_settling
 
 __all__ = ["Settlement", "UnexpectedShape", "settle"]
 
@@ -39,11 +38,10 @@ def settle(
 ) -> Settlement | None:
     """Return the settled message, or None when no rule has anything to change.
 
-    Messages with neither an open tool nor an unfinished turn are skipped before validation:
-    on a long history almost every message is such, and validating them all would dominate
-    the cost of a rewrite.
+    Messages no rule's trigger matches are skipped before validation: on a long history almost
+    every message is such, and validating them all would dominate the cost of a rewrite.
     """
-    if liveness.active or not needs_settling(raw_message, api):
+    if liveness.active or not needs_settling(raw_message, api, rules):
         return None
     runtime = runtime_of(api)
     try:

@@ -13,8 +13,10 @@ from typing import ClassVar
 
 from rules.changes import Change
 from rules.liveness import Liveness
-from rules.models import Message
+from rules.models import Api, Message
+from rules.rule import Trigger
 from rules.runtimes import V1_ERROR, V2_ERROR, runtime_for
+from rules.triggers import OPEN_TOOL
 
 __all__ = ["V1_ERROR", "V2_ERROR", "OrphanedTool"]
 
@@ -27,6 +29,8 @@ class OrphanedTool:
     """
 
     name: ClassVar[str] = "orphaned-tool"
+    trigger: ClassVar[Trigger] = OPEN_TOOL
+    durable: ClassVar[frozenset[Api]] = frozenset({Api.V1, Api.V2})
 
     def __call__(self, message: Message, liveness: Liveness) -> list[Change]:
         runtime = runtime_for(message)

@@ -1,4 +1,5 @@
-"""Cheap checks on raw messages, so that only candidates are validated and given to the rules.
+"""Cheap checks on raw messages, so that only candidates are validated and given to the rules
+(the built-in triggers, `rules.triggers`, ask these).
 
 They run on every message of long histories: exact type checks on parsed JSON, no models.
 What each runtime keeps where is in :mod:`rules.runtimes`.
@@ -49,14 +50,8 @@ def is_unfinished_assistant(raw_message: Any, api: Api) -> bool:
     return type(time) is dict and time.get("completed") is None
 
 
-def needs_settling(raw_message: Any, api: Api) -> bool:
-    """Whether any rule could have something to say about `raw_message` (cheap, on raw JSON)."""
-    return has_open_tool(raw_message, api) or is_unfinished_assistant(raw_message, api)
-
-
 __all__ = [
     "OPEN_STATUSES",
     "has_open_tool",
     "is_unfinished_assistant",
-    "needs_settling",
 ]

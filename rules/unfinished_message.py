@@ -11,8 +11,10 @@ from typing import ClassVar
 
 from rules.changes import Change
 from rules.liveness import Liveness
-from rules.models import Message
+from rules.models import Api, Message
+from rules.rule import Trigger
 from rules.runtimes import V1_ABORTED, runtime_for
+from rules.triggers import UNFINISHED_MESSAGE
 
 __all__ = ["V1_ABORTED", "UnfinishedMessage"]
 
@@ -22,6 +24,8 @@ class UnfinishedMessage:
     last moment it is known to have been alive."""
 
     name: ClassVar[str] = "unfinished-message"
+    trigger: ClassVar[Trigger] = UNFINISHED_MESSAGE
+    durable: ClassVar[frozenset[Api]] = frozenset({Api.V1})
 
     def __call__(self, message: Message, liveness: Liveness) -> list[Change]:
         runtime = runtime_for(message)

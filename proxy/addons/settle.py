@@ -1,7 +1,8 @@
 """The `settle` addon: message views are made to agree with the server's liveness.
 
-A body is only parsed when a byte scan finds an open tool status or an unfinished assistant
-message in it (a turn cut while the model was writing has no tool), and only when the
+A body is only parsed when a byte scan finds a rule's trigger in it (for the built-in rules an
+open tool status, or an unfinished assistant message: a turn cut while the model was writing
+has no tool), and only when the
 session is inactive by a reading that is current once the whole body has arrived: one kept
 from the event stream (no event about the session since it was taken), or else a fresh one
 asked of the upstream. A reading vouches only for what was last alive well before it (the
@@ -15,13 +16,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import ClassVar
 
 from aiohttp import hdrs
 
 from proxy.addons.context import SettleContext
-from proxy.addons.rewrite import RecentRewrites, Rewritten, mentions_open_status, rewrite
 from proxy.addons.routing import route_of
 from proxy.opencode.client import Credentials
 from proxy.opencode.liveness import LivenessUnknown
@@ -30,7 +29,10 @@ from proxy.opencode.tracker import LivenessTracker
 from proxy.relay import codings
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow
-from rules import DEFAULT_RULES, Liveness, Rule, UnexpectedShape
+from proxy.views.rewrite import Rewritten
+from proxy.views.rewriter import Reason, Scanned, Unchanged, ViewRewriter
+from proxy.views.source import LivenessSource
+from rules import DEFAULT_RULES, Liveness, Rule
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,10 @@ REPORTED = 1_000
 
 
 class Settle(Addon):
-    """Rewrite orphaned tool parts in message views of inactive sessions.
+    """Rewrite orphaned tool parts in message views of inactive sessions: joins the liveness
+    source (`proxy.views.source`) and the view rewriter (`proxy.views.rewriter`), and owns what
+    is HTTP: which bodies are read, their codings, the headers, the log lines and counts, and
+    handing a settlement to the write-back.
 
     With `dry_run` it decides, logs and counts exactly as it would, but sends the body
     unchanged and schedules no write-back.
@@ -54,14 +59,12 @@ class Settle(Addon):
     def __init__(
         self, ctx: SettleContext, *, tracker: LivenessTracker, rules: Sequence[Rule] = DEFAULT_RULES
     ) -> None:
-        self._probe = ctx.probe
-        self._tracker = tracker
+        self._source = LivenessSource(tracker, ctx.probe)
+        self._views = ViewRewriter(rules)
         self._metrics = ctx.metrics
-        self._rules = rules
         self._write_back = ctx.write_back
         self._dry_run = ctx.dry_run
         self._reported: Bounded[tuple[str, str], None] = Bounded(REPORTED)
-        self._recent = RecentRewrites()
 
     async def request_headers(self, flow: Flow) -> None:
         if _route(flow) is not None:
@@ -75,7 +78,9 @@ class Settle(Addon):
         is_json = flow.response_headers.get(hdrs.CONTENT_TYPE, "").startswith("application/json")
         # Unless there is something to check, a large body is relayed piece by piece, a smaller one
         # read whole: one write of it costs less than relaying its pieces (measured, 362 KB vs 3.6 MB).
-        relayed = self._known_unchanged(route, flow) and (flow.content_length or 0) > WHOLE_BODY_LIMIT
+        relayed = (flow.content_length or 0) > WHOLE_BODY_LIMIT and self._source.known_unchanged(
+            route, flow.request.raw_path, self._source.kept(route)
+        )
         absent = codings.missing(_codings(flow))
         if is_json and absent and not relayed:
             log.warning(
@@ -86,64 +91,58 @@ class Settle(Addon):
         if is_json and not absent and not relayed:
             flow.read_whole(by=self.name)
 
-    def _known_unchanged(self, route: MessageRoute, flow: Flow) -> bool:
-        """Whether the stream vouches there is nothing to settle, so the body goes out unscanned:
-        the session is active, or this view showed no open tool and nothing happened since."""
-        kept = self._tracker.cached(route.api, route.session_id)
-        return (kept is not None and kept.liveness.active) or self._tracker.known_clean(
-            route.session_id, flow.request.raw_path
-        )
-
     async def response(self, flow: Flow) -> None:
+        """Checked once each, in order of cost: the stream's word, the body's bytes, a reading."""
         route = _route(flow)
-        body = None if route is None or self._known_unchanged(route, flow) else self._decoded(route, flow)
-        if route is None or body is None:
+        if route is None:
             return
         view = flow.request.raw_path
-        known = self._recent.known(route.session_id, view, body)
-        if known is None and not mentions_open_status(body, route.api):
-            self._tracker.mark_clean(route.session_id, view)
+        kept = self._source.kept(route)
+        body = None if self._source.known_unchanged(route, view, kept) else self._decoded(route, flow)
+        if body is None:
             return
-        credentials = self._probe.credentials(flow.request)
+        scanned = self._views.scan(route, view, body)
+        if isinstance(scanned, Unchanged):
+            self._source.mark_clean(route, view)
+            return
+        credentials = self._source.credentials(flow.request)
         try:
-            kept = self._tracker.cached(route.api, route.session_id)
-            liveness = (
-                await self._probe.bounded(kept.liveness) if kept else await self._ask(route, credentials)
-            )
-            # What a reading later than everything in the body would settle; kept for equal bytes.
-            rewritten = (
-                None
-                if liveness.active
-                else known
-                or self._recent.rewrite(view, body, route, replace(liveness, taken_at=None), self._rules)
-            )
-            if rewritten is not None and not liveness.vouches_for(rewritten.messages.last_alive):
-                if kept is not None:
-                    liveness = await self._ask(route, credentials)
-                if liveness.active:
-                    rewritten = None
-                elif not liveness.vouches_for(rewritten.messages.last_alive):
-                    rewritten = rewrite(body, route, liveness, self._rules)
+            outcome = await self._settled(scanned, kept, credentials)
         except LivenessUnknown as error:
             log.warning("liveness of %s unknown, body passed on unchanged: %s", route.session_id, error)
             return
-        except UnexpectedShape as error:
-            self._report_once(route, str(error))
+        if isinstance(outcome, Unchanged):
+            if outcome.reason is Reason.UNEXPECTED_SHAPE:
+                self._report_once(route, outcome.detail)
             return
-        if rewritten is None:
-            return
-        self._record(route, rewritten, log_it=known is None)
-        if self._dry_run:
-            return
+        self._record(route, outcome, log_it=scanned.known is None)
+        if not self._dry_run:
+            self._deliver(flow, route, outcome, credentials)
+
+    def _deliver(
+        self, flow: Flow, route: MessageRoute, rewritten: Rewritten, credentials: Credentials
+    ) -> None:
+        """The settled body to the client, in the codings it takes and with the headers that say
+        what changed; and to the write-back, which makes it durable if the session stays idle."""
         _send(flow, rewritten.body)
-        for name in _VALIDATORS:
-            flow.response_headers.popall(name, None)
-        flow.response_headers[SETTLED_HEADER] = str(rewritten.messages.settled_parts)
-        flow.response_headers[RULES_HEADER] = ",".join(
-            dict.fromkeys(c.rule for c in rewritten.messages.changes)
-        )
+        _label(flow, rewritten)
         if self._write_back is not None:
             self._write_back.schedule(route.api, route.session_id, credentials, _targets(rewritten))
+
+    async def _settled(
+        self, scanned: Scanned, kept: Liveness | None, credentials: Credentials
+    ) -> Rewritten | Unchanged:
+        """What a reading settles: the rewrite a later reading would make (kept for equal bytes)
+        when this one vouches for it, else what a fresh one vouches for."""
+        route = scanned.route
+        reading = await self._source.reading(route, credentials, kept)
+        rewritten = self._views.settle(scanned, reading.liveness)
+        if isinstance(rewritten, Unchanged):
+            return rewritten
+        liveness = await self._source.vouching(route, credentials, reading, rewritten.messages.last_alive)
+        if liveness.vouches_for(rewritten.messages.last_alive):
+            return rewritten
+        return self._views.settle_exactly(scanned, liveness)
 
     def _decoded(self, route: MessageRoute, flow: Flow) -> bytes | None:
         """The body with its content codings undone, or None (logged) when they do not decode."""
@@ -152,12 +151,6 @@ class Settle(Addon):
         except codings.CodingError as error:
             log.warning("%s: body passed on unchecked: %s", route.session_id, error)
             return None
-
-    async def _ask(self, route: MessageRoute, credentials: Credentials) -> Liveness:
-        """A fresh reading from the upstream, kept for later fetches while the stream vouches for it."""
-        liveness = await self._probe.read(route.api, route.session_id, credentials)
-        self._tracker.store(route.api, liveness)
-        return liveness
 
     def _record(self, route: MessageRoute, rewritten: Rewritten, *, log_it: bool) -> None:
         """One count per change, and one structured log line when it is decided (not when the
@@ -190,6 +183,15 @@ def _targets(rewritten: Rewritten) -> set[str]:
     """What the write-back may touch: each part or call settled here (or message, for a change
     to the message itself)."""
     return {change.target.key for change in rewritten.messages.changes}
+
+
+def _label(flow: Flow, rewritten: Rewritten) -> None:
+    """The headers of a settled body: what was settled, by which rules, and no validator of the
+    upstream's bytes (they are not these)."""
+    for name in _VALIDATORS:
+        flow.response_headers.popall(name, None)
+    flow.response_headers[SETTLED_HEADER] = str(rewritten.messages.settled_parts)
+    flow.response_headers[RULES_HEADER] = ",".join(dict.fromkeys(c.rule for c in rewritten.messages.changes))
 
 
 def _codings(flow: Flow) -> list[str]:

@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.opencode.ids import ascending_id
-from rules import OPEN_STATUSES, Api
-from rules.runtimes import V1_ERROR, V2_ERROR
+from rules import OPEN_STATUSES, V1_ERROR, V2_ERROR, Api
 
 __all__ = [
     "ANSWERED",

@@ -51,9 +51,7 @@ from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
 from proxy.opencode.vocabulary import PROMPT_ADMITTED, event_name, for_replay, tool_failed
 from proxy.writeback.locks import SessionLocks
 from proxy.writeback.scheduler import Confirm, WriteBackMode, Written, targeted
-from rules import Api, Change, Liveness, Target, settle
-from rules.models import JSONObject
-from rules.orphaned_tool import OrphanedTool
+from rules import REGISTRY, Api, Change, JSONObject, Liveness, OrphanedTool, Target, settle
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +103,7 @@ class ApiWriter:
         liveness = await confirm()
         written = []
         for message in messages:
-            settlement = settle(message, V1_HTTP.api, liveness)
+            settlement = settle(message, V1_HTTP.api, liveness, rules=REGISTRY.durable(V1_HTTP.api))
             if settlement is None:
                 continue
             for change in settlement.changes:
@@ -215,7 +213,7 @@ def _open_calls(
     item as the rule settled it (its `time.completed` is the failure time)."""
     calls = []
     for message in messages:
-        settlement = settle(message, V2_HTTP.api, liveness, rules=(OrphanedTool(),))
+        settlement = settle(message, V2_HTTP.api, liveness, rules=REGISTRY.durable(V2_HTTP.api))
         if settlement is None:
             continue
         calls += [

@@ -28,8 +28,7 @@ from proxy.opencode.ids import ascending_id
 from proxy.opencode.vocabulary import OPEN_STATUSES
 from proxy.writeback.db_rows import RuntimeRows, V1Rows, V2Rows
 from proxy.writeback.scheduler import Confirm, Written
-from rules import Api, OpenTool
-from rules.models import JSONObject
+from rules import Api, JSONObject, OpenTool
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,7 @@ from proxy.opencode.vocabulary import (
     tool_failed_data,
 )
 from proxy.writeback.scheduler import Written, targeted
-from rules import V1, V2, Change, Liveness, Runtime, apply_changes, settle
-from rules.models import JSONObject
-from rules.orphaned_tool import OrphanedTool
+from rules import REGISTRY, V1, V2, Change, JSONObject, Liveness, Runtime, apply_changes, settle
 
 _V1_IDS = ("id", "sessionID", "messageID")
 _V2_IDS = ("id", "type")
@@ -87,7 +85,7 @@ WHERE json_extract(p.data, '$.type') = 'tool' AND json_extract(p.data, '$.state.
     ) -> list[Written]:
         written: list[Written] = []
         for view in views:
-            settlement = settle(view, V1.api, liveness)
+            settlement = settle(view, V1.api, liveness, rules=REGISTRY.durable(V1.api))
             if settlement is None:
                 continue
             now = now_ms()
@@ -148,7 +146,7 @@ WHERE json_extract(item.value, '$.type') = 'tool' AND json_extract(item.value, '
         written: list[Written] = []
         for view in views:
             # Only what the tool.failed event projects: the message row must stay in step with the log.
-            settlement = settle(view, V2.api, liveness, rules=(OrphanedTool(),))
+            settlement = settle(view, V2.api, liveness, rules=REGISTRY.durable(V2.api))
             if settlement is None:
                 continue
             changes = [

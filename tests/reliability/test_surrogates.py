@@ -21,9 +21,9 @@ import orjson
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from proxy.addons.rewrite import rewrite
 from proxy.opencode import jsonio
 from proxy.opencode.routes import MessageRoute
+from proxy.views.rewrite import rewrite
 from rules import Api, Liveness, settle_view
 from tests.fixtures import js_json, load
 

@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from rules import Api
-from rules.tools import OPEN_STATUSES, has_open_tool, is_unfinished_assistant, needs_settling
+from rules import Api, needs_settling
+from rules.tools import OPEN_STATUSES, has_open_tool, is_unfinished_assistant
 
 
 def v1(*statuses: str, role: str = "assistant", time: Any = None) -> dict[str, Any]:

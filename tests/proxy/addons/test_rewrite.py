@@ -6,8 +6,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.addons.rewrite import REMEMBERED_VIEWS, RecentRewrites, mentions_open_status, rewrite
 from proxy.opencode.routes import MessageRoute, match_message_route
+from proxy.views.rewrite import REMEMBERED_VIEWS, RecentRewrites, rewrite
+from proxy.views.scan import mentions_open_status
 from rules import DEFAULT_RULES, Api, Liveness, UnexpectedShape, settle
 from tests.fixtures import js_json, load
 

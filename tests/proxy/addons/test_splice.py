@@ -6,7 +6,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.addons.splice import compact_spans, raw_messages, splice
+from proxy.views.splice import compact_spans, raw_messages, splice
 from rules import Api, Settlement, UnexpectedShape
 
 V1: list[dict[str, Any]] = [

@@ -2,8 +2,8 @@
 
 Clients fetch long histories, and a parse of all of one costs far more than the rest of a
 request (measured: 35 ms for a 3.6 MB list with orjson). So a list is first cut into its
-messages without parsing them (:mod:`proxy.addons.splice`); only a message in which the byte
-scan (:mod:`proxy.addons.scan`) found an open status is parsed and given to the rules, and
+messages without parsing them (:mod:`proxy.views.splice`); only a message in which the byte
+scan (:mod:`proxy.views.scan`) found a rule's trigger is parsed and given to the rules, and
 its new bytes replace exactly its old ones. Everything else goes out as the upstream sent it,
 byte for byte.
 
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import msgspec
 import orjson
 
-from proxy.addons.scan import candidates, mentions_open_status
-from proxy.addons.splice import compact_spans, raw_messages, splice
 from proxy.opencode import jsonio
 from proxy.opencode.routes import MessageRoute
+from proxy.views import scan
+from proxy.views.splice import compact_spans, raw_messages, splice
 from rules import (
     DEFAULT_RULES,
     Api,
@@ -38,7 +38,7 @@ from rules import (
     settle_view,
 )
 
-__all__ = ["RecentRewrites", "Rewritten", "mentions_open_status", "rewrite"]
+__all__ = ["RecentRewrites", "Rewritten", "rewrite"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +52,15 @@ class Rewritten:
 
 
 def rewrite(
-    body: bytes, route: MessageRoute, liveness: Liveness, rules: Sequence[Rule] = DEFAULT_RULES
+    body: bytes,
+    route: MessageRoute,
+    liveness: Liveness,
+    rules: Sequence[Rule] = DEFAULT_RULES,
+    *,
+    found: Sequence[int] | None = None,
 ) -> Rewritten | None:
-    """Return the settled body, or None when no rule changes anything.
+    """Return the settled body, or None when no rule changes anything. `found` is what the byte
+    scan of `body` (`scan.found`) gave, when it was already taken.
 
     Raises `UnexpectedShape` for a body that is not JSON of the route's shape.
     """
@@ -64,7 +70,8 @@ def rewrite(
         scanned, raw = raw_messages(body, route.api)
         spans = compact_spans(scanned, raw)
         if spans is not None:
-            return _rewrite_spans(body, raw, spans, route.api, liveness=liveness, rules=rules)
+            positions = scan.found(body, route.api, rules) if found is None else found
+            return _rewrite_spans(body, raw, spans, positions, route.api, liveness=liveness, rules=rules)
     return _rewrite_document(body, route, liveness, rules)
 
 
@@ -72,13 +79,14 @@ def _rewrite_spans(
     body: bytes,
     raw: list[msgspec.Raw],
     starts: list[int],
+    positions: Sequence[int],
     api: Api,
     *,
     liveness: Liveness,
     rules: Sequence[Rule],
 ) -> Rewritten | None:
     settled: list[tuple[int, Settlement]] = []
-    for index in candidates(body, starts, api):
+    for index in scan.candidates(starts, positions):
         start = starts[index]
         found = settle(jsonio.loads(body[start : start + len(raw[index])]), api, liveness, rules)
         if found is not None:
@@ -140,11 +148,18 @@ class RecentRewrites:
         return entry[1]
 
     def rewrite(
-        self, view: str, body: bytes, route: MessageRoute, liveness: Liveness, rules: Sequence[Rule]
+        self,
+        view: str,
+        body: bytes,
+        route: MessageRoute,
+        liveness: Liveness,
+        rules: Sequence[Rule],
+        *,
+        found: Sequence[int] | None = None,
     ) -> Rewritten | None:
         """Rewrite `body` and keep the result for `known`."""
         key = (route.session_id, view)
-        result = rewrite(body, route, liveness, rules)
+        result = rewrite(body, route, liveness, rules, found=found)
         self._forget(key)
         if result is not None and len(body) + len(result.body) <= self._budget:
             self._entries[key] = (body, result)
