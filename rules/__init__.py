@@ -6,7 +6,7 @@ write-back, the offline `settle` command and any other framework.
 
 from rules.changes import Change, apply_changes, changed_object, merge_patch
 from rules.engine import Settlement, UnexpectedShape, settle
-from rules.liveness import Liveness
+from rules.liveness import FRESH_MARGIN_MS, Liveness
 from rules.models import Api, JSONObject, Message, V1Message, V2Message
 from rules.orphaned_tool import OrphanedTool
 from rules.registry import DEFAULT_RULES, REGISTRY, Registry, needs_settling, triggers_of
@@ -20,6 +20,7 @@ from rules.views import SettledMessages, ViewSettlement, messages_of, settle_vie
 
 __all__ = [
     "DEFAULT_RULES",
+    "FRESH_MARGIN_MS",
     "OPEN_STATUSES",
     "OPEN_TOOL",
     "REGISTRY",

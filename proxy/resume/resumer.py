@@ -33,12 +33,15 @@ from proxy.resume.text import ProcessFate, resume_text
 from proxy.resume.turns import InterruptedTurn, last_turn, user_message_after
 from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Writer
-from rules import Api, Liveness
+from rules import FRESH_MARGIN_MS, Api, Liveness
 
 __all__ = ["Fates", "ResumeOptions", "Resumer"]
 
 log = logging.getLogger(__name__)
 RETRY_PAUSE_S = 5.0
+SETTLE_ATTEMPTS = 3
+SETTLE_PAUSE_S = FRESH_MARGIN_MS / 1000 + 0.5
+"""Past the margin within which no reading vouches for a call, by the server's clock (in whole seconds)."""
 
 
 class Reader(Protocol):
@@ -79,6 +82,7 @@ class ResumeOptions:
     text: str | None = None
     """`--resume-text`: the prompt to send instead of the one that names the calls."""
     retry_pause: float = RETRY_PAUSE_S
+    settle_pause: float = SETTLE_PAUSE_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,15 +159,33 @@ class Resumer:
             return
         turn = before.last.turn
         assert turn is not None
-        if (open_calls := [c.call_id for c in turn.calls if c.still_open]) and not self._options.dry_run:
-            await self._settle(turn, open_calls)
-        after = await self._after(candidate, info, turn.message_id)
+        after = await self._settled(candidate, info, turn)
         if (verdict := after_settling(after, self._options.policy)).why is not None:
             self._skip(candidate, verdict.why, after.before.last.turn or turn)
             return
         settled = after.before.last.turn
         assert settled is not None
         await self._resume(candidate, settled, _directory(info) or candidate.directory)
+
+    async def _settled(self, candidate: Candidate, info: dict[str, Any], turn: InterruptedTurn) -> After:
+        """The session re-read after its open calls were written back. A call last alive within
+        the freshness margin of the reading is left open by the write-back (no reading vouches for
+        it yet): written again after a pause, a few times, before the turn is given up."""
+        for _ in range(SETTLE_ATTEMPTS - 1):
+            after = await self._written_and_reread(candidate, info, turn)
+            reread = after.before.last.turn
+            if reread is None or after.active or not any(call.still_open for call in reread.calls):
+                return after
+            await asyncio.sleep(self._options.settle_pause)
+            turn = reread
+        return await self._written_and_reread(candidate, info, turn)
+
+    async def _written_and_reread(
+        self, candidate: Candidate, info: dict[str, Any], turn: InterruptedTurn
+    ) -> After:
+        if (open_calls := [c.call_id for c in turn.calls if c.still_open]) and not self._options.dry_run:
+            await self._settle(turn, open_calls)
+        return await self._after(candidate, info, turn.message_id)
 
     async def _clients_back(self, candidate: Candidate) -> None:
         """Wait (bounded) for the client streams that were open when the server was last heard."""

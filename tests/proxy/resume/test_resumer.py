@@ -14,7 +14,7 @@ from proxy.opencode.client import Credentials, UpstreamRefused
 from proxy.resume.decision import Policy
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
-from proxy.resume.resumer import ResumeOptions, Resumer
+from proxy.resume.resumer import SETTLE_ATTEMPTS, ResumeOptions, Resumer
 from proxy.resume.turns import InterruptedTurn
 from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Confirm, WriteBackMode, Written
@@ -71,9 +71,11 @@ class FakeProbe:
 
 
 class SettlingWriter:
-    def __init__(self, server: FakeServer, *, settles: bool = True) -> None:
+    def __init__(self, server: FakeServer, *, settles: bool = True, vouched_after: int = 1) -> None:
         self.server = server
         self.settles = settles
+        self.vouched_after = vouched_after
+        """The write that first finds a reading vouching for the call (earlier ones: too fresh)."""
         self.targets: list[Collection[str]] = []
 
     @property
@@ -85,7 +87,7 @@ class SettlingWriter:
     ) -> list[Written]:
         self.targets.append(targets)
         assert not (await confirm()).active
-        if not self.settles:
+        if not self.settles or len(self.targets) < self.vouched_after:
             return []
         self.server.view = v1_view(v1_settled("prt_1"))
         return [Written(api, session_id, "msg_002", "prt_1", "orphaned-tool")]
@@ -107,7 +109,9 @@ def resumer(
     text: str | None = None,
 ) -> tuple[Resumer, Journal]:
     journal = Journal(CollectorRegistry(), enabled=True, dry_run=dry_run)
-    options = ResumeOptions(Policy(attempts, 300), grace=0, dry_run=dry_run, text=text, retry_pause=0)
+    options = ResumeOptions(
+        Policy(attempts, 300), grace=0, dry_run=dry_run, text=text, retry_pause=0, settle_pause=0
+    )
     made = Resumer(
         server,
         FakeProbe(),
@@ -152,10 +156,25 @@ async def test_an_open_call_is_written_back_before_the_prompt_that_names_it(
 async def test_a_call_the_write_back_could_not_settle_is_never_resumed(ledger: Ledger) -> None:
     server = FakeServer(ledger)
     server.view = v1_view(v1_tool("prt_1"))
-    made, journal = resumer(server, ledger, writer=SettlingWriter(server, settles=False))
+    writer = SettlingWriter(server, settles=False)
+    made, journal = resumer(server, ledger, writer=writer)
     await considered(made)
     assert server.prompts == []
+    assert len(writer.targets) == SETTLE_ATTEMPTS, "written again after a pause before it is given up"
     assert "prt_1 still open when re-read" in journal.recent()[0]["why"]
+
+
+async def test_a_call_too_fresh_for_the_first_write_back_is_written_again_and_resumed(ledger: Ledger) -> None:
+    """Last alive within the freshness margin of the first reading (a restart that took under 2 s),
+    the call is left open by the first write-back: the next one, after a pause, settles it."""
+    server = FakeServer(ledger)
+    server.view = v1_view(v1_tool("prt_1"))
+    writer = SettlingWriter(server, vouched_after=2)
+    made, journal = resumer(server, ledger, writer=writer)
+    await considered(made)
+    assert len(writer.targets) == 2
+    assert len(server.prompts) == 1
+    assert journal.recent()[0]["outcome"] == "resumed"
 
 
 async def test_a_turn_that_does_not_start_is_tried_again_within_the_budget(ledger: Ledger) -> None:
