@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,10 +13,10 @@ from proxy.resume.text import resume_text
 
 from .http_client import request as http_request
 from .mock_model import MockModel, Plan, RecordedRequest
-from .opencode_server import REPO_ROOT, OpencodeServer, directory_header
+from .opencode_server import OpencodeServer, directory_header
 from .polling import poll
 from .proxy_process import ProxyProcess
-from .test_sdk_streams import SUBSCRIBER, Subscription
+from .test_sdk_streams import Subscription
 from .tui import Terminal
 from .turns import RUNTIMES, Observed, Turn, read_messages, start_turn, start_v1_turn, wait_tool_running
 
@@ -77,16 +76,7 @@ def sdk_subscriptions(
     started: dict[str, Subscription] = {}
     try:
         for name, (base_url, kind, argument) in streams.items():
-            output = root / f"sdk-{name}.jsonl"
-            with output.open("wb") as sink:
-                process = subprocess.Popen(
-                    ["node", str(SUBSCRIBER), base_url, kind, argument],
-                    cwd=REPO_ROOT,
-                    stdin=subprocess.DEVNULL,
-                    stdout=sink,
-                    stderr=subprocess.STDOUT,
-                )
-            started[name] = Subscription(name, process, output)
+            started[name] = Subscription.start(name, root / f"sdk-{name}.jsonl", base_url, kind, argument)
         for subscription in started.values():
             poll(subscription.opened, what=f"{subscription.name} open", timeout=30)
         yield started

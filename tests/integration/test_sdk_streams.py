@@ -48,6 +48,19 @@ class Subscription:
     process: subprocess.Popen[bytes]
     output: Path
 
+    @classmethod
+    def start(cls, name: str, output: Path, base_url: str, kind: str, argument: str = "") -> Subscription:
+        """`sdk_subscriber.mjs` subscribing to `kind` (with `argument`) at `base_url`, printing to `output`."""
+        with output.open("wb") as sink:
+            process = subprocess.Popen(
+                ["node", str(SUBSCRIBER), base_url, kind, argument],
+                cwd=REPO_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+        return cls(name, process, output)
+
     def lines(self) -> list[dict[str, Any]]:
         return [orjson.loads(line) for line in self.output.read_bytes().splitlines() if line.strip()]
 
@@ -74,16 +87,9 @@ def subscribe(tmp_path: Path) -> Iterator[Any]:
     started: list[Subscription] = []
 
     def start(name: str, base_url: str, kind: str, argument: str = "") -> Subscription:
-        output = tmp_path / f"{name}.jsonl"
-        with output.open("wb") as sink:
-            process = subprocess.Popen(
-                ["node", str(SUBSCRIBER), base_url, kind, argument],
-                cwd=REPO_ROOT,
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-            )
-        started.append(subscription := Subscription(name, process, output))
+        started.append(
+            subscription := Subscription.start(name, tmp_path / f"{name}.jsonl", base_url, kind, argument)
+        )
         return subscription
 
     try:
