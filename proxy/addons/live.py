@@ -40,6 +40,7 @@ from proxy.addons.live_parts import OpenParts
 from proxy.addons.live_turns import DeadTurns
 from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.relay.hooks import Addon, Flow
+from proxy.relay.tasks import Together
 
 
 class LiveSettle(Addon, StreamListener):
@@ -54,6 +55,7 @@ class LiveSettle(Addon, StreamListener):
         self._default = DefaultDirectory(ctx.upstream, self._clients.learned_default)
         self._parts = OpenParts(ctx, self._memory, self._clients)
         self._turns = DeadTurns(ctx, self._memory, self._clients)
+        self.tasks = Together(self._default, self._parts.tasks, self._turns.tasks)
 
     # What the followed stream says.
 
@@ -85,19 +87,7 @@ class LiveSettle(Addon, StreamListener):
     async def done(self, flow: Flow) -> None:
         self._clients.unsubscribe(flow)
 
-    @property
-    def busy(self) -> bool:
-        return self._parts.busy or self._turns.busy or self._default.busy
-
-    async def idle(self) -> None:
-        """Wait until no confirmation runs (a part's or a turn's) and the default directory is not
-        being asked."""
-        await self._default.idle()
-        await self._parts.idle()
-        await self._turns.idle()
-
     async def close(self) -> None:
-        """Cancel pending confirmations (application cleanup)."""
-        await self._default.close()
-        await self._parts.close()
-        await self._turns.close()
+        """Cancel pending confirmations and the question of the default directory (application
+        cleanup)."""
+        await self.tasks.close()

@@ -46,26 +46,16 @@ class OpenParts:
 
     def __init__(self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams) -> None:
         self._ctx = ctx
-        self._confirming: KeyedTasks[str] = KeyedTasks("live-settle")
+        self.tasks: KeyedTasks[str] = KeyedTasks("live-settle")
         self._memory = memory
         self._clients = clients
         self._watch = NewsWatch("open parts", ctx.metrics.withdrawn_confirmations)
 
     def schedule(self, session_id: str) -> None:
-        self._confirming.start(session_id, lambda: self._confirm(self._watch.begin(session_id)))
+        self.tasks.start(session_id, lambda: self._confirm(self._watch.begin(session_id)))
 
     def heard(self, event: GlobalEvent) -> None:
         self._watch.heard(event)
-
-    @property
-    def busy(self) -> bool:
-        return self._confirming.busy
-
-    async def idle(self) -> None:
-        await self._confirming.idle()
-
-    async def close(self) -> None:
-        await self._confirming.close()
 
     async def _confirm(self, ticket: Ticket) -> None:
         session_id = ticket.session_id

@@ -33,26 +33,16 @@ class DeadTurns:
 
     def __init__(self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams) -> None:
         self._ctx = ctx
-        self._confirming: KeyedTasks[str] = KeyedTasks("live-settle turns")
+        self.tasks: KeyedTasks[str] = KeyedTasks("live-settle turns")
         self._memory = memory
         self._clients = clients
         self._watch = NewsWatch("dead turns", ctx.metrics.withdrawn_confirmations)
 
     def schedule(self, session_id: str) -> None:
-        self._confirming.start(session_id, lambda: self._confirm(self._watch.begin(session_id)))
+        self.tasks.start(session_id, lambda: self._confirm(self._watch.begin(session_id)))
 
     def heard(self, event: GlobalEvent) -> None:
         self._watch.heard(event)
-
-    @property
-    def busy(self) -> bool:
-        return self._confirming.busy
-
-    async def idle(self) -> None:
-        await self._confirming.idle()
-
-    async def close(self) -> None:
-        await self._confirming.close()
 
     async def _confirm(self, ticket: Ticket) -> None:
         with self._watch.held(ticket):

@@ -73,7 +73,7 @@ class SessionStreamSettle(Addon, StreamListener):
 
     def __init__(self, ctx: SettleContext) -> None:
         self._ctx = ctx
-        self._confirming: KeyedTasks[str] = KeyedTasks(self.name)
+        self.tasks: KeyedTasks[str] = KeyedTasks(self.name)
         self._credentials = ctx.credentials
         self._streams: dict[SessionStream, None] = {}
         """An ordered set: each is also kept in its flow (`STREAM`)."""
@@ -87,7 +87,7 @@ class SessionStreamSettle(Addon, StreamListener):
     def following(self) -> None:
         for session_id in list(self._open):
             del self._open[session_id]
-            self._confirming.start(session_id, partial(self._confirmation, session_id, self._credentials))
+            self.tasks.start(session_id, partial(self._confirmation, session_id, self._credentials))
 
     def event(self, event: GlobalEvent) -> None:
         self._watch.heard(event)
@@ -112,23 +112,15 @@ class SessionStreamSettle(Addon, StreamListener):
         self._streams[stream] = None
         flow[STREAM] = stream
         credentials = self._ctx.probe.credentials(flow.request)
-        self._confirming.start(stream.session_id, partial(self._confirmation, stream.session_id, credentials))
+        self.tasks.start(stream.session_id, partial(self._confirmation, stream.session_id, credentials))
 
     async def done(self, flow: Flow) -> None:
         if (stream := flow.get(STREAM)) is not None:
             self._streams.pop(stream, None)
 
-    @property
-    def busy(self) -> bool:
-        return self._confirming.busy
-
-    async def idle(self) -> None:
-        """Wait until no confirmation runs."""
-        await self._confirming.idle()
-
     async def close(self) -> None:
         """Cancel pending confirmations (application cleanup)."""
-        await self._confirming.close()
+        await self.tasks.close()
 
     def _confirmation(self, session_id: str, credentials: Credentials) -> Coroutine[Any, Any, None]:
         """The confirmation of `session_id`, watched for news from the moment it is scheduled."""

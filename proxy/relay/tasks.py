@@ -4,7 +4,7 @@ and the one place an application's background work can be waited for."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Hashable
+from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from aiohttp import web
@@ -21,12 +21,25 @@ class Idles(Protocol):
     async def idle(self) -> None: ...
 
 
+class Lifecycle(Idles, Protocol):
+    """An owner of background tasks that can also cancel them (application cleanup)."""
+
+    async def close(self) -> None: ...
+
+
+async def _until_idle(owners: Sequence[Idles]) -> None:
+    """Wait until no owner is busy: one owner's task can start another's, so once is not enough."""
+    while any(owner.busy for owner in owners):
+        for owner in owners:
+            await owner.idle()
+
+
 class KeyedTasks(Generic[K]):
     """Confirmations and writes scheduled per session: a second request for a key whose task is
     still under way is the same request, so it starts nothing.
 
-    Its owner holds one (composition, never a base class: an addon's `close` is then its own,
-    whatever its bases) and says it is busy, idle and closed as its tasks are.
+    Its owner holds one as `tasks` (composition, never a base class: an addon's `close` is then
+    its own, whatever its bases), which `Background` waits for and the owner's cleanup closes.
     """
 
     def __init__(self, name: str) -> None:
@@ -57,6 +70,24 @@ class KeyedTasks(Generic[K]):
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
 
+class Together:
+    """The background work of several owners, held by one (an addon made of parts) as its own."""
+
+    def __init__(self, *owners: Lifecycle) -> None:
+        self._owners = owners
+
+    @property
+    def busy(self) -> bool:
+        return any(owner.busy for owner in self._owners)
+
+    async def idle(self) -> None:
+        await _until_idle(self._owners)
+
+    async def close(self) -> None:
+        for owner in self._owners:
+            await owner.close()
+
+
 class Background:
     """Every owner of an application's background tasks, to be waited for as one.
 
@@ -75,9 +106,7 @@ class Background:
         return any(owner.busy for owner in self._owners)
 
     async def idle(self) -> None:
-        while self.busy:
-            for owner in self._owners:
-                await owner.idle()
+        await _until_idle(self._owners)
 
 
 BACKGROUND = web.AppKey("background", Background)

@@ -62,7 +62,7 @@ async def resuming(
         fates=fates,
         clients=clients,
     )
-    stack.push_async_callback(resumer.close)
+    stack.push_async_callback(resumer.tasks.close)
     log.info(
         "resume is on%s: at most %d prompt(s) per interrupted turn, within %g s",
         " (dry run: nothing is sent)" if options.dry_run else "",

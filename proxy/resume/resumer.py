@@ -111,7 +111,7 @@ class Resumer:
         clients: ClientStreams | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._considering: KeyedTasks[str] = KeyedTasks("resume")
+        self.tasks: KeyedTasks[str] = KeyedTasks("resume")
         self._server = server
         self._probe = probe
         self._writer = writer
@@ -124,18 +124,7 @@ class Resumer:
         self._clock = clock
 
     def consider(self, candidate: Candidate) -> None:
-        self._considering.start(candidate.session_id, partial(self._guarded, candidate))
-
-    @property
-    def busy(self) -> bool:
-        return self._considering.busy
-
-    async def idle(self) -> None:
-        await self._considering.idle()
-
-    async def close(self) -> None:
-        """Cancel every consideration under way (application cleanup)."""
-        await self._considering.close()
+        self.tasks.start(candidate.session_id, partial(self._guarded, candidate))
 
     async def _guarded(self, candidate: Candidate) -> None:
         try:

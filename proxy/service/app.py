@@ -27,7 +27,7 @@ from proxy.relay.departures import DEPARTURES, Departures
 from proxy.relay.forward import Forwarder
 from proxy.relay.headers import MountedLinks, drop_invented_headers
 from proxy.relay.hooks import Addon, Addons, Scope
-from proxy.relay.options import RELAY, RELAY_METRICS, RelayMetrics, RelayOptions
+from proxy.relay.options import RELAY, RELAY_METRICS, RelayOptions
 from proxy.relay.tasks import BACKGROUND, Background
 from proxy.relay.upstream import MOUNT_PREFIX, UPSTREAM, upstream_session
 from proxy.resume.clients import ClientStreams
@@ -81,13 +81,7 @@ async def _addons(forwarder: Forwarder, app: web.Application) -> AsyncIterator[N
     async with AsyncExitStack() as stack:
         stack.push_async_callback(elsewhere.close)
         writer = await _writer(settings, upstream, stack)
-        write_back = None
-        if writer is not None and not settings.dry_run:
-            write_back = app[WRITE_BACK] = WriteBack(
-                probe, CountingWriter(writer, metrics.write_backs), settings.grace
-            )
-            stack.push_async_callback(write_back.close)
-            background.add(write_back)
+        write_back = _write_back(app, probe, writer, stack)
         tracker = app[TRACKER] = LivenessTracker(
             app[UPSTREAM],
             settings.upstream,
@@ -105,16 +99,7 @@ async def _addons(forwarder: Forwarder, app: web.Application) -> AsyncIterator[N
             write_back,
             settings.dry_run,
         )
-        prefix = app.get(MOUNT_PREFIX, "")
-        live, streams = LiveSettle(ctx), SessionStreamSettle(ctx)
-        clients = ClientStreams() if settings.resume else None
-        addons, scopes = _in_order(Settle(ctx, tracker=tracker), live, streams, clients, prefix)
-        dispatcher = Addons(addons, metrics.addon_errors, scopes=scopes)
-        forwarder.start(app[UPSTREAM], dispatcher, prefix=prefix)
-        stack.push_async_callback(dispatcher.close)
-        tracker.listeners.extend((live, streams))
-        background.add(live)
-        background.add(streams)
+        clients = _dispatch(app, forwarder, ctx, tracker, stack)
         if DETAILS_GUARD in app:
             tracker.listeners.append(app[DETAILS_GUARD])
         if (watcher := await _tool_processes(app, stack)) is not None:
@@ -132,6 +117,43 @@ async def _addons(forwarder: Forwarder, app: web.Application) -> AsyncIterator[N
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)
         yield
+
+
+def _write_back(
+    app: web.Application, probe: LivenessProbe, writer: Writer | None, stack: AsyncExitStack
+) -> WriteBack | None:
+    """The scheduler of write-backs through `writer`, unless there is none or this is a dry run."""
+    settings = app[SETTINGS]
+    if writer is None or settings.dry_run:
+        return None
+    write_back = app[WRITE_BACK] = WriteBack(
+        probe, CountingWriter(writer, app[METRICS].write_backs), settings.grace
+    )
+    stack.push_async_callback(write_back.close)
+    app[BACKGROUND].add(write_back.tasks)
+    return write_back
+
+
+def _dispatch(
+    app: web.Application,
+    forwarder: Forwarder,
+    ctx: SettleContext,
+    tracker: LivenessTracker,
+    stack: AsyncExitStack,
+) -> ClientStreams | None:
+    """The addons, given to `forwarder` in order and to `tracker` if they follow the stream; the
+    client streams a resume waits for, if `--resume` is on."""
+    prefix = app.get(MOUNT_PREFIX, "")
+    live, streams = LiveSettle(ctx), SessionStreamSettle(ctx)
+    clients = ClientStreams() if app[SETTINGS].resume else None
+    addons, scopes = _in_order(Settle(ctx, tracker=tracker), live, streams, clients, prefix)
+    dispatcher = Addons(addons, app[METRICS].addon_errors, scopes=scopes)
+    forwarder.start(app[UPSTREAM], dispatcher, prefix=prefix)
+    stack.push_async_callback(dispatcher.close)
+    tracker.listeners.extend((live, streams))
+    app[BACKGROUND].add(live.tasks)
+    app[BACKGROUND].add(streams.tasks)
+    return clients
 
 
 def _in_order(
@@ -198,9 +220,7 @@ def create_app(settings: Settings) -> web.Application:
         settings.upstream_origin, settings.connect_timeout, settings.response_timeout, settings.max_body
     )
     app[DEPARTURES] = departures = Departures()
-    relay_metrics = app[RELAY_METRICS] = RelayMetrics(
-        metrics.requests, metrics.upstream_seconds, metrics.open_streams
-    )
+    relay_metrics = app[RELAY_METRICS] = metrics.relay
     forwarder = Forwarder(app[RELAY], relay_metrics, departures)
     app.cleanup_ctx.extend((upstream_session, functools.partial(_addons, forwarder)))
     app.on_response_prepare.append(drop_invented_headers)

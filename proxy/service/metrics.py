@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from proxy.opencode.tracker import StreamMetrics
+from proxy.relay.options import RelayMetrics
 
 __all__ = ["CONTENT_TYPE_LATEST", "METRICS", "Metrics"]
 
@@ -20,12 +21,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "settle_proxy_requests",
-            "Client requests forwarded, by method and status.",
-            ("method", "status"),
-            registry=self.registry,
-        )
+        self.relay = _relay_metrics(self.registry)
         self.rewrites = Counter(
             "settle_proxy_rewrites",
             "Changes made to message views (applied=false: --dry-run).",
@@ -44,30 +40,7 @@ class Metrics:
             ("api",),
             registry=self.registry,
         )
-        self.stream = StreamMetrics(
-            Counter(
-                "settle_proxy_unreadable_events",
-                "Events of /global/event skipped because they could not be read, by reason.",
-                ("reason",),
-                registry=self.registry,
-            ),
-            Counter(
-                "settle_proxy_stream_listener_errors",
-                "Listeners of /global/event that raised (the others still got the event).",
-                ("listener", "hook"),
-                registry=self.registry,
-            ),
-            Counter(
-                "settle_proxy_event_stream_restarts",
-                "Times following /global/event failed in the proxy itself and was started again.",
-                registry=self.registry,
-            ),
-        )
-        self.upstream_seconds = Histogram(
-            "settle_proxy_upstream_seconds",
-            "Time until the upstream's response headers arrived.",
-            registry=self.registry,
-        )
+        self.stream = _stream_metrics(self.registry)
         self.injected_events = Counter(
             "settle_proxy_injected_events",
             "Events slipped into client event streams by live settlement.",
@@ -95,15 +68,55 @@ class Metrics:
             "1 while a confirmation, a write-back pass or a resume is under way; 0 once all decided.",
             registry=self.registry,
         )
-        self.open_streams = Gauge(
-            "settle_proxy_open_streams",
-            "Event streams and WebSockets open right now.",
-            registry=self.registry,
-        )
 
     def exposition(self) -> bytes:
         """The text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+def _relay_metrics(registry: CollectorRegistry) -> RelayMetrics:
+    """What the relay keeps, handed to it as one."""
+    return RelayMetrics(
+        Counter(
+            "settle_proxy_requests",
+            "Client requests forwarded, by method and status.",
+            ("method", "status"),
+            registry=registry,
+        ),
+        Histogram(
+            "settle_proxy_upstream_seconds",
+            "Time until the upstream's response headers arrived.",
+            registry=registry,
+        ),
+        Gauge(
+            "settle_proxy_open_streams",
+            "Event streams and WebSockets open right now.",
+            registry=registry,
+        ),
+    )
+
+
+def _stream_metrics(registry: CollectorRegistry) -> StreamMetrics:
+    """What the tracker of `/global/event` keeps, handed to it as one."""
+    return StreamMetrics(
+        Counter(
+            "settle_proxy_unreadable_events",
+            "Events of /global/event skipped because they could not be read, by reason.",
+            ("reason",),
+            registry=registry,
+        ),
+        Counter(
+            "settle_proxy_stream_listener_errors",
+            "Listeners of /global/event that raised (the others still got the event).",
+            ("listener", "hook"),
+            registry=registry,
+        ),
+        Counter(
+            "settle_proxy_event_stream_restarts",
+            "Times following /global/event failed in the proxy itself and was started again.",
+            registry=registry,
+        ),
+    )
 
 
 METRICS = web.AppKey("metrics", Metrics)

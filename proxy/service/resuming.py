@@ -64,7 +64,7 @@ async def start_resume(
         return
     watch, resumer = assembled
     tracker.listeners.append(watch)
-    background.add(resumer)
+    background.add(resumer.tasks)
 
 
 def _fates(app: web.Application) -> Fates:

@@ -29,7 +29,7 @@ from prometheus_client import Counter
 
 from proxy.opencode.client import Credentials
 from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
-from proxy.relay.tasks import KeyedTasks
+from proxy.relay.tasks import Idles, KeyedTasks
 from proxy.writeback.decisions import (
     BECAME_ACTIVE,
     NOT_VOUCHED,
@@ -173,12 +173,10 @@ class WriteBack:
             self._end(session)
 
     @property
-    def busy(self) -> bool:
-        return self._passing.busy
-
-    async def idle(self) -> None:
-        """Wait until no pass is pending or writing (tests and the offline command use this)."""
-        await self._passing.idle()
+    def tasks(self) -> Idles:
+        """The passes, pending or writing, to wait for (tests and the offline command do); they
+        are closed by `close` alone, which also ends the waits on what they would have written."""
+        return self._passing
 
     async def close(self) -> None:
         """Cancel every pass (a task cancelled before it ran never ran its own `finally`), and

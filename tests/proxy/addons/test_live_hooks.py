@@ -55,7 +55,7 @@ def crash_while_writing(live: LiveSettle) -> None:
 
 async def told_a_new_stream(live: LiveSettle) -> list[bytes]:
     """Once every confirmation is over, what a client stream opened then is told."""
-    await live.idle()
+    await live.tasks.idle()
     async with testing.streaming(live, testing.flow("GET", "/global/event", response_headers=SSE)) as flow:
         assert flow.injected is not None
         return [flow.injected.get_nowait() for _ in range(flow.injected.qsize())]

@@ -36,20 +36,20 @@ def addon(upstream_api: UpstreamApi, fake: FakeOpencode) -> SessionStreamSettle:
 async def test_a_stale_sessions_stream_is_told_its_call_failed_once(addon: SessionStreamSettle) -> None:
     async with testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE)) as flow:
         assert flow.injected is not None
-        await addon.idle()
+        await addon.tasks.idle()
         frame = flow.injected.get_nowait()
         event = orjson.loads(frame.removeprefix(b"data: "))
         assert event["type"] == TOOL_FAILED
         assert event["data"]["callID"] == "call_mock_1"
         addon.following()  # the followed stream came back: confirmed again, told nothing new
-        await addon.idle()
+        await addon.tasks.idle()
         assert flow.injected.empty()
 
 
 async def test_a_busy_sessions_stream_is_told_nothing(addon: SessionStreamSettle, fake: FakeOpencode) -> None:
     fake.v2_active.add(V2)
     async with testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE)) as flow:
-        await addon.idle()
+        await addon.tasks.idle()
         assert flow.injected is not None
         assert flow.injected.empty()
     assert fake.liveness_requests >= 1, "the proxy asked before it decided"
@@ -59,9 +59,9 @@ async def test_each_stream_is_told_once(addon: SessionStreamSettle) -> None:
     first = testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE))
     second = testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE))
     async with first as one:
-        await addon.idle()
+        await addon.tasks.idle()
         async with second as other:
-            await addon.idle()
+            await addon.tasks.idle()
             assert [call_ids(flow) for flow in (one, other)] == [["call_mock_1"], ["call_mock_1"]]
 
 
@@ -73,7 +73,7 @@ async def test_a_dry_run_tells_no_stream(
     ctx = SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0, dry_run=True)
     addon = SessionStreamSettle(ctx)
     async with testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE)) as flow:
-        await addon.idle()
+        await addon.tasks.idle()
         assert call_ids(flow) == []
     assert "would settle orphaned call in session streams" in caplog.text  # decided, and told nothing
 
@@ -99,7 +99,7 @@ async def test_only_a_session_stream_gets_injections(
 ) -> None:
     flow = await testing.cycle(addon, testing.flow(method, path, status=status, response_headers=headers))
     assert flow.injected is None
-    assert not addon.busy
+    assert not addon.tasks.busy
 
 
 @pytest.mark.parametrize("owner", ["session-stream-settle", "live-settle"])
@@ -115,8 +115,8 @@ async def test_closing_the_addons_cancels_their_pending_confirmations(
     dispatcher = Addons([Routing(), streams, live], Metrics().addon_errors)
     closing = streams if owner == "session-stream-settle" else live
     async with testing.streaming([Routing(), streams], testing.flow("GET", STREAM, response_headers=SSE)):
-        assert closing.busy
+        assert closing.tasks.busy
         asked = len(fake.seen)
         await dispatcher.close()
-        assert not closing.busy
+        assert not closing.tasks.busy
     assert fake.seen[asked:] == []

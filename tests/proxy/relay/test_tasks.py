@@ -2,7 +2,7 @@
 
 import asyncio
 
-from proxy.relay.tasks import Background, KeyedTasks
+from proxy.relay.tasks import Background, KeyedTasks, Together
 
 
 async def test_a_key_whose_task_runs_starts_nothing_more() -> None:
@@ -56,3 +56,30 @@ async def test_background_waits_until_no_owner_is_busy_even_when_one_starts_anot
     await background.idle()
     assert done == ["written"]
     assert not background.busy
+
+
+async def test_together_is_busy_idle_and_closed_as_its_parts_are() -> None:
+    """An owner made of parts: waiting covers work one part starts in another, and closing
+    cancels what every part still runs."""
+    first: KeyedTasks[str] = KeyedTasks("first")
+    second: KeyedTasks[str] = KeyedTasks("second")
+    together = Together(second, first)
+    done = []
+
+    async def write() -> None:
+        done.append("written")
+
+    async def confirm() -> None:
+        second.start("s", write)
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    first.start("s", confirm)
+    assert together.busy
+    await together.idle()
+    assert (done, together.busy) == (["written"], False)
+    first.start("a", forever)
+    second.start("b", forever)
+    await together.close()
+    assert not together.busy

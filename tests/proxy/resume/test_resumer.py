@@ -130,7 +130,7 @@ CANDIDATE = Candidate("ses_1", Api.V1, "/work", NOW - 5, None)
 
 async def considered(made: Resumer, candidate: Candidate = CANDIDATE) -> None:
     made.consider(candidate)
-    await made.idle()
+    await made.tasks.idle()
 
 
 async def test_an_open_call_is_written_back_before_the_prompt_that_names_it(

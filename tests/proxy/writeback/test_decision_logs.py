@@ -117,7 +117,7 @@ async def test_a_failed_pass_is_a_failure_per_named_id(
     write_back = WriteBack(probe, Recording(fails=True), grace=0)
     with caplog.at_level(logging.INFO, logger="proxy.writeback"):
         write_back.schedule(Api.V2, V2, Credentials(), {"call_1", "call_2"})
-        await write_back.idle()
+        await write_back.tasks.idle()
     lines = _decided(_json_lines(caplog))
     assert sorted((line["part"], line["outcome"], line["level"]) for line in lines) == [
         ("call_1", "failed", "warning"),

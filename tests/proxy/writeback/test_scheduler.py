@@ -53,8 +53,8 @@ async def test_ids_named_while_a_write_is_pending_join_it(probe: LivenessProbe) 
     write_back = WriteBack(probe, writer, grace=0.01)
     write_back.schedule(Api.V2, V2, Credentials(), {"call_1"})
     write_back.schedule(Api.V2, V2, Credentials(), {"call_2"})
-    assert write_back.busy
-    await write_back.idle()
+    assert write_back.tasks.busy
+    await write_back.tasks.idle()
     ((session, targets, liveness),) = writer.calls
     assert (session, targets) == (V2, {"call_1", "call_2"})
     assert liveness is not None
@@ -66,7 +66,7 @@ async def test_an_active_session_is_read_as_such(probe: LivenessProbe, fake: Fak
     writer = Recording()
     write_back = WriteBack(probe, writer, grace=0)
     write_back.schedule(Api.V2, V2, Credentials(), {"call_1"})
-    await write_back.idle()
+    await write_back.tasks.idle()
     ((_, _, liveness),) = writer.calls
     assert liveness is not None
     assert liveness.active
@@ -79,7 +79,7 @@ async def test_a_failed_write_or_reading_is_logged_not_raised(
     fake.liveness_fails = liveness_fails
     write_back = WriteBack(probe, Recording(fails=True), grace=0)
     write_back.schedule(Api.V2, V2, Credentials(), {"call_1"})
-    await write_back.idle()
+    await write_back.tasks.idle()
     expected = "liveness unknown" if liveness_fails else "failed (mode=api); nothing half-written"
     assert expected in caplog.text
 
@@ -90,7 +90,7 @@ async def test_close_cancels_an_unconfirmed_write(probe: LivenessProbe) -> None:
     write_back.schedule(Api.V2, V2, Credentials(), {"call_1"})
     await write_back.close()
     assert writer.calls == []
-    assert not write_back.busy
+    assert not write_back.tasks.busy
 
 
 class Held(Recording):
@@ -150,6 +150,6 @@ async def test_only_the_latest_outcomes_are_remembered(
     monkeypatch.setattr(decisions, "OUTCOMES_KEPT", 2)
     write_back = WriteBack(probe, Recording(), grace=0)
     write_back.schedule(Api.V2, V2, Credentials(), {"call_1", "call_2", "call_3"})
-    await write_back.idle()
+    await write_back.tasks.idle()
     found = await write_back.settled(Api.V2, V2, {"call_1", "call_2", "call_3"})
     assert sorted(found.values()) == sorted([Outcome.UNKNOWN, Outcome.WRITTEN, Outcome.WRITTEN])
