@@ -162,23 +162,30 @@ def survey(
     found = _databases(upstream, database, seen, upstream_pids, not_inspected)
     if isinstance(found, str):
         return Survey(scanned_at, unknown=found, upstream_pids=upstream_pids, not_inspected=not_inspected)
-    own = os.getpid() if own_pid is None else own_pid
-    others = []
-    for pid, process in sorted(seen.items()):
-        shared = sorted(process.databases[file] for file in process.databases.keys() & found.keys())
-        if pid == own or pid in upstream_pids or process.marked or not shared:
-            continue
-        started = started_at_ms(proc, pid, boot_ms)
-        if started is not None:
-            others.append(OtherProcess(pid, started - START_MARGIN_MS, command_line(pid, proc), shared[0]))
+    ours = {os.getpid() if own_pid is None else own_pid, *upstream_pids}
     return Survey(
         scanned_at,
         upstream_pids=upstream_pids,
         databases=tuple(sorted(set(found.values()))),
         listeners=tuple(sorted(listening)),
-        others=tuple(others),
+        others=_others(proc, boot_ms, seen, found, ours),
         not_inspected=not_inspected,
     )
+
+
+def _others(
+    proc: Path, boot_ms: int, seen: dict[int, OpenFiles], found: dict[File, str], ours: set[int]
+) -> tuple[OtherProcess, ...]:
+    """The processes that hold one of the `found` databases, but for `ours` and marked proxies."""
+    others = []
+    for pid, process in sorted(seen.items()):
+        shared = sorted(process.databases[file] for file in process.databases.keys() & found.keys())
+        if pid in ours or process.marked or not shared:
+            continue
+        started = started_at_ms(proc, pid, boot_ms)
+        if started is not None:
+            others.append(OtherProcess(pid, started - START_MARGIN_MS, command_line(pid, proc), shared[0]))
+    return tuple(others)
 
 
 def _databases(

@@ -6,7 +6,8 @@ and rule out what needs nothing settled (a child session, a newer message, a per
 old); make the interrupted calls durable through the write-back and read the messages again;
 take a liveness reading after that read; decide on all of it; claim the turn in the ledger
 (committed) and record the prompt (committed); then wait for the server to be ready, send, and
-confirm the turn started, or count the attempt and try again after a pause, up to the budget.
+confirm the turn started, or count the attempt and try again after a pause, up to the budget
+(`prompting`).
 Every decision is one line in the journal. With `dry_run` it decides and logs, and sends nothing.
 """
 
@@ -22,15 +23,15 @@ from functools import partial
 from typing import Any, Protocol
 
 from proxy.opencode.client import Credentials
-from proxy.opencode.ids import ascending_id
 from proxy.relay.tasks import KeyedTasks
 from proxy.resume.clients import CLIENTS_BACK_S, ClientStreams
 from proxy.resume.decision import After, Before, Outcome, Policy, after_settling, before_settling
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
+from proxy.resume.prompting import Prompted, Prompting
 from proxy.resume.sending import READ_ERRORS
 from proxy.resume.text import ProcessFate, resume_text
-from proxy.resume.turns import InterruptedTurn, last_turn, user_message_after
+from proxy.resume.turns import InterruptedTurn, last_turn
 from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Writer
 from rules import FRESH_MARGIN_MS, Api, Liveness
@@ -50,20 +51,10 @@ class Reader(Protocol):
     async def read(self, api: Api, session_id: str, credentials: Credentials) -> Liveness: ...
 
 
-class ResumeServer(Protocol):
+class ResumeServer(Prompted, Protocol):
     """The restarted server as the resume uses it (`proxy.resume.sending.Server`)."""
 
-    async def messages(self, turn_api: Api, session_id: str) -> Any: ...
-
     async def session_info(self, turn_api: Api, session_id: str) -> dict[str, Any]: ...
-
-    async def ready(self, directory: str | None, provider: str | None) -> bool: ...
-
-    async def prompt(
-        self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str
-    ) -> None: ...
-
-    async def started(self, turn: InterruptedTurn, prompt_id: str) -> str | None: ...
 
 
 Fates = Callable[[Sequence[str]], Awaitable[Mapping[str, ProcessFate]]]
@@ -83,15 +74,6 @@ class ResumeOptions:
     """`--resume-text`: the prompt to send instead of the one that names the calls."""
     retry_pause: float = RETRY_PAUSE_S
     settle_pause: float = SETTLE_PAUSE_S
-
-
-@dataclass(frozen=True, slots=True)
-class Try:
-    """One try at starting the turn: prompts sent (0 or 1), whether it started, and how or why not."""
-
-    sent: int
-    started: bool
-    how: str
 
 
 class Resumer:
@@ -122,6 +104,9 @@ class Resumer:
         self._fates = fates
         self._clients = clients
         self._clock = clock
+        self._prompting = Prompting(
+            server, ledger, journal, attempts=options.policy.attempts, retry_pause=options.retry_pause
+        )
 
     def consider(self, candidate: Candidate) -> None:
         self.tasks.start(candidate.session_id, partial(self._guarded, candidate))
@@ -253,62 +238,16 @@ class Resumer:
         text = self._options.text or resume_text(turn.calls, fates)
         calls = [{"call": c.call_id, "tool": c.tool} for c in turn.calls]
         if self._options.dry_run:
-            self._decide(Outcome.WOULD_RESUME, turn, "--dry-run: nothing sent", calls=calls)
+            why = "--dry-run: nothing sent"
+            self._journal.decided(
+                Outcome.WOULD_RESUME, turn.api, turn.session_id, why, message=turn.message_id, calls=calls
+            )
             return
-        claim = await self._ledger.claim(turn.session_id, turn.prompted_by, turn.message_id)
-        if not claim.won:
-            self._decide(Outcome.SKIPPED, turn, f"already claimed, by {claim.owner} (state database)")
-            return
-        await self._send(turn, directory, claim.used, text, calls)
-
-    async def _send(
-        self, turn: InterruptedTurn, directory: str | None, used: int, text: str, calls: list[dict[str, str]]
-    ) -> None:
-        """Prompt until the turn starts, `--resume-attempts` prompts in all for the person's turn
-        (`used` of them spent already); a server never ready spends a try too, not a prompt."""
-        attempts = self._options.policy.attempts
-        for tries in range(1, attempts + 1):
-            prompt_id = ascending_id("msg")
-            tried = await self._attempt(turn, directory, prompt_id, text)
-            used += tried.sent
-            why = tried.how
-            if tried.started:
-                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.RESUMED))
-                self._decide(Outcome.RESUMED, turn, why, prompt=prompt_id, attempt=used, calls=calls)
-                return
-            if used >= attempts or tries >= attempts:
-                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.GAVE_UP))
-                self._decide(Outcome.GAVE_UP, turn, f"{why}; {used} of --resume-attempts {attempts} spent")
-                return
-            self._decide(Outcome.NOT_STARTED, turn, f"{why}; trying again in {self._options.retry_pause:g} s")
-            await asyncio.sleep(self._options.retry_pause)
-            view = await self._server.messages(turn.api, turn.session_id)
-            if (person := user_message_after(view, turn.api, prompt_id)) is not None:
-                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.SKIPPED))
-                why = f"a person wrote ({person}) after the prompt that did not start"
-                self._decide(Outcome.SKIPPED, turn, why)
-                return
-
-    async def _attempt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> Try:
-        provider = turn.model["providerID"] if turn.model else None
-        if not await self._server.ready(directory, provider):
-            return Try(0, False, "the server did not become ready (config, location, provider)")
-        await self._ledger.sending(turn.session_id, turn.message_id, prompt_id)
-        try:
-            await self._server.prompt(turn, directory, prompt_id, text)
-        except READ_ERRORS as error:
-            return Try(1, False, f"the prompt was refused: {error}")
-        how = await self._server.started(turn, prompt_id)
-        if how is None:
-            return Try(1, False, "the prompt was admitted, but the turn did not start")
-        return Try(1, True, how)
+        await self._prompting.resume(turn, directory, text, calls)
 
     def _skip(self, candidate: Candidate, why: str, turn: InterruptedTurn | None = None) -> None:
         message = turn.message_id if turn is not None else None
         self._journal.decided(Outcome.SKIPPED, candidate.api, candidate.session_id, why, message=message)
-
-    def _decide(self, outcome: Outcome, turn: InterruptedTurn, why: str, **more: Any) -> None:
-        self._journal.decided(outcome, turn.api, turn.session_id, why, message=turn.message_id, **more)
 
 
 def _directory(info: dict[str, Any]) -> str | None:

@@ -1,0 +1,110 @@
+"""Resuming a turn once it is decided on: claim it in the ledger (at most once, whoever else
+runs), then prompt until the turn is seen to start, within `--resume-attempts`, and say how it
+ended in the journal and the ledger."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from proxy.opencode.ids import ascending_id
+from proxy.resume.decision import Outcome
+from proxy.resume.journal import Journal
+from proxy.resume.ledger import Ledger
+from proxy.resume.sending import READ_ERRORS
+from proxy.resume.turns import InterruptedTurn, user_message_after
+from rules import Api
+
+__all__ = ["Prompted", "Prompting"]
+
+
+class Prompted(Protocol):
+    """The restarted server as a prompt is sent to it (`proxy.resume.sending.Server`)."""
+
+    async def messages(self, turn_api: Api, session_id: str) -> Any: ...
+
+    async def ready(self, directory: str | None, provider: str | None) -> bool: ...
+
+    async def prompt(
+        self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str
+    ) -> None: ...
+
+    async def started(self, turn: InterruptedTurn, prompt_id: str) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Try:
+    """One try at starting the turn: prompts sent (0 or 1), whether it started, and how or why not."""
+
+    sent: int
+    started: bool
+    how: str
+
+
+class Prompting:
+    """Claims a decided turn and prompts until it starts; `attempts` prompts in all for the
+    person's turn, `retry_pause` seconds apart."""
+
+    def __init__(
+        self, server: Prompted, ledger: Ledger, journal: Journal, *, attempts: int, retry_pause: float
+    ) -> None:
+        self._server = server
+        self._ledger = ledger
+        self._journal = journal
+        self._attempts = attempts
+        self._retry_pause = retry_pause
+
+    async def resume(
+        self, turn: InterruptedTurn, directory: str | None, text: str, calls: list[dict[str, str]]
+    ) -> None:
+        claim = await self._ledger.claim(turn.session_id, turn.prompted_by, turn.message_id)
+        if not claim.won:
+            self._decide(Outcome.SKIPPED, turn, f"already claimed, by {claim.owner} (state database)")
+            return
+        await self._send(turn, directory, claim.used, text, calls)
+
+    async def _send(
+        self, turn: InterruptedTurn, directory: str | None, used: int, text: str, calls: list[dict[str, str]]
+    ) -> None:
+        """Prompt until the turn starts (`used` prompts spent already); a server never ready
+        spends a try too, not a prompt."""
+        attempts = self._attempts
+        for tries in range(1, attempts + 1):
+            prompt_id = ascending_id("msg")
+            tried = await self._attempt(turn, directory, prompt_id, text)
+            used += tried.sent
+            why = tried.how
+            if tried.started:
+                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.RESUMED))
+                self._decide(Outcome.RESUMED, turn, why, prompt=prompt_id, attempt=used, calls=calls)
+                return
+            if used >= attempts or tries >= attempts:
+                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.GAVE_UP))
+                self._decide(Outcome.GAVE_UP, turn, f"{why}; {used} of --resume-attempts {attempts} spent")
+                return
+            self._decide(Outcome.NOT_STARTED, turn, f"{why}; trying again in {self._retry_pause:g} s")
+            await asyncio.sleep(self._retry_pause)
+            view = await self._server.messages(turn.api, turn.session_id)
+            if (person := user_message_after(view, turn.api, prompt_id)) is not None:
+                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.SKIPPED))
+                why = f"a person wrote ({person}) after the prompt that did not start"
+                self._decide(Outcome.SKIPPED, turn, why)
+                return
+
+    async def _attempt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> Try:
+        provider = turn.model["providerID"] if turn.model else None
+        if not await self._server.ready(directory, provider):
+            return Try(0, False, "the server did not become ready (config, location, provider)")
+        await self._ledger.sending(turn.session_id, turn.message_id, prompt_id)
+        try:
+            await self._server.prompt(turn, directory, prompt_id, text)
+        except READ_ERRORS as error:
+            return Try(1, False, f"the prompt was refused: {error}")
+        how = await self._server.started(turn, prompt_id)
+        if how is None:
+            return Try(1, False, "the prompt was admitted, but the turn did not start")
+        return Try(1, True, how)
+
+    def _decide(self, outcome: Outcome, turn: InterruptedTurn, why: str, **more: Any) -> None:
+        self._journal.decided(outcome, turn.api, turn.session_id, why, message=turn.message_id, **more)
