@@ -175,3 +175,32 @@ class Crash:
     writing: dict[str, Turn]
     """Turns cut while the model wrote, by runtime."""
     crashed_at: float
+
+
+def finals_of_the_pair(crash: Crash, turn: Turn, timeout: float) -> list[dict[str, Any]]:
+    """The final decisions of the two alike proxies (`first`, `second`) on `turn`, once both decided."""
+    return [
+        poll(partial(final, crash.proxies[name].url, turn), what=f"{name}'s decision", timeout=timeout)
+        for name in ("first", "second")
+    ]
+
+
+def v1_story(events: list[Any], observed: Observed) -> list[str]:
+    """What an SDK client of `/global/event` saw of the observed v1 session after the crash: each
+    status, `idle`, and the assistant messages newer than the interrupted one, `answering` until
+    they are `answered`."""
+    story = []
+    for event in events:
+        kind, properties = event_kind(event)
+        info = properties.get("info") or {}
+        if properties.get("sessionID", info.get("sessionID")) != observed.session_id:
+            continue
+        if kind == "session.status":
+            story.append(properties["status"]["type"])
+        elif kind == "session.idle":
+            story.append("idle")
+        elif (
+            kind == "message.updated" and info.get("role") == "assistant" and info["id"] > observed.message_id
+        ):
+            story.append("answered" if "completed" in info["time"] else "answering")
+    return story

@@ -78,6 +78,15 @@ def _says_idle(payload: dict[str, Any]) -> bool:
     )
 
 
+def _tool_running(event: GlobalEvent) -> bool:
+    part = event.properties.get("part") or {}
+    return event.kind == "message.part.updated" and (part.get("state") or {}).get("status") == "running"
+
+
+def _busy(event: GlobalEvent) -> bool:
+    return event.kind == "session.status" and (event.properties.get("status") or {}).get("type") == "busy"
+
+
 def _shows_interrupted(payload: dict[str, Any]) -> bool:
     part = payload["properties"].get("part") or {}
     return payload["type"] == "message.part.updated" and part.get("type") == "tool" and interrupted(part)
@@ -111,24 +120,12 @@ async def test_a_turn_started_while_a_live_settle_confirms_gets_no_false_idle(
     monkeypatch.setattr("proxy.service.app.UpstreamApi", NewTurnBeforeTheRead)
     client = await aiohttp_client(create_app(Settings(upstream=URL(opencode.origin), grace=GRACE_S)))
     started: dict[str, str] = {}
-    part = _Heard(
-        lambda e: (
-            e.kind == "message.part.updated"
-            and e.session_id == started.get("session")
-            and ((e.properties.get("part") or {}).get("state") or {}).get("status") == "running"
-        )
-    )
+    part = _Heard(lambda e: e.session_id == started.get("session") and _tool_running(e))
     client.app[TRACKER].listeners.append(part)
     turn: Turn = await asyncio.to_thread(start_v1_turn, opencode.url, opencode.project, STALE)
     started["session"] = turn.session_id  # the tool runs once the model answers, well after this
     running = await asyncio.to_thread(wait_tool_running, opencode.url, turn)
-    busy = _Heard(
-        lambda e: (
-            e.session_id == turn.session_id
-            and e.kind == "session.status"
-            and (e.properties.get("status") or {}).get("type") == "busy"
-        )
-    )
+    busy = _Heard(lambda e: e.session_id == turn.session_id and _busy(e))
     hook["read"] = f"/session/{turn.session_id}/message/{running.tool['messageID']}"
     try:
         await asyncio.wait_for(part.heard.wait(), 30)  # the proxy saw the tool running (it still is)

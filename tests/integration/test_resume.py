@@ -41,6 +41,7 @@ from .resumes import (
     decided,
     event_kind,
     final,
+    finals_of_the_pair,
     following,
     permission_asked,
     requests_since,
@@ -48,6 +49,7 @@ from .resumes import (
     sent_for,
     start_task,
     start_writing,
+    v1_story,
 )
 from .test_run_supervised import written
 from .test_tui import BUSY_BAR, IDLE_LIMIT_BYTES, shows_running, watch
@@ -133,14 +135,7 @@ def test_an_interrupted_turn_is_resumed_once_by_one_of_two_proxies(
     crash: Crash, mock_model: MockModel, runtime: str
 ) -> None:
     turn = crash.turns[runtime].turn
-    made = [
-        poll(
-            partial(final, crash.proxies[name].url, turn),
-            what=f"{name}'s decision",
-            timeout=DECISION_TIMEOUT_S,
-        )
-        for name in ("first", "second")
-    ]
+    made = finals_of_the_pair(crash, turn, DECISION_TIMEOUT_S)
     assert sorted(decision["outcome"] for decision in made) == ["resumed", "skipped"]
     resumed = next(decision for decision in made if decision["outcome"] == "resumed")
     lost = next(decision for decision in made if decision["outcome"] == "skipped")
@@ -254,26 +249,11 @@ def test_an_sdk_client_open_across_the_crash_sees_the_resumed_turn_run_and_end(c
     wait_turn_done(crash.server.url, observed.turn, timeout=DECISION_TIMEOUT_S)
     wait_turn_done(crash.server.url, crash.turns["v2"].turn, timeout=DECISION_TIMEOUT_S)
 
-    def v1_story() -> list[str] | None:
-        story = []
-        for event in after_reconnect(crash.sdk["global"]):
-            kind, properties = event_kind(event)
-            info = properties.get("info") or {}
-            if properties.get("sessionID", info.get("sessionID")) != observed.session_id:
-                continue
-            if kind == "session.status":
-                story.append(properties["status"]["type"])
-            elif kind == "session.idle":
-                story.append("idle")
-            elif (
-                kind == "message.updated"
-                and info.get("role") == "assistant"
-                and info["id"] > observed.message_id
-            ):
-                story.append("answered" if "completed" in info["time"] else "answering")
+    def v1_ended() -> list[str] | None:
+        story = v1_story(after_reconnect(crash.sdk["global"]), observed)
         return story if story and story[-1] == "idle" and "answered" in story else None
 
-    story = poll(v1_story, what="the SDK to hear the resumed v1 turn end", timeout=DECISION_TIMEOUT_S)
+    story = poll(v1_ended, what="the SDK to hear the resumed v1 turn end", timeout=DECISION_TIMEOUT_S)
     resumed = story[story.index("busy") :]
     assert resumed.index("answered") < resumed.index("idle"), story
 
@@ -295,14 +275,7 @@ def test_a_turn_cut_while_the_model_wrote_is_resumed_once(
     crash: Crash, mock_model: MockModel, runtime: str
 ) -> None:
     turn = crash.writing[runtime]
-    made = [
-        poll(
-            partial(final, crash.proxies[name].url, turn),
-            what=f"{name}'s decision",
-            timeout=DECISION_TIMEOUT_S,
-        )
-        for name in ("first", "second")
-    ]
+    made = finals_of_the_pair(crash, turn, DECISION_TIMEOUT_S)
     assert sorted(decision["outcome"] for decision in made) == ["resumed", "skipped"], made
     wait_turn_done(crash.server.url, turn, timeout=DECISION_TIMEOUT_S)
     assert len(sent_for(mock_model, turn, crash.crashed_at, WRITING_TEXT)) == 1
