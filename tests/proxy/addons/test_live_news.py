@@ -27,6 +27,7 @@ from proxy.service.config import Settings, WriteBackMode
 from proxy.testing import hearing, idle
 from rules import Api, Liveness
 from tests.fixtures import compact, load, raw
+from tests.proxy.addons.live_streams import crash_with_part_open
 from tests.proxy.conftest import ProxyClient, crash, following, publish
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -121,11 +122,6 @@ async def outcome(proxy: ProxyClient, fake: FakeOpencode) -> dict[str, float]:
         "withdrawn": await metric(proxy, "settle_proxy_withdrawn_confirmations_total"),
         "written": len(fake.patches) + len(fake.replays),
     }
-
-
-async def crash_with_part_open(proxy: ProxyClient, fake: FakeOpencode) -> None:
-    await publish(proxy, fake, "message.part.updated", V1, part=PART, time=1)
-    await crash(proxy, fake)
 
 
 async def crash_while_writing(proxy: ProxyClient, fake: FakeOpencode) -> None:

@@ -2,7 +2,6 @@
 as the server replays it, then is told its call failed (the addon's decisions, a stream at a
 time, are in `test_session_streams_hooks.py`)."""
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -16,8 +15,9 @@ from yarl import URL
 
 from proxy.service.app import create_app
 from proxy.service.config import Settings
-from proxy.testing import WAIT_S, idle
+from proxy.testing import idle
 from tests.fixtures import compact, raw
+from tests.proxy.addons.live_streams import events
 from tests.proxy.conftest import ProxyClient, injected
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -34,12 +34,6 @@ async def proxy(upstream: TestServer, aiohttp_client: ClientFactory, fake: FakeO
     fake.session_history[V2] = HISTORY
     settings = Settings(upstream=URL(str(upstream.make_url("/"))), grace=GRACE_S)
     return await aiohttp_client(create_app(settings))
-
-
-async def events(response: aiohttp.ClientResponse) -> AsyncIterator[Any]:
-    while line := await asyncio.wait_for(response.content.readline(), WAIT_S):
-        if line.startswith(b"data: "):
-            yield orjson.loads(line[6:])
 
 
 async def history_then(response: aiohttp.ClientResponse) -> AsyncIterator[Any]:
