@@ -17,13 +17,12 @@ from typing import Any
 from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import StreamMemory
-from proxy.addons.live_watch import NewsWatch, Ticket
+from proxy.addons.live_watch import Confirmations, Ticket
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import OPEN_STATUSES, part_settled, session_idle
-from proxy.relay.tasks import KeyedTasks
 from rules import Api, Liveness, OpenTool, settle_view
 
 log = logging.getLogger(__name__)
@@ -46,33 +45,32 @@ class OpenParts:
 
     def __init__(self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams) -> None:
         self._ctx = ctx
-        self.tasks: KeyedTasks[str] = KeyedTasks("live-settle")
         self._memory = memory
         self._clients = clients
-        self._watch = NewsWatch("open parts", ctx.metrics.withdrawn_confirmations)
+        self._confirmations = Confirmations("live-settle", "open parts", ctx.metrics.withdrawn_confirmations)
+        self.tasks = self._confirmations.tasks
 
     def schedule(self, session_id: str) -> None:
-        self.tasks.start(session_id, lambda: self._confirm(self._watch.begin(session_id)))
+        self._confirmations.schedule(session_id, self._confirm)
 
     def heard(self, event: GlobalEvent) -> None:
-        self._watch.heard(event)
+        self._confirmations.heard(event)
 
     async def _confirm(self, ticket: Ticket) -> None:
         session_id = ticket.session_id
-        with self._watch.held(ticket):
-            read = await self._read_after_grace(session_id)
-            if read is None or not self._watch.vouches(ticket):
-                return
-            if read.liveness.active:
-                log.info(
-                    "live settle of %s: nothing said, the session is active",
-                    session_id,
-                    extra={"fields": {"session": session_id, "decision": "active"}},
-                )
-                return
-            for message_id, message in read.messages.items():
-                parts = [part for part in read.parts if part.message_id == message_id]
-                self._settle_message(message, parts, read.liveness)
+        read = await self._read_after_grace(session_id)
+        if read is None or not self._confirmations.vouches(ticket):
+            return
+        if read.liveness.active:
+            log.info(
+                "live settle of %s: nothing said, the session is active",
+                session_id,
+                extra={"fields": {"session": session_id, "decision": "active"}},
+            )
+            return
+        for message_id, message in read.messages.items():
+            parts = [part for part in read.parts if part.message_id == message_id]
+            self._settle_message(message, parts, read.liveness)
 
     async def _read_after_grace(self, session_id: str) -> _Read | None:
         """The messages and then a reading, the grace period after the stream came back, asked

@@ -16,13 +16,12 @@ from typing import Any
 from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import Place, StreamMemory
-from proxy.addons.live_watch import NewsWatch, Ticket
+from proxy.addons.live_watch import Confirmations, Ticket
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import SESSION_STATUS, idle_status, message_updated, session_idle
-from proxy.relay.tasks import KeyedTasks
 from rules import Api, Liveness, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
@@ -33,22 +32,21 @@ class DeadTurns:
 
     def __init__(self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams) -> None:
         self._ctx = ctx
-        self.tasks: KeyedTasks[str] = KeyedTasks("live-settle turns")
         self._memory = memory
         self._clients = clients
-        self._watch = NewsWatch("dead turns", ctx.metrics.withdrawn_confirmations)
+        self._confirmations = Confirmations(
+            "live-settle turns", "dead turns", ctx.metrics.withdrawn_confirmations
+        )
+        self.tasks = self._confirmations.tasks
 
     def schedule(self, session_id: str) -> None:
-        self.tasks.start(session_id, lambda: self._confirm(self._watch.begin(session_id)))
+        self._confirmations.schedule(session_id, self._close_turn)
 
     def heard(self, event: GlobalEvent) -> None:
-        self._watch.heard(event)
+        self._confirmations.heard(event)
 
-    async def _confirm(self, ticket: Ticket) -> None:
-        with self._watch.held(ticket):
-            await self._close_turn(ticket.session_id, ticket)
-
-    async def _close_turn(self, session_id: str, ticket: Ticket) -> None:
+    async def _close_turn(self, ticket: Ticket) -> None:
+        session_id = ticket.session_id
         await asyncio.sleep(self._ctx.grace)
         if self._memory.has_open(session_id):
             return  # the parts' own confirmation tells the whole story
@@ -71,7 +69,7 @@ class DeadTurns:
         if liveness.active:
             return
         closed = self._closed(session_id, read, liveness)
-        if closed is None or not (closed or busy) or not self._watch.vouches(ticket):
+        if closed is None or not (closed or busy) or not self._confirmations.vouches(ticket):
             return  # not vouched for, or the stream spoke of the session meanwhile: it knows better
         self._memory.busy.pop(session_id, None)
         self._tell(session_id, closed, busy)

@@ -18,7 +18,7 @@ first of them, which starts a confirmation, would otherwise always be withdrawn 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -26,6 +26,7 @@ from prometheus_client import Counter
 
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import ends_turn
+from proxy.relay.tasks import KeyedTasks
 
 log = logging.getLogger(__name__)
 
@@ -90,3 +91,28 @@ class NewsWatch:
         )
         self._withdrawn.labels(self._what).inc()
         return False
+
+
+class Confirmations:
+    """One confirmation at a time per session, each watched for news of its session from the
+    moment it is scheduled until it ends; its work is given its `Ticket`, to ask `vouches` with
+    before it announces."""
+
+    def __init__(self, name: str, what: str, withdrawn: Counter) -> None:
+        self.tasks: KeyedTasks[str] = KeyedTasks(name)
+        self._watch = NewsWatch(what, withdrawn)
+
+    def schedule(self, session_id: str, confirm: Callable[[Ticket], Awaitable[None]]) -> None:
+        """Run `confirm(ticket)` unless a confirmation of `session_id` is under way; the ticket is
+        taken now, so the events handed over before the task first runs are news too."""
+        self.tasks.start(session_id, lambda: self._held(self._watch.begin(session_id), confirm))
+
+    def heard(self, event: GlobalEvent) -> None:
+        self._watch.heard(event)
+
+    def vouches(self, ticket: Ticket) -> bool:
+        return self._watch.vouches(ticket)
+
+    async def _held(self, ticket: Ticket, confirm: Callable[[Ticket], Awaitable[None]]) -> None:
+        with self._watch.held(ticket):
+            await confirm(ticket)

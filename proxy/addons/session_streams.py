@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar
 
 from proxy.addons.context import SettleContext
 from proxy.addons.events import event_frame
-from proxy.addons.live_watch import NewsWatch, Ticket
+from proxy.addons.live_watch import Confirmations, Ticket
 from proxy.addons.routing import route_of
 from proxy.opencode.client import Credentials, UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
@@ -44,7 +43,6 @@ from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.opencode.vocabulary import CALL_ENDED, CALL_STARTED, tool_failed
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow, FlowKey
-from proxy.relay.tasks import KeyedTasks
 from rules import Api, Change, Settlement, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
@@ -73,13 +71,13 @@ class SessionStreamSettle(Addon, StreamListener):
 
     def __init__(self, ctx: SettleContext) -> None:
         self._ctx = ctx
-        self.tasks: KeyedTasks[str] = KeyedTasks(self.name)
+        self._confirmations = Confirmations(self.name, "session streams", ctx.metrics.withdrawn_confirmations)
+        self.tasks = self._confirmations.tasks
         self._credentials = ctx.credentials
         self._streams: dict[SessionStream, None] = {}
         """An ordered set: each is also kept in its flow (`STREAM`)."""
         self._open: Bounded[str, Bounded[str, None]] = Bounded(_REMEMBERED)
         """Per session, the v2 calls the followed stream showed open (a `StreamListener`)."""
-        self._watch = NewsWatch("session streams", ctx.metrics.withdrawn_confirmations)
 
     # What the followed stream says: after a loss (a crash, say), sessions it left with calls
     # open are confirmed at once, so that clients and the write-back hear of it before any fetch.
@@ -87,10 +85,10 @@ class SessionStreamSettle(Addon, StreamListener):
     def following(self) -> None:
         for session_id in list(self._open):
             del self._open[session_id]
-            self.tasks.start(session_id, partial(self._confirmation, session_id, self._credentials))
+            self._confirmations.schedule(session_id, partial(self._settle, self._credentials))
 
     def event(self, event: GlobalEvent) -> None:
-        self._watch.heard(event)
+        self._confirmations.heard(event)
         call = event.properties.get("callID")
         if event.session_id is None or not isinstance(call, str):
             return
@@ -112,7 +110,7 @@ class SessionStreamSettle(Addon, StreamListener):
         self._streams[stream] = None
         flow[STREAM] = stream
         credentials = self._ctx.probe.credentials(flow.request)
-        self.tasks.start(stream.session_id, partial(self._confirmation, stream.session_id, credentials))
+        self._confirmations.schedule(stream.session_id, partial(self._settle, credentials))
 
     async def done(self, flow: Flow) -> None:
         if (stream := flow.get(STREAM)) is not None:
@@ -122,15 +120,8 @@ class SessionStreamSettle(Addon, StreamListener):
         """Cancel pending confirmations (application cleanup)."""
         await self.tasks.close()
 
-    def _confirmation(self, session_id: str, credentials: Credentials) -> Coroutine[Any, Any, None]:
-        """The confirmation of `session_id`, watched for news from the moment it is scheduled."""
-        return self._confirm(self._watch.begin(session_id), credentials)
-
-    async def _confirm(self, ticket: Ticket, credentials: Credentials) -> None:
-        with self._watch.held(ticket):
-            await self._settle(ticket.session_id, credentials, ticket)
-
-    async def _settle(self, session_id: str, credentials: Credentials, ticket: Ticket) -> None:
+    async def _settle(self, credentials: Credentials, ticket: Ticket) -> None:
+        session_id = ticket.session_id
         await asyncio.sleep(self._ctx.grace)
         try:
             document = await self._ctx.upstream.get(V2_HTTP.messages_path(session_id), credentials)
@@ -147,7 +138,7 @@ class SessionStreamSettle(Addon, StreamListener):
             for change in settlement.changes
             if (call := _failed_call(session_id, settlement, change)) is not None
         }
-        if not calls or not self._watch.vouches(ticket):
+        if not calls or not self._confirmations.vouches(ticket):
             return
         self._report(session_id, calls)
         if self._ctx.dry_run:

@@ -10,7 +10,7 @@ log stays in step. `OpencodeDatabase` owns the connection and the transaction ar
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any, ClassVar, Protocol
 
 from proxy.opencode import jsonio
@@ -25,7 +25,19 @@ from proxy.opencode.vocabulary import (
     tool_failed_data,
 )
 from proxy.writeback.scheduler import Written, targeted
-from rules import REGISTRY, V1, V2, Change, JSONObject, Liveness, Runtime, apply_changes, settle
+from rules import (
+    REGISTRY,
+    V1,
+    V2,
+    Api,
+    Change,
+    JSONObject,
+    Liveness,
+    Runtime,
+    Settlement,
+    apply_changes,
+    settle,
+)
 
 _V1_IDS = ("id", "sessionID", "messageID")
 _V2_IDS = ("id", "type")
@@ -84,10 +96,7 @@ WHERE json_extract(p.data, '$.type') = 'tool' AND json_extract(p.data, '$.state.
         self, session_id: str, views: list[JSONObject], liveness: Liveness, targets: Collection[str]
     ) -> list[Written]:
         written: list[Written] = []
-        for view in views:
-            settlement = settle(view, V1.api, liveness, rules=REGISTRY.durable(V1.api))
-            if settlement is None:
-                continue
+        for _, settlement in _settlements(views, V1.api, liveness):
             now = now_ms()
             for change in settlement.changes:
                 if not targeted(change, targets):
@@ -144,11 +153,8 @@ WHERE json_extract(item.value, '$.type') = 'tool' AND json_extract(item.value, '
         self, session_id: str, views: list[JSONObject], liveness: Liveness, targets: Collection[str]
     ) -> list[Written]:
         written: list[Written] = []
-        for view in views:
-            # Only what the tool.failed event projects: the message row must stay in step with the log.
-            settlement = settle(view, V2.api, liveness, rules=REGISTRY.durable(V2.api))
-            if settlement is None:
-                continue
+        # Only what the tool.failed event projects: the message row must stay in step with the log.
+        for view, settlement in _settlements(views, V2.api, liveness):
             changes = [
                 change
                 for change in settlement.changes
@@ -174,6 +180,15 @@ WHERE json_extract(item.value, '$.type') = 'tool' AND json_extract(item.value, '
             int(row[0]) for row in await self._store.rows(_V2_PROMPTS_SQL, session_id, f"{PROMPT_ADMITTED}.%")
         ]
         return call_left_open(call_events, prompts)
+
+
+def _settlements(
+    views: list[JSONObject], api: Api, liveness: Liveness
+) -> Iterator[tuple[JSONObject, Settlement]]:
+    """Each view the rules that make a durable change in `api` change, with what they change."""
+    for view in views:
+        if (settlement := settle(view, api, liveness, rules=REGISTRY.durable(api))) is not None:
+            yield view, settlement
 
 
 def _without(document: JSONObject, keys: tuple[str, ...]) -> JSONObject:

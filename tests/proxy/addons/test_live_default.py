@@ -14,6 +14,9 @@ from tests.proxy.addons.live_streams import crash_with_part_open, events
 from tests.proxy.conftest import ProxyClient, crash, ends_with_nothing_more, injected
 from tests.proxy.fake_opencode import FakeOpencode
 
+TOLD = ["message.part.updated", "message.updated", "session.status", "session.idle"]
+"""What a stream open through a live settlement is told; one opened later gets all but the idle."""
+
 
 async def kinds(stream: AsyncIterator[Any], count: int) -> list[str]:
     return [(await anext(stream))["type"] for _ in range(count)]
@@ -29,12 +32,7 @@ async def test_a_plain_event_stream_open_through_the_crash_is_told(
     stream = events(await live_proxy.get("/event"))  # the fake's `/event` outlives its crash
     assert await kinds(stream, 1) == ["server.connected"]
     await crash_with_part_open(live_proxy, fake)
-    assert await kinds(stream, 4) == [
-        "message.part.updated",
-        "message.updated",
-        "session.status",
-        "session.idle",
-    ]
+    assert await kinds(stream, 4) == TOLD
 
 
 async def test_a_plain_event_stream_opened_later_gets_the_state(
@@ -43,12 +41,7 @@ async def test_a_plain_event_stream_opened_later_gets_the_state(
     await crash_with_part_open(live_proxy, fake)
     await idle(live_proxy.app)
     stream = events(await live_proxy.get("/event"))
-    assert await kinds(stream, 4) == [
-        "server.connected",
-        "message.part.updated",
-        "message.updated",
-        "session.status",
-    ]
+    assert await kinds(stream, 4) == ["server.connected", *TOLD[:-1]]
 
 
 async def test_the_default_directory_is_asked_again_after_every_restart(
@@ -82,12 +75,7 @@ async def test_a_plain_event_stream_waits_while_the_default_directory_is_unknown
     assert "it is told nothing until that is learned" in caplog.text
     fake.path_fails = False
     await crash_with_part_open(live_proxy, fake)
-    assert await kinds(stream, 4) == [
-        "message.part.updated",
-        "message.updated",
-        "session.status",
-        "session.idle",
-    ]
+    assert await kinds(stream, 4) == TOLD
     assert "follow the server's default directory /cwd" in caplog.text
 
 
@@ -103,12 +91,7 @@ async def test_a_plain_event_stream_asks_again_once_the_proxy_gave_up(
     assert "the server's default directory is unknown" in caplog.text
     fake.path_fails = False
     stream = events(await live_proxy.get("/event"))
-    assert await kinds(stream, 4) == [
-        "server.connected",
-        "message.part.updated",
-        "message.updated",
-        "session.status",
-    ]
+    assert await kinds(stream, 4) == ["server.connected", *TOLD[:-1]]
     assert {"directory": "/cwd", "waiting": 1} in [
         getattr(record, "fields", None) for record in caplog.records
     ]

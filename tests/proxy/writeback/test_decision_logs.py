@@ -2,19 +2,13 @@
 `--log-format json` can follow a part from the view that settled it to its write."""
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
-from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
-from proxy.service.app import create_app
-from proxy.service.config import Settings, WriteBackMode
 from proxy.service.logs import JsonFormatter
 from proxy.testing import idle
 from proxy.writeback.scheduler import WriteBack
@@ -28,14 +22,6 @@ from tests.proxy.writeback.test_writeback import CALL, V1, V2, v2_log
 FIELDS = {"session", "message", "part", "mode", "api", "rule", "outcome", "why"}
 MESSAGE = "msg_229432faa0010ifWjJPo42f8Zo"
 PART = "prt_229433856001UdZM6dtgAYZqVe"
-
-
-@pytest.fixture
-async def proxy(
-    upstream: TestServer, aiohttp_client: Callable[[web.Application], Awaitable[ProxyClient]]
-) -> ProxyClient:
-    settings = Settings(upstream=URL(str(upstream.make_url("/"))), write_back=WriteBackMode.API, grace=0.01)
-    return await aiohttp_client(create_app(settings))
 
 
 @pytest.fixture
@@ -57,12 +43,12 @@ def _decided(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def test_a_write_and_a_skip_carry_session_part_and_mode(
-    proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+    write_back_proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
     with caplog.at_level(logging.INFO, logger="proxy.writeback"):
-        await proxy.get(f"/session/{V1}/message")
-        await idle(proxy.app)
+        await write_back_proxy.get(f"/session/{V1}/message")
+        await idle(write_back_proxy.app)
     lines = _json_lines(caplog)
     by_outcome = {line["outcome"]: line for line in _decided(lines)}
     assert {key: by_outcome["written"][key] for key in FIELDS - {"why"}} == {
@@ -80,13 +66,13 @@ async def test_a_write_and_a_skip_carry_session_part_and_mode(
 
 
 async def test_a_session_found_active_is_a_skip_per_named_id(
-    proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+    write_back_proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
     with caplog.at_level(logging.INFO, logger="proxy.writeback"):
-        await proxy.get(f"/session/{V1}/message")
+        await write_back_proxy.get(f"/session/{V1}/message")
         fake.v1_busy["/cwd"] = {V1}
-        await idle(proxy.app)
+        await idle(write_back_proxy.app)
     lines = _json_lines(caplog)
     assert {(line["part"], line["outcome"], line["why"]) for line in _decided(lines)} == {
         (PART, "skipped", "the session became active"),
@@ -96,13 +82,13 @@ async def test_a_session_found_active_is_a_skip_per_named_id(
 
 
 async def test_a_refused_append_carries_them_too(
-    proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+    write_back_proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
 ) -> None:
     v2_log(fake)
     fake.before_replay = [{"aggregate_id": V2, "seq": 7, "type": "session.updated.1", "data": {}}]
     with caplog.at_level(logging.INFO, logger="proxy.writeback"):
-        await proxy.get(f"/api/session/{V2}/message")
-        await idle(proxy.app)
+        await write_back_proxy.get(f"/api/session/{V2}/message")
+        await idle(write_back_proxy.app)
     lines = _json_lines(caplog)
     outcomes = [(line["part"], line["api"], line["outcome"]) for line in _decided(lines)]
     assert (CALL, "v2", "retried") in outcomes

@@ -3,17 +3,11 @@
 import copy
 import json
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
-from yarl import URL
 
-from proxy.service.app import create_app
-from proxy.service.config import Settings, WriteBackMode
 from proxy.testing import idle
 from tests.fixtures import compact, js_json, load
 from tests.proxy.conftest import ProxyClient, crash, following
@@ -24,18 +18,10 @@ V2 = "ses_dd6bd0f33ffejRStwdnQDIkDom"
 CALL = "call_mock_1"
 
 
-@pytest.fixture
-async def proxy(
-    upstream: TestServer, aiohttp_client: Callable[[web.Application], Awaitable[ProxyClient]]
-) -> ProxyClient:
-    settings = Settings(upstream=URL(str(upstream.make_url("/"))), write_back=WriteBackMode.API, grace=0.05)
-    return await aiohttp_client(create_app(settings))
-
-
-async def fetch_and_write_back(proxy: ProxyClient, path: str) -> Any:
-    response = await proxy.get(path)
+async def fetch_and_write_back(write_back_proxy: ProxyClient, path: str) -> Any:
+    response = await write_back_proxy.get(path)
     document = await response.json()
-    await idle(proxy.app)
+    await idle(write_back_proxy.app)
     return document
 
 
@@ -60,9 +46,9 @@ def v2_log(fake: FakeOpencode) -> None:
     fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
 
 
-async def test_v1_settled_part_is_patched(proxy: ProxyClient, fake: FakeOpencode) -> None:
+async def test_v1_settled_part_is_patched(write_back_proxy: ProxyClient, fake: FakeOpencode) -> None:
     fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
-    shown = await fetch_and_write_back(proxy, f"/session/{V1}/message")
+    shown = await fetch_and_write_back(write_back_proxy, f"/session/{V1}/message")
     ((path, part),) = fake.patches
     assert path == f"/session/{V1}/message/msg_229432faa0010ifWjJPo42f8Zo/part/prt_229433856001UdZM6dtgAYZqVe"
     assert part == shown[1]["parts"][1]
@@ -70,20 +56,22 @@ async def test_v1_settled_part_is_patched(proxy: ProxyClient, fake: FakeOpencode
 
 
 async def test_v1_part_cut_inside_an_emoji_is_patched_keeping_it(
-    proxy: ProxyClient, fake: FakeOpencode
+    write_back_proxy: ProxyClient, fake: FakeOpencode
 ) -> None:
     messages = load("v1-message-stale-running.json")
     messages[1]["parts"][1]["state"]["metadata"]["output"] = "hello \ud83d"
     fake.bodies[f"/session/{V1}/message"] = js_json(messages)
-    await fetch_and_write_back(proxy, f"/session/{V1}/message")
+    await fetch_and_write_back(write_back_proxy, f"/session/{V1}/message")
     ((_, part),) = fake.patches
     assert part["state"]["metadata"] == {"output": "hello \ud83d", "interrupted": True}
     assert json.loads(fake.bodies[f"/session/{V1}/message"])[1]["parts"][1]["state"]["status"] == "error"
 
 
-async def test_v2_failure_is_replayed_at_the_next_seq(proxy: ProxyClient, fake: FakeOpencode) -> None:
+async def test_v2_failure_is_replayed_at_the_next_seq(
+    write_back_proxy: ProxyClient, fake: FakeOpencode
+) -> None:
     v2_log(fake)
-    shown = await fetch_and_write_back(proxy, f"/api/session/{V2}/message")
+    shown = await fetch_and_write_back(write_back_proxy, f"/api/session/{V2}/message")
     ((seq, event),) = fake.replays
     assert seq == 7
     assert event["type"] == "session.next.tool.failed.1"
@@ -92,43 +80,45 @@ async def test_v2_failure_is_replayed_at_the_next_seq(proxy: ProxyClient, fake: 
     assert event["data"]["error"] == {"type": "unknown", "message": "Tool execution interrupted"}
 
 
-async def test_v2_concurrent_append_is_retried_without_gap(proxy: ProxyClient, fake: FakeOpencode) -> None:
+async def test_v2_concurrent_append_is_retried_without_gap(
+    write_back_proxy: ProxyClient, fake: FakeOpencode
+) -> None:
     v2_log(fake)
     fake.before_replay = [{"aggregate_id": V2, "seq": 7, "type": "session.updated.1", "data": {}}]
-    await fetch_and_write_back(proxy, f"/api/session/{V2}/message")
+    await fetch_and_write_back(write_back_proxy, f"/api/session/{V2}/message")
     assert [seq for seq, _ in fake.replays] == [7, 8]
     assert [e["seq"] for e in fake.events] == list(range(1, 9))
     assert [e["type"] for e in fake.events].count("session.next.tool.failed.1") == 1
 
 
 async def test_v2_call_settled_by_the_server_meanwhile_is_not_duplicated(
-    proxy: ProxyClient, fake: FakeOpencode
+    write_back_proxy: ProxyClient, fake: FakeOpencode
 ) -> None:
     v2_log(fake)
     fake.before_replay = [
         {"aggregate_id": V2, "seq": 7, "type": "session.next.tool.failed.1", "data": {"callID": CALL}}
     ]
-    await fetch_and_write_back(proxy, f"/api/session/{V2}/message")
+    await fetch_and_write_back(write_back_proxy, f"/api/session/{V2}/message")
     assert [seq for seq, _ in fake.replays] == [7]
     assert [e["type"] for e in fake.events].count("session.next.tool.failed.1") == 1
 
 
 async def test_nothing_is_written_when_the_second_reading_finds_the_session_active(
-    proxy: ProxyClient, fake: FakeOpencode
+    write_back_proxy: ProxyClient, fake: FakeOpencode
 ) -> None:
     fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
-    response = await proxy.get(f"/session/{V1}/message")
+    response = await write_back_proxy.get(f"/session/{V1}/message")
     assert (await response.json())[1]["parts"][1]["state"]["status"] == "error"
     fake.v1_busy["/cwd"] = {V1}
-    await idle(proxy.app)
+    await idle(write_back_proxy.app)
     assert fake.patches == []
 
 
-async def test_active_session_schedules_nothing(proxy: ProxyClient, fake: FakeOpencode) -> None:
+async def test_active_session_schedules_nothing(write_back_proxy: ProxyClient, fake: FakeOpencode) -> None:
     busy = next(iter(load("v2-active-busy.json")["data"]))
     fake.v2_active.add(busy)
     fake.bodies[f"/api/session/{busy}/message"] = compact("v2-message-busy-running.json")
-    await fetch_and_write_back(proxy, f"/api/session/{busy}/message")
+    await fetch_and_write_back(write_back_proxy, f"/api/session/{busy}/message")
     assert fake.replays == []
 
 
@@ -173,7 +163,7 @@ def v2_with_new_turn(fake: FakeOpencode) -> None:
 
 @pytest.mark.parametrize("busy", [True, False], ids=["busy", "not-yet-busy"])
 async def test_v1_turn_started_before_the_write_is_left_alone(
-    proxy: ProxyClient, fake: FakeOpencode, busy: bool
+    write_back_proxy: ProxyClient, fake: FakeOpencode, busy: bool
 ) -> None:
     """A turn starts between the fetch and the write-back's re-read. Busy by then, nothing is
     written (the reading is taken after the re-read); not yet busy, only the part the fetch
@@ -187,7 +177,7 @@ async def test_v1_turn_started_before_the_write_is_left_alone(
             fake.v1_busy["/cwd"] = {V1}
 
     fake.on_serve[path] = [lambda: None, new_turn]
-    await fetch_and_write_back(proxy, path)
+    await fetch_and_write_back(write_back_proxy, path)
     patched = [part["id"] for _, part in fake.patches]
     assert patched == ([] if busy else ["prt_229433856001UdZM6dtgAYZqVe"])
     assert orjson.loads(fake.bodies[path])[2]["parts"][1]["state"]["status"] == "running"
@@ -195,7 +185,7 @@ async def test_v1_turn_started_before_the_write_is_left_alone(
 
 @pytest.mark.parametrize("busy", [True, False], ids=["busy", "not-yet-busy"])
 async def test_v2_turn_started_before_the_write_is_left_alone(
-    proxy: ProxyClient, fake: FakeOpencode, busy: bool
+    write_back_proxy: ProxyClient, fake: FakeOpencode, busy: bool
 ) -> None:
     """As for v1: a call of a turn that started after the fetch is never written."""
     v2_log(fake)
@@ -207,20 +197,20 @@ async def test_v2_turn_started_before_the_write_is_left_alone(
             fake.v2_active.add(V2)
 
     fake.on_serve[path] = [lambda: None, new_turn]
-    await fetch_and_write_back(proxy, path)
+    await fetch_and_write_back(write_back_proxy, path)
     # The new turn's prompt leaves the old call to the server; the new call was never named.
     assert fake.replays == []
 
 
 async def test_calls_the_followed_stream_left_open_are_written_once_it_is_back(
-    proxy: ProxyClient, fake: FakeOpencode
+    write_back_proxy: ProxyClient, fake: FakeOpencode
 ) -> None:
     """After a crash the proxy confirms and writes what it saw open, before any client fetches."""
     v2_log(fake)
-    await following(proxy)
+    await following(write_back_proxy)
     # One queue carries both: the event reaches the proxy before the stream ends.
     fake.publish("session.next.tool.called", V2, callID=CALL, tool="bash", input={"command": "sleep 600"})
-    await crash(proxy, fake)
-    await idle(proxy.app)
+    await crash(write_back_proxy, fake)
+    await idle(write_back_proxy.app)
     ((seq, event),) = fake.replays
     assert (seq, event["type"], event["data"]["callID"]) == (7, "session.next.tool.failed.1", CALL)
