@@ -1,5 +1,6 @@
 """Freshness is judged in the server's clock: a proxy whose clock is an hour off either way
-never settles a tool the server saw alive an instant before its reading."""
+never settles a tool the server saw alive an instant before its reading (asked by the settle
+addon through `proxy.testing`, or kept from the stream a whole proxy follows)."""
 
 import asyncio
 import time
@@ -8,7 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.addons.settle import SETTLED_HEADER
+from proxy import testing
+from proxy.addons.settle import SETTLED_HEADER, Settle
 from proxy.opencode.server_clock import parse_date
 from tests.fixtures import load
 from tests.proxy.conftest import ProxyClient, following, publish
@@ -37,16 +39,19 @@ async def settled(proxy: ProxyClient) -> bool:
     return SETTLED_HEADER in response.headers
 
 
+async def settles(settle: Settle, body: bytes) -> bool:
+    """Whether the addon settles the view `body`, with a reading it asks of the fake."""
+    flow = await testing.cycle(settle, testing.flow("GET", PATH, body=body))
+    return SETTLED_HEADER in flow.response_headers
+
+
 @pytest.mark.parametrize("skew", [-HOUR_MS, HOUR_MS], ids=["server-behind", "server-ahead"])
 async def test_asked_reading_is_timed_by_the_servers_date(
-    proxy: ProxyClient, fake: FakeOpencode, skew: int
+    settle: Settle, fake: FakeOpencode, skew: int
 ) -> None:
-    fake.events_refused = True
     fake.clock_skew_ms = skew
-    fake.bodies[PATH] = v1_last_alive_at(server_now(fake) - 500)
-    assert not await settled(proxy)
-    fake.bodies[PATH] = v1_last_alive_at(server_now(fake) - 10_000)
-    assert await settled(proxy)
+    assert not await settles(settle, v1_last_alive_at(server_now(fake) - 500))
+    assert await settles(settle, v1_last_alive_at(server_now(fake) - 10_000))
 
 
 @pytest.mark.parametrize("skew", [-HOUR_MS, HOUR_MS], ids=["server-behind", "server-ahead"])
@@ -63,14 +68,13 @@ async def test_kept_reading_is_timed_by_the_streams_date(
 
 
 async def test_a_tool_too_fresh_for_one_reading_is_settled_by_a_later_one(
-    proxy: ProxyClient, fake: FakeOpencode
+    settle: Settle, fake: FakeOpencode
 ) -> None:
     """The same bytes are decided afresh once a reading can vouch for them."""
-    fake.events_refused = True
-    fake.bodies[PATH] = v1_last_alive_at(server_now(fake) - 500)
-    assert not await settled(proxy)
+    body = v1_last_alive_at(server_now(fake) - 500)
+    assert not await settles(settle, body)
     await asyncio.sleep(3.2)  # the margin (2 s) after it, plus the `Date` truncation (< 1 s)
-    assert await settled(proxy)
+    assert await settles(settle, body)
 
 
 def test_date_headers_are_read_to_the_second_or_not_at_all() -> None:

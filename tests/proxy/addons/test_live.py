@@ -1,16 +1,15 @@
-"""Live settlement: a client stream that outlived the crash is told the part is settled."""
+"""Live settlement end to end, through a whole proxy in front of the fake: a client stream open
+through the crash is told live, between the server's own events; one opened later gets the
+state; an instance stream only its directory's. What the addon decides, one case at a time, is
+in `test_live_hooks`."""
 
 import asyncio
-import copy
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-import pytest
 
 from proxy.testing import idle
-from tests.fixtures import js_json
 from tests.proxy.addons.live_streams import MESSAGE, PART, V1, crash_with_part_open, events
 from tests.proxy.conftest import (
     ProxyClient,
@@ -72,13 +71,6 @@ async def test_a_stream_open_through_the_crash_gets_it_live(
     ]
 
 
-async def injected_into_a_new_stream(live_proxy: ProxyClient) -> float:
-    """`injected` once the background is idle and a client stream has connected: what it was told."""
-    await idle(live_proxy.app)
-    await live_proxy.get("/global/event")
-    return await injected(live_proxy)
-
-
 async def test_instance_streams_get_the_events_of_their_directory_only(
     live_proxy: ProxyClient, fake: FakeOpencode
 ) -> None:
@@ -95,64 +87,6 @@ async def test_instance_streams_get_the_events_of_their_directory_only(
     assert first.startswith(b'data: {"type":"server.connected"')
     await ends_with_nothing_more(fake, elsewhere)
     assert await injected(live_proxy) == 3
-
-
-async def test_a_part_the_server_settled_unseen_is_relayed_as_it_is(
-    live_proxy: ProxyClient, fake: FakeOpencode
-) -> None:
-    done = {
-        **MESSAGE,
-        "parts": [*MESSAGE["parts"][:1], {**PART, "state": {**PART["state"], "status": "completed"}}],
-    }
-    fake.bodies[f"/session/{V1}/message/{MESSAGE['info']['id']}"] = orjson.dumps(done)
-    await crash_with_part_open(live_proxy, fake)
-    response = await live_proxy.get("/global/event")
-    _, part, message, status = await next_kinds(events(response), 4)
-    assert part["payload"]["properties"]["part"] == done["parts"][1]
-    info = message["payload"]["properties"]["info"]  # closed by `unfinished-message`, as a view shows it
-    assert info == {**MESSAGE["info"], "time": info["time"], "error": info["error"]}
-    assert info["time"]["completed"] >= MESSAGE["info"]["time"]["created"]
-    assert info["error"]["name"] == "MessageAbortedError"
-    assert status["payload"]["properties"]["status"] == {"type": "idle"}
-
-
-async def test_a_part_cut_inside_an_emoji_is_settled_live(
-    live_proxy: ProxyClient, fake: FakeOpencode
-) -> None:
-    message = copy.deepcopy(MESSAGE)
-    message["parts"][1]["state"]["metadata"]["output"] = "hello \ud83d"
-    fake.bodies[f"/session/{V1}/message/{MESSAGE['info']['id']}"] = js_json(message)
-    await publish(live_proxy, fake, "message.part.updated", V1, part=message["parts"][1], time=1)
-    await crash(live_proxy, fake)
-    await idle(live_proxy.app)
-    response = await live_proxy.get("/global/event")
-    lines = [await asyncio.wait_for(response.content.readline(), 5) for _ in range(4)]
-    part = next(line for line in lines if b"message.part.updated" in line)
-    assert b'"output":"hello \\ud83d"' in part
-    settled = json.loads(part.removeprefix(b"data: "))["payload"]["properties"]["part"]
-    assert settled["state"]["status"] == "error"
-    assert settled["state"]["metadata"] == {"output": "hello \ud83d", "interrupted": True}
-
-
-@pytest.mark.parametrize(
-    ("kind", "properties"),
-    [
-        ("session.status", {"status": {"type": "busy"}}),
-        ("session.status", {"status": {"type": "idle"}}),
-        ("message.updated", {"info": {**MESSAGE["info"], "id": "msg_newer"}}),
-    ],
-)
-async def test_the_replay_ends_when_the_stream_says_anything_newer_about_the_session(
-    live_proxy: ProxyClient, fake: FakeOpencode, kind: str, properties: dict[str, Any]
-) -> None:
-    await crash_with_part_open(live_proxy, fake)
-    await idle(live_proxy.app)
-    assert await injected(live_proxy) == 0  # no client stream yet: nothing sent
-    await publish(live_proxy, fake, kind, V1, **properties)  # e.g. a new turn: the session is busy again
-    stream = events(await live_proxy.get("/global/event"))
-    assert (await anext(stream))["payload"]["type"] == "server.connected"
-    await next_is_the_servers(fake, stream)  # no "idle", no settled part: the server has newer news
-    assert await injected(live_proxy) == 0
 
 
 WRITING_INFO: dict[str, Any] = {**MESSAGE["info"], "id": "msg_writing"}
@@ -189,27 +123,3 @@ async def test_a_turn_cut_before_any_tool_is_closed_in_streams_open_through_the_
     assert kinds == ["server.connected", "message.updated", "session.status"]
     await next_is_the_servers(fake, later)
     assert await injected(live_proxy) == 5
-
-
-async def test_news_of_the_session_during_the_confirmation_withdraws_it(
-    live_proxy: ProxyClient, fake: FakeOpencode
-) -> None:
-    """A new turn announced while the turn is being confirmed: whatever the reading says, the
-    stream knows better, and nothing is said."""
-    await crash_while_writing(live_proxy, fake)
-    await publish(live_proxy, fake, "session.status", V1, status={"type": "busy"})  # within the grace period
-    assert await injected_into_a_new_stream(live_proxy) == 0
-
-
-async def test_a_reading_that_fails_after_the_restart_is_asked_again(
-    live_proxy: ProxyClient, fake: FakeOpencode
-) -> None:
-    """A server that has just restarted may not answer the first look-up; the settlement still comes."""
-    fake.liveness_fails = True
-    fake.on_serve["/session/status"] = [lambda: None, lambda: setattr(fake, "liveness_fails", False)]
-    await crash_with_part_open(live_proxy, fake)
-    response = await live_proxy.get("/global/event")
-    _, part, _, status = await next_kinds(events(response), 4)
-    assert part["payload"]["properties"]["part"]["state"]["status"] == "error"
-    assert status["payload"]["properties"]["status"] == {"type": "idle"}
-    assert fake.liveness_requests >= 2

@@ -4,6 +4,8 @@ decides to tell a client stream is what is queued for that flow once its confirm
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 import orjson
@@ -16,7 +18,7 @@ from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.tracker import GlobalEvent
 from proxy.service.metrics import Metrics
-from tests.fixtures import load
+from tests.fixtures import js_json, load
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
@@ -113,3 +115,80 @@ async def test_news_handed_over_with_the_reconnect_withdraws_the_confirmation(
     heard(live, "session.status", status={"type": "busy"})  # a turn started: the client was told
     assert await told_a_new_stream(live) == []
     assert metrics.withdrawn_confirmations.labels("open parts")._value.get() == 1
+
+
+def payloads(frames: list[bytes]) -> list[Any]:
+    return [orjson.loads(frame.removeprefix(b"data: "))["payload"] for frame in frames]
+
+
+async def test_a_part_the_server_settled_unseen_is_told_as_it_is(
+    live: LiveSettle, fake: FakeOpencode
+) -> None:
+    done = {
+        **MESSAGE,
+        "parts": [*MESSAGE["parts"][:1], {**PART, "state": {**PART["state"], "status": "completed"}}],
+    }
+    fake.bodies[f"/session/{V1}/message/{MESSAGE['info']['id']}"] = orjson.dumps(done)
+    crash_with_part_open(live)
+    part, message, status = payloads(await told_a_new_stream(live))
+    assert part["properties"]["part"] == done["parts"][1]
+    info = message["properties"]["info"]  # closed by `unfinished-message`, as a view shows it
+    assert info == {**MESSAGE["info"], "time": info["time"], "error": info["error"]}
+    assert info["time"]["completed"] >= MESSAGE["info"]["time"]["created"]
+    assert info["error"]["name"] == "MessageAbortedError"
+    assert status["properties"]["status"] == {"type": "idle"}
+
+
+async def test_a_part_cut_inside_an_emoji_is_settled_live(live: LiveSettle, fake: FakeOpencode) -> None:
+    message = copy.deepcopy(MESSAGE)
+    message["parts"][1]["state"]["metadata"]["output"] = "hello \ud83d"
+    fake.bodies[f"/session/{V1}/message/{MESSAGE['info']['id']}"] = js_json(message)
+    heard(live, "message.part.updated", part=message["parts"][1], time=1)
+    live.following()
+    part = next(frame for frame in await told_a_new_stream(live) if b"message.part.updated" in frame)
+    assert b'"output":"hello \\ud83d"' in part
+    settled = json.loads(part.removeprefix(b"data: "))["payload"]["properties"]["part"]
+    assert settled["state"]["status"] == "error"
+    assert settled["state"]["metadata"] == {"output": "hello \ud83d", "interrupted": True}
+
+
+@pytest.mark.parametrize(
+    ("kind", "properties"),
+    [
+        ("session.status", {"status": {"type": "busy"}}),
+        ("session.status", {"status": {"type": "idle"}}),
+        ("message.updated", {"info": {**MESSAGE["info"], "id": "msg_newer"}}),
+    ],
+)
+async def test_the_replay_ends_when_the_stream_says_anything_newer_about_the_session(
+    live: LiveSettle, metrics: Metrics, kind: str, properties: dict[str, Any]
+) -> None:
+    crash_with_part_open(live)
+    await live.tasks.idle()
+    assert metrics.injected_events._value.get() == 0  # no client stream yet: nothing sent
+    heard(live, kind, **properties)  # e.g. a new turn: the session is busy again
+    assert await told_a_new_stream(live) == []  # no settled part: the server has newer news
+
+
+async def test_news_of_the_session_while_a_turn_is_confirmed_withdraws_it(
+    live: LiveSettle, metrics: Metrics
+) -> None:
+    """A new turn announced while the turn is being confirmed: whatever the reading says, the
+    stream knows better, and nothing is said."""
+    crash_while_writing(live)
+    heard(live, "session.status", status={"type": "busy"})  # within the grace period
+    assert await told_a_new_stream(live) == []
+    assert metrics.withdrawn_confirmations.labels("dead turns")._value.get() == 1
+
+
+async def test_a_reading_that_fails_after_the_restart_is_asked_again(
+    live: LiveSettle, fake: FakeOpencode
+) -> None:
+    """A server that has just restarted may not answer the first look-up; the settlement still comes."""
+    fake.liveness_fails = True
+    fake.on_serve["/session/status"] = [lambda: None, lambda: setattr(fake, "liveness_fails", False)]
+    crash_with_part_open(live)
+    part, _, status = payloads(await told_a_new_stream(live))
+    assert part["properties"]["part"]["state"]["status"] == "error"
+    assert status["properties"]["status"] == {"type": "idle"}
+    assert fake.liveness_requests >= 2

@@ -1,36 +1,16 @@
 """The settle addon's hooks, one flow at a time through `proxy.testing.cycle` (no proxy in front)."""
 
-from collections.abc import AsyncIterator
-
-import aiohttp
 import orjson
 import pytest
-from yarl import URL
 
 from proxy import testing
-from proxy.addons.context import SettleContext
 from proxy.addons.settle import SETTLED_HEADER, Settle
-from proxy.opencode.client import UpstreamApi
-from proxy.opencode.liveness import LivenessProbe
-from proxy.opencode.tracker import LivenessTracker
-from proxy.service.metrics import Metrics
 from tests.fixtures import compact
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
 VIEW = f"/session/{V1}/message"
 STALE = compact("v1-message-stale-running.json")
-
-
-@pytest.fixture
-async def settle(upstream_api: UpstreamApi) -> AsyncIterator[Settle]:
-    """The addon as the application builds it, asking the fake upstream for liveness (its
-    tracker is never run, so it follows no stream and every reading is asked)."""
-    async with aiohttp.ClientSession() as session:
-        tracker = LivenessTracker(session, URL("http://127.0.0.1:1"))
-        yield Settle(
-            SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0), tracker=tracker
-        )
 
 
 async def test_a_stale_view_of_an_idle_session_is_settled(settle: Settle) -> None:

@@ -1,18 +1,24 @@
-"""Settling through the proxy while other processes hold the upstream's database: what was alive
-after the earliest of them started is left alone, in views and in readings kept from the event
-stream; health says what the survey found, or why it could not."""
+"""Settling while other processes hold the upstream's database: what was alive after the earliest
+of them started is left alone, in views (the settle addon through `proxy.testing`, and a whole
+proxy) and in readings kept from the event stream; health says what the survey found, or why it
+could not."""
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
+from yarl import URL
 
-from proxy.addons.settle import SETTLED_HEADER
+from proxy import testing
+from proxy.addons.settle import SETTLED_HEADER, Settle
 from proxy.opencode import other_processes as processes
 from proxy.opencode import surveys
+from proxy.opencode.client import UpstreamApi
 from proxy.opencode.other_processes import START_MARGIN_MS
 from tests.fixtures import compact, load
+from tests.proxy.addons.conftest import asking_settle
 from tests.proxy.conftest import ProxyClient, following, publish
 from tests.proxy.fake_opencode import FakeOpencode
 from tests.proxy.system.fake_proc import BOOT_S, DB, FakeProc
@@ -36,6 +42,24 @@ def other_server(proc: FakeProc, upstream: TestServer, monkeypatch: pytest.Monke
     return proc
 
 
+@pytest.fixture
+async def bounded_settle(upstream: TestServer, upstream_api: UpstreamApi) -> AsyncIterator[Settle]:
+    """The settle addon, its readings bounded by the other holders of the fake's database."""
+    elsewhere = surveys.OtherProcesses(URL(str(upstream.make_url("/"))))
+    try:
+        async with asking_settle(upstream_api, elsewhere) as addon:
+            yield addon
+    finally:
+        await elsewhere.close()
+
+
+async def settles(settle: Settle) -> bool:
+    """Whether the addon settles the stale v2 view."""
+    body = compact("v2-message-stale-running.json")
+    flow = await testing.cycle(settle, testing.flow("GET", f"/api/session/{V2}/message", body=body))
+    return flow.response_headers.get(SETTLED_HEADER) == "1"
+
+
 async def test_a_view_alive_after_another_holder_started_is_left_alone(
     proxy: ProxyClient, fake: FakeOpencode, other_server: FakeProc
 ) -> None:
@@ -53,12 +77,10 @@ async def test_a_view_alive_after_another_holder_started_is_left_alone(
 
 
 async def test_a_view_alive_before_every_other_holder_started_is_settled(
-    proxy: ProxyClient, fake: FakeOpencode, other_server: FakeProc
+    bounded_settle: Settle, other_server: FakeProc
 ) -> None:
-    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
     other_server.process(200, DB, started_at=V2_LAST_ALIVE + 60_000)
-    response = await proxy.get(f"/api/session/{V2}/message")
-    assert response.headers[SETTLED_HEADER] == "1"
+    assert await settles(bounded_settle)
 
 
 async def test_a_reading_kept_from_the_event_stream_is_bounded_too(
@@ -80,7 +102,7 @@ async def test_health_says_why_other_processes_are_unknown(proxy: ProxyClient) -
 
 
 async def test_a_stale_view_asked_again_is_not_surveyed_again(
-    proxy: ProxyClient, fake: FakeOpencode, other_server: FakeProc, monkeypatch: pytest.MonkeyPatch
+    bounded_settle: Settle, other_server: FakeProc, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A survey taken after the view's last sign of life vouches for it for good."""
     surveys: list[int] = []
@@ -91,8 +113,6 @@ async def test_a_stale_view_asked_again_is_not_surveyed_again(
         return taking(*args, **kwargs)
 
     monkeypatch.setattr(processes, "survey", counted)
-    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
     for _ in range(3):
-        response = await proxy.get(f"/api/session/{V2}/message")
-        assert response.headers[SETTLED_HEADER] == "1"
+        assert await settles(bounded_settle)
     assert len(surveys) == 1
