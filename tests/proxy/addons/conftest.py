@@ -9,6 +9,7 @@ from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from proxy.addons.context import SettleContext
+from proxy.addons.live import LiveSettle
 from proxy.addons.settle import Settle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
@@ -17,7 +18,7 @@ from proxy.opencode.tracker import LivenessTracker
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.service.metrics import Metrics
-from tests.proxy.addons.live_streams import GRACE_S, MESSAGE, V1
+from tests.proxy.addons.live_streams import GRACE_S, MESSAGE, V1, WRITING
 from tests.proxy.conftest import ProxyClient, following
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -55,3 +56,17 @@ async def asking_settle(
 async def settle(upstream_api: UpstreamApi) -> AsyncIterator[Settle]:
     async with asking_settle(upstream_api) as addon:
         yield addon
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics()
+
+
+@pytest.fixture
+def live(upstream_api: UpstreamApi, fake: FakeOpencode, metrics: Metrics) -> LiveSettle:
+    """The live-settle addon as the application builds it, the fake its upstream, with a short
+    grace period; the fake serves the stale message and the one cut while it was written."""
+    fake.bodies[f"/session/{V1}/message/{MESSAGE['info']['id']}"] = orjson.dumps(MESSAGE)
+    fake.bodies[f"/session/{V1}/message/{WRITING['info']['id']}"] = orjson.dumps(WRITING)
+    return LiveSettle(SettleContext(LivenessProbe(upstream_api), upstream_api, metrics, grace=GRACE_S))

@@ -1,5 +1,6 @@
-"""What the tests of live settlement through a whole proxy share: the stale v1 message the fake
-serves, a client's event stream read as events, and a crash with its tool part open."""
+"""What the tests of live settlement share: the stale v1 message the fake serves and one the model
+was still writing, and, through a whole proxy, a client's event stream read as events and a crash
+with the tool part open."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from tests.proxy.fake_opencode import FakeOpencode
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
 MESSAGE = load("v1-message-stale-running.json")[1]
 PART = MESSAGE["parts"][1]
+WRITING_INFO: dict[str, Any] = {**MESSAGE["info"], "id": "msg_writing"}
+WRITING: dict[str, Any] = {"info": WRITING_INFO, "parts": []}
+"""An assistant message the model was still writing when the server died: no tool, no completion."""
 GRACE_S = 0.05
 
 

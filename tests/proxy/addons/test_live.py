@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from proxy.testing import idle
-from tests.proxy.addons.live_streams import MESSAGE, PART, V1, crash_with_part_open, events
+from tests.proxy.addons.live_streams import PART, V1, WRITING, WRITING_INFO, crash_with_part_open, events
 from tests.proxy.conftest import (
     ProxyClient,
     crash,
@@ -87,11 +87,6 @@ async def test_instance_streams_get_the_events_of_their_directory_only(
     assert first.startswith(b'data: {"type":"server.connected"')
     await ends_with_nothing_more(fake, elsewhere)
     assert await injected(live_proxy) == 3
-
-
-WRITING_INFO: dict[str, Any] = {**MESSAGE["info"], "id": "msg_writing"}
-WRITING: dict[str, Any] = {"info": WRITING_INFO, "parts": []}
-"""An assistant message the model was still writing when the server died: no tool, no completion."""
 
 
 async def crash_while_writing(live_proxy: ProxyClient, fake: FakeOpencode) -> None:

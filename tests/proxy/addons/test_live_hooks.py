@@ -12,32 +12,14 @@ import orjson
 import pytest
 
 from proxy import testing
-from proxy.addons.context import SettleContext
 from proxy.addons.live import LiveSettle
-from proxy.opencode.client import UpstreamApi
-from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.tracker import GlobalEvent
 from proxy.service.metrics import Metrics
-from tests.fixtures import js_json, load
+from tests.fixtures import js_json
+from tests.proxy.addons.live_streams import MESSAGE, PART, V1, WRITING_INFO
 from tests.proxy.fake_opencode import FakeOpencode
 
-V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
-MESSAGE = load("v1-message-stale-running.json")[1]
-PART = MESSAGE["parts"][1]
-WRITING_INFO: dict[str, Any] = {**MESSAGE["info"], "id": "msg_writing"}
 SSE = {"Content-Type": "text/event-stream"}
-
-
-@pytest.fixture
-def metrics() -> Metrics:
-    return Metrics()
-
-
-@pytest.fixture
-def live(upstream_api: UpstreamApi, fake: FakeOpencode, metrics: Metrics) -> LiveSettle:
-    fake.bodies[f"/session/{V1}/message/{MESSAGE['info']['id']}"] = orjson.dumps(MESSAGE)
-    fake.bodies[f"/session/{V1}/message/msg_writing"] = orjson.dumps({"info": WRITING_INFO, "parts": []})
-    return LiveSettle(SettleContext(LivenessProbe(upstream_api), upstream_api, metrics, grace=0.05))
 
 
 def heard(live: LiveSettle, kind: str, **properties: Any) -> None:

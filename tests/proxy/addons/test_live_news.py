@@ -27,7 +27,7 @@ from proxy.service.config import Settings, WriteBackMode
 from proxy.testing import hearing, idle
 from rules import Api, Liveness
 from tests.fixtures import compact, load, raw
-from tests.proxy.addons.live_streams import crash_with_part_open
+from tests.proxy.addons.live_streams import WRITING_INFO, crash_with_part_open
 from tests.proxy.conftest import ProxyClient, crash, following, publish
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -36,7 +36,6 @@ V2 = "ses_dd6bd0f33ffejRStwdnQDIkDom"
 MESSAGES = load("v1-message-stale-running.json")
 MESSAGE = MESSAGES[1]
 PART = MESSAGE["parts"][1]
-WRITING_INFO: dict[str, Any] = {**MESSAGE["info"], "id": "msg_writing"}
 POINTS = ("before the read", "between the read and the reading", "after the reading")
 ClientFactory = Callable[[web.Application], Awaitable[ProxyClient]]
 
