@@ -12,12 +12,18 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
+from proxy.addons.context import SettleContext
+from proxy.addons.settle import Settle
 from proxy.opencode.client import UpstreamApi
-from proxy.opencode.tracker import TRACKER, StreamState
+from proxy.opencode.liveness import LivenessProbe
+from proxy.opencode.surveys import OtherProcesses
+from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamState
 from proxy.service.app import create_app
 from proxy.service.config import Settings
+from proxy.service.metrics import Metrics
 from proxy.supervision.server_command import free_loopback_port
 from proxy.testing import WAIT_S, hearing, refollowing
+from proxy.writeback.scheduler import WriteBack
 from tests.proxy.fake_opencode import FakeOpencode
 from tests.proxy.system.fake_proc import FakeProc
 
@@ -54,6 +60,21 @@ async def proxy(
     upstream: TestServer, aiohttp_client: Callable[[web.Application], Awaitable[ProxyClient]]
 ) -> ProxyClient:
     return await aiohttp_client(create_app(Settings(upstream=URL(str(upstream.make_url("/"))))))
+
+
+@asynccontextmanager
+async def asking_settle(
+    upstream_api: UpstreamApi, elsewhere: OtherProcesses | None = None, write_back: WriteBack | None = None
+) -> AsyncIterator[Settle]:
+    """The settle addon as the application builds it, asking the fake upstream for liveness (its
+    tracker is never run, so it follows no stream and every reading is asked), bounded by the
+    other processes on the database when `elsewhere` is given; it schedules its settlements on
+    `write_back`, if given."""
+    async with aiohttp.ClientSession() as session:
+        tracker = LivenessTracker(session, URL("http://127.0.0.1:1"))
+        probe = LivenessProbe(upstream_api, elsewhere=elsewhere)
+        context = SettleContext(probe, upstream_api, Metrics(), grace=0, write_back=write_back)
+        yield Settle(context, tracker=tracker)
 
 
 async def following(proxy: ProxyClient) -> None:

@@ -1,7 +1,5 @@
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 
-import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -13,13 +11,11 @@ from proxy.addons.live import LiveSettle
 from proxy.addons.settle import Settle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
-from proxy.opencode.surveys import OtherProcesses
-from proxy.opencode.tracker import LivenessTracker
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.service.metrics import Metrics
 from tests.proxy.addons.live_streams import GRACE_S, MESSAGE, V1, WRITING
-from tests.proxy.conftest import ProxyClient, following
+from tests.proxy.conftest import ProxyClient, asking_settle, following
 from tests.proxy.fake_opencode import FakeOpencode
 
 
@@ -37,19 +33,6 @@ async def live_proxy(
     )
     await following(client)
     return client
-
-
-@asynccontextmanager
-async def asking_settle(
-    upstream_api: UpstreamApi, elsewhere: OtherProcesses | None = None
-) -> AsyncIterator[Settle]:
-    """The settle addon as the application builds it, asking the fake upstream for liveness (its
-    tracker is never run, so it follows no stream and every reading is asked), bounded by the
-    other processes on the database when `elsewhere` is given."""
-    async with aiohttp.ClientSession() as session:
-        tracker = LivenessTracker(session, URL("http://127.0.0.1:1"))
-        probe = LivenessProbe(upstream_api, elsewhere=elsewhere)
-        yield Settle(SettleContext(probe, upstream_api, Metrics(), grace=0), tracker=tracker)
 
 
 @pytest.fixture

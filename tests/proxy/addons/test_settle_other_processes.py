@@ -18,8 +18,7 @@ from proxy.opencode import surveys
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.other_processes import START_MARGIN_MS
 from tests.fixtures import compact, load
-from tests.proxy.addons.conftest import asking_settle
-from tests.proxy.conftest import ProxyClient, following, publish
+from tests.proxy.conftest import ProxyClient, asking_settle, following, publish
 from tests.proxy.fake_opencode import FakeOpencode
 from tests.proxy.system.fake_proc import BOOT_S, DB, FakeProc
 

@@ -7,17 +7,17 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy import testing
+from proxy.addons.settle import Settle
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.service.logs import JsonFormatter
-from proxy.testing import idle
 from proxy.writeback.scheduler import WriteBack
 from rules import Api
 from tests.fixtures import compact
-from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
 from tests.proxy.writeback.test_scheduler import Recording
-from tests.proxy.writeback.test_writeback import CALL, V1, V2, v2_log
+from tests.proxy.writeback.test_writeback import CALL, V1, V2, Show, v2_log
 
 FIELDS = {"session", "message", "part", "mode", "api", "rule", "outcome", "why"}
 MESSAGE = "msg_229432faa0010ifWjJPo42f8Zo"
@@ -43,12 +43,11 @@ def _decided(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def test_a_write_and_a_skip_carry_session_part_and_mode(
-    write_back_proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+    shown: Show, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
     with caplog.at_level(logging.INFO, logger="proxy.writeback"):
-        await write_back_proxy.get(f"/session/{V1}/message")
-        await idle(write_back_proxy.app)
+        await shown(f"/session/{V1}/message")
     lines = _json_lines(caplog)
     by_outcome = {line["outcome"]: line for line in _decided(lines)}
     assert {key: by_outcome["written"][key] for key in FIELDS - {"why"}} == {
@@ -66,13 +65,14 @@ async def test_a_write_and_a_skip_carry_session_part_and_mode(
 
 
 async def test_a_session_found_active_is_a_skip_per_named_id(
-    write_back_proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+    asking: Settle, write_back: WriteBack, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
     with caplog.at_level(logging.INFO, logger="proxy.writeback"):
-        await write_back_proxy.get(f"/session/{V1}/message")
-        fake.v1_busy["/cwd"] = {V1}
-        await idle(write_back_proxy.app)
+        path = f"/session/{V1}/message"
+        await testing.cycle(asking, testing.flow("GET", path, body=fake.bodies[path]))
+        fake.v1_busy["/cwd"] = {V1}  # before the write-back's own reading
+        await write_back.tasks.idle()
     lines = _json_lines(caplog)
     assert {(line["part"], line["outcome"], line["why"]) for line in _decided(lines)} == {
         (PART, "skipped", "the session became active"),
@@ -82,13 +82,12 @@ async def test_a_session_found_active_is_a_skip_per_named_id(
 
 
 async def test_a_refused_append_carries_them_too(
-    write_back_proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+    shown: Show, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
 ) -> None:
     v2_log(fake)
     fake.before_replay = [{"aggregate_id": V2, "seq": 7, "type": "session.updated.1", "data": {}}]
     with caplog.at_level(logging.INFO, logger="proxy.writeback"):
-        await write_back_proxy.get(f"/api/session/{V2}/message")
-        await idle(write_back_proxy.app)
+        await shown(f"/api/session/{V2}/message")
     lines = _json_lines(caplog)
     outcomes = [(line["part"], line["api"], line["outcome"]) for line in _decided(lines)]
     assert (CALL, "v2", "retried") in outcomes

@@ -1,14 +1,20 @@
-"""Write-back through the API against the fake upstream: what is sent, and when nothing is."""
+"""Write-back through the API against the fake upstream: what is sent, and when nothing is. The
+settle addon, through `proxy.testing`, schedules it as a view goes out; once, a whole proxy does
+it for what the stream it follows left open."""
 
 import copy
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 import pytest
 
+from proxy import testing
+from proxy.addons.settle import Settle
 from proxy.testing import idle
+from proxy.writeback.scheduler import WriteBack
 from tests.fixtures import compact, js_json, load
 from tests.proxy.conftest import ProxyClient, crash, following
 from tests.proxy.fake_opencode import FakeOpencode
@@ -16,13 +22,7 @@ from tests.proxy.fake_opencode import FakeOpencode
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
 V2 = "ses_dd6bd0f33ffejRStwdnQDIkDom"
 CALL = "call_mock_1"
-
-
-async def fetch_and_write_back(write_back_proxy: ProxyClient, path: str) -> Any:
-    response = await write_back_proxy.get(path)
-    document = await response.json()
-    await idle(write_back_proxy.app)
-    return document
+Show = Callable[[str], Awaitable[Any]]
 
 
 def v2_log(fake: FakeOpencode) -> None:
@@ -46,79 +46,75 @@ def v2_log(fake: FakeOpencode) -> None:
     fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
 
 
-async def test_v1_settled_part_is_patched(write_back_proxy: ProxyClient, fake: FakeOpencode) -> None:
+async def test_v1_settled_part_is_patched(shown: Show, fake: FakeOpencode) -> None:
     fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
-    shown = await fetch_and_write_back(write_back_proxy, f"/session/{V1}/message")
+    document = await shown(f"/session/{V1}/message")
     ((path, part),) = fake.patches
     assert path == f"/session/{V1}/message/msg_229432faa0010ifWjJPo42f8Zo/part/prt_229433856001UdZM6dtgAYZqVe"
-    assert part == shown[1]["parts"][1]
+    assert part == document[1]["parts"][1]
     assert orjson.loads(fake.bodies[f"/session/{V1}/message"])[1]["parts"][1]["state"]["status"] == "error"
 
 
-async def test_v1_part_cut_inside_an_emoji_is_patched_keeping_it(
-    write_back_proxy: ProxyClient, fake: FakeOpencode
-) -> None:
+async def test_v1_part_cut_inside_an_emoji_is_patched_keeping_it(shown: Show, fake: FakeOpencode) -> None:
     messages = load("v1-message-stale-running.json")
     messages[1]["parts"][1]["state"]["metadata"]["output"] = "hello \ud83d"
     fake.bodies[f"/session/{V1}/message"] = js_json(messages)
-    await fetch_and_write_back(write_back_proxy, f"/session/{V1}/message")
+    await shown(f"/session/{V1}/message")
     ((_, part),) = fake.patches
     assert part["state"]["metadata"] == {"output": "hello \ud83d", "interrupted": True}
     assert json.loads(fake.bodies[f"/session/{V1}/message"])[1]["parts"][1]["state"]["status"] == "error"
 
 
-async def test_v2_failure_is_replayed_at_the_next_seq(
-    write_back_proxy: ProxyClient, fake: FakeOpencode
-) -> None:
+async def test_v2_failure_is_replayed_at_the_next_seq(shown: Show, fake: FakeOpencode) -> None:
     v2_log(fake)
-    shown = await fetch_and_write_back(write_back_proxy, f"/api/session/{V2}/message")
+    document = await shown(f"/api/session/{V2}/message")
     ((seq, event),) = fake.replays
     assert seq == 7
     assert event["type"] == "session.next.tool.failed.1"
     assert event["data"]["callID"] == CALL
-    assert event["data"]["timestamp"] == shown["data"][0]["content"][0]["time"]["completed"]
+    assert event["data"]["timestamp"] == document["data"][0]["content"][0]["time"]["completed"]
     assert event["data"]["error"] == {"type": "unknown", "message": "Tool execution interrupted"}
 
 
-async def test_v2_concurrent_append_is_retried_without_gap(
-    write_back_proxy: ProxyClient, fake: FakeOpencode
-) -> None:
+async def test_v2_concurrent_append_is_retried_without_gap(shown: Show, fake: FakeOpencode) -> None:
     v2_log(fake)
     fake.before_replay = [{"aggregate_id": V2, "seq": 7, "type": "session.updated.1", "data": {}}]
-    await fetch_and_write_back(write_back_proxy, f"/api/session/{V2}/message")
+    await shown(f"/api/session/{V2}/message")
     assert [seq for seq, _ in fake.replays] == [7, 8]
     assert [e["seq"] for e in fake.events] == list(range(1, 9))
     assert [e["type"] for e in fake.events].count("session.next.tool.failed.1") == 1
 
 
 async def test_v2_call_settled_by_the_server_meanwhile_is_not_duplicated(
-    write_back_proxy: ProxyClient, fake: FakeOpencode
+    shown: Show, fake: FakeOpencode
 ) -> None:
     v2_log(fake)
     fake.before_replay = [
         {"aggregate_id": V2, "seq": 7, "type": "session.next.tool.failed.1", "data": {"callID": CALL}}
     ]
-    await fetch_and_write_back(write_back_proxy, f"/api/session/{V2}/message")
+    await shown(f"/api/session/{V2}/message")
     assert [seq for seq, _ in fake.replays] == [7]
     assert [e["type"] for e in fake.events].count("session.next.tool.failed.1") == 1
 
 
 async def test_nothing_is_written_when_the_second_reading_finds_the_session_active(
-    write_back_proxy: ProxyClient, fake: FakeOpencode
+    asking: Settle, write_back: WriteBack, fake: FakeOpencode
 ) -> None:
-    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
-    response = await write_back_proxy.get(f"/session/{V1}/message")
-    assert (await response.json())[1]["parts"][1]["state"]["status"] == "error"
+    path = f"/session/{V1}/message"
+    fake.bodies[path] = compact("v1-message-stale-running.json")
+    flow = await testing.cycle(asking, testing.flow("GET", path, body=fake.bodies[path]))
+    assert orjson.loads(flow.body)[1]["parts"][1]["state"]["status"] == "error"
     fake.v1_busy["/cwd"] = {V1}
-    await idle(write_back_proxy.app)
+    await write_back.tasks.idle()
     assert fake.patches == []
+    assert fake.liveness_requests == 2, "premise: the write-back took its own reading"
 
 
-async def test_active_session_schedules_nothing(write_back_proxy: ProxyClient, fake: FakeOpencode) -> None:
+async def test_active_session_schedules_nothing(shown: Show, fake: FakeOpencode) -> None:
     busy = next(iter(load("v2-active-busy.json")["data"]))
     fake.v2_active.add(busy)
     fake.bodies[f"/api/session/{busy}/message"] = compact("v2-message-busy-running.json")
-    await fetch_and_write_back(write_back_proxy, f"/api/session/{busy}/message")
+    await shown(f"/api/session/{busy}/message")
     assert fake.replays == []
 
 
@@ -163,7 +159,7 @@ def v2_with_new_turn(fake: FakeOpencode) -> None:
 
 @pytest.mark.parametrize("busy", [True, False], ids=["busy", "not-yet-busy"])
 async def test_v1_turn_started_before_the_write_is_left_alone(
-    write_back_proxy: ProxyClient, fake: FakeOpencode, busy: bool
+    shown: Show, fake: FakeOpencode, busy: bool
 ) -> None:
     """A turn starts between the fetch and the write-back's re-read. Busy by then, nothing is
     written (the reading is taken after the re-read); not yet busy, only the part the fetch
@@ -176,8 +172,8 @@ async def test_v1_turn_started_before_the_write_is_left_alone(
         if busy:
             fake.v1_busy["/cwd"] = {V1}
 
-    fake.on_serve[path] = [lambda: None, new_turn]
-    await fetch_and_write_back(write_back_proxy, path)
+    fake.on_serve[path] = [new_turn]  # before the write-back reads the view again
+    await shown(path)
     patched = [part["id"] for _, part in fake.patches]
     assert patched == ([] if busy else ["prt_229433856001UdZM6dtgAYZqVe"])
     assert orjson.loads(fake.bodies[path])[2]["parts"][1]["state"]["status"] == "running"
@@ -185,7 +181,7 @@ async def test_v1_turn_started_before_the_write_is_left_alone(
 
 @pytest.mark.parametrize("busy", [True, False], ids=["busy", "not-yet-busy"])
 async def test_v2_turn_started_before_the_write_is_left_alone(
-    write_back_proxy: ProxyClient, fake: FakeOpencode, busy: bool
+    shown: Show, fake: FakeOpencode, busy: bool
 ) -> None:
     """As for v1: a call of a turn that started after the fetch is never written."""
     v2_log(fake)
@@ -196,8 +192,8 @@ async def test_v2_turn_started_before_the_write_is_left_alone(
         if busy:
             fake.v2_active.add(V2)
 
-    fake.on_serve[path] = [lambda: None, new_turn]
-    await fetch_and_write_back(write_back_proxy, path)
+    fake.on_serve[path] = [new_turn]  # before the write-back reads the view again
+    await shown(path)
     # The new turn's prompt leaves the old call to the server; the new call was never named.
     assert fake.replays == []
 
