@@ -174,8 +174,8 @@ class WriteBack:
 
     @property
     def tasks(self) -> Idles:
-        """The passes, pending or writing, to wait for (tests and the offline command do); they
-        are closed by `close` alone, which also ends the waits on what they would have written."""
+        """The passes, pending or writing, for `Background` (and tests) to wait for; they are
+        closed by `close` alone, which also ends the waits on what they would have written."""
         return self._passing
 
     async def close(self) -> None:
