@@ -12,7 +12,7 @@ changed, with no I/O. The view shapes:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rules.changes import Change
@@ -29,10 +29,13 @@ class SettledMessages:
     """The messages of a view that the rules changed: each one's position and settlement."""
 
     settled: tuple[tuple[int, Settlement], ...]
+    changes: tuple[Change, ...] = field(init=False, repr=False, compare=False)
+    """Every change, message by message: gathered once, since a settled view is read again for
+    each client that polls it (its headers, counts and write-back targets all ask)."""
 
-    @property
-    def changes(self) -> tuple[Change, ...]:
-        return tuple(change for _, settlement in self.settled for change in settlement.changes)
+    def __post_init__(self) -> None:
+        changes = tuple(change for _, settlement in self.settled for change in settlement.changes)
+        object.__setattr__(self, "changes", changes)
 
     @property
     def last_alive(self) -> int:
