@@ -138,8 +138,9 @@ class Settle(Addon):
         rewritten = self._views.settle(scanned, reading.liveness)
         if isinstance(rewritten, Unchanged):
             return rewritten
-        liveness = await self._source.vouching(route, request, reading, rewritten.messages.last_alive)
-        if liveness.vouches_for(rewritten.messages.last_alive):
+        last_alive = rewritten.messages.last_alive
+        liveness = await self._source.vouching(route, request, reading, last_alive)
+        if liveness.vouches_for(last_alive):
             return rewritten
         return self._views.settle_exactly(scanned, liveness)
 
@@ -200,11 +201,13 @@ def _label(flow: Flow, rewritten: Rewritten) -> None:
     for name in _VALIDATORS:
         flow.response_headers.popall(name, None)
     flow.response_headers[SETTLED_HEADER] = str(rewritten.messages.settled_parts)
-    flow.response_headers[RULES_HEADER] = ",".join(dict.fromkeys(c.rule for c in rewritten.messages.changes))
+    flow.response_headers[RULES_HEADER] = ",".join(rewritten.messages.rules)
 
 
 def _codings(flow: Flow) -> list[str]:
-    return codings.content_codings(flow.response_headers.getall(hdrs.CONTENT_ENCODING, ()))
+    if hdrs.CONTENT_ENCODING not in flow.response_headers:  # as opencode answers: asked for identity
+        return []
+    return codings.content_codings(flow.response_headers.getall(hdrs.CONTENT_ENCODING))
 
 
 def _send(flow: Flow, body: bytes) -> None:
