@@ -12,7 +12,7 @@ changed, with no I/O. The view shapes:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rules.changes import Change
@@ -29,20 +29,24 @@ class SettledMessages:
     """The messages of a view that the rules changed: each one's position and settlement."""
 
     settled: tuple[tuple[int, Settlement], ...]
+    changes: tuple[Change, ...] = field(init=False, repr=False, compare=False)
+    """Every change, message by message. It and the figures below are gathered once, since a
+    settled view is read again for each client that polls it (headers, counts, write-back)."""
+    rules: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """The rules that changed something, each once, in the order of their first change."""
+    settled_parts: int = field(init=False, repr=False, compare=False)
+    """How many tool parts were settled (changes to messages themselves are not counted)."""
 
-    @property
-    def changes(self) -> tuple[Change, ...]:
-        return tuple(change for _, settlement in self.settled for change in settlement.changes)
+    def __post_init__(self) -> None:
+        changes = tuple(change for _, settlement in self.settled for change in settlement.changes)
+        object.__setattr__(self, "changes", changes)
+        object.__setattr__(self, "rules", tuple(dict.fromkeys(change.rule for change in changes)))
+        object.__setattr__(self, "settled_parts", sum(1 for change in changes if change.on_tool))
 
     @property
     def last_alive(self) -> int:
         """The latest moment any settled tool of the view is known to have been alive (epoch ms)."""
         return max(settlement.last_alive for _, settlement in self.settled)
-
-    @property
-    def settled_parts(self) -> int:
-        """How many tool parts were settled (changes to messages themselves are not counted)."""
-        return sum(1 for change in self.changes if change.on_tool)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,11 +10,14 @@ from __future__ import annotations
 from typing import ClassVar
 
 from proxy.opencode.routes import Route, match_route
+from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow, FlowKey
 from proxy.relay.upstream import opencode_path
 
 ROUTE = FlowKey[Route]("route")
 _NOWHERE = Route()
+REMEMBERED_ROUTES = 1_000
+"""How many (method, path) matches are kept: clients poll the same few views and streams."""
 
 
 class Routing(Addon):
@@ -22,9 +25,21 @@ class Routing(Addon):
 
     name: ClassVar[str] = "routing"
 
+    def __init__(self) -> None:
+        self._matched: Bounded[tuple[str, str], Route] = Bounded(REMEMBERED_ROUTES)
+
     async def request_headers(self, flow: Flow) -> None:
-        route = flow[ROUTE] = match_route(flow.request.method, opencode_path(flow.request))
+        route = flow[ROUTE] = self._route(flow.request.method, opencode_path(flow.request))
         flow.start_timeout = route.start_timeout(flow.start_timeout)
+
+    def _route(self, method: str, path: str) -> Route:
+        """`match_route`, remembered: a route depends on nothing else, and a few regular
+        expressions and two objects per request are a visible share of a small answer."""
+        key = (method, path)
+        route = self._matched.get(key)
+        if route is None:
+            route = self._matched[key] = match_route(method, path)
+        return route
 
 
 def route_of(flow: Flow) -> Route:

@@ -18,11 +18,11 @@ import logging
 from collections.abc import Sequence
 from typing import ClassVar
 
-from aiohttp import hdrs
+from aiohttp import hdrs, web
+from prometheus_client import Counter
 
 from proxy.addons.context import SettleContext
 from proxy.addons.routing import route_of
-from proxy.opencode.client import Credentials
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.routes import MessageRoute
 from proxy.opencode.tracker import LivenessTracker
@@ -32,7 +32,7 @@ from proxy.relay.hooks import Addon, Flow
 from proxy.views.rewrite import Rewritten
 from proxy.views.rewriter import Reason, Scanned, Unchanged, ViewRewriter
 from proxy.views.source import LivenessSource
-from rules import DEFAULT_RULES, Liveness, Rule
+from rules import DEFAULT_RULES, Api, Liveness, Rule
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ class Settle(Addon):
         self._write_back = ctx.write_back
         self._dry_run = ctx.dry_run
         self._reported: Bounded[tuple[str, str], None] = Bounded(REPORTED)
+        self._counters: dict[tuple[str, Api], Counter] = {}
 
     async def request_headers(self, flow: Flow) -> None:
         if _route(flow) is not None:
@@ -105,9 +106,8 @@ class Settle(Addon):
         if isinstance(scanned, Unchanged):
             self._source.mark_clean(route, view)
             return
-        credentials = self._source.credentials(flow.request)
         try:
-            outcome = await self._settled(scanned, kept, credentials)
+            outcome = await self._settled(scanned, kept, flow.request)
         except LivenessUnknown as error:
             log.warning("liveness of %s unknown, body passed on unchanged: %s", route.session_id, error)
             return
@@ -117,30 +117,30 @@ class Settle(Addon):
             return
         self._record(route, outcome, log_it=scanned.known is None)
         if not self._dry_run:
-            self._deliver(flow, route, outcome, credentials)
+            self._deliver(flow, route, outcome)
 
-    def _deliver(
-        self, flow: Flow, route: MessageRoute, rewritten: Rewritten, credentials: Credentials
-    ) -> None:
+    def _deliver(self, flow: Flow, route: MessageRoute, rewritten: Rewritten) -> None:
         """The settled body to the client, in the codings it takes and with the headers that say
         what changed; and to the write-back, which makes it durable if the session stays idle."""
         _send(flow, rewritten.body)
         _label(flow, rewritten)
         if self._write_back is not None:
+            credentials = self._source.credentials(flow.request)
             self._write_back.schedule(route.api, route.session_id, credentials, _targets(rewritten))
 
     async def _settled(
-        self, scanned: Scanned, kept: Liveness | None, credentials: Credentials
+        self, scanned: Scanned, kept: Liveness | None, request: web.Request
     ) -> Rewritten | Unchanged:
         """What a reading settles: the rewrite a later reading would make (kept for equal bytes)
         when this one vouches for it, else what a fresh one vouches for."""
         route = scanned.route
-        reading = await self._source.reading(route, credentials, kept)
+        reading = await self._source.reading(route, request, kept)
         rewritten = self._views.settle(scanned, reading.liveness)
         if isinstance(rewritten, Unchanged):
             return rewritten
-        liveness = await self._source.vouching(route, credentials, reading, rewritten.messages.last_alive)
-        if liveness.vouches_for(rewritten.messages.last_alive):
+        last_alive = rewritten.messages.last_alive
+        liveness = await self._source.vouching(route, request, reading, last_alive)
+        if liveness.vouches_for(last_alive):
             return rewritten
         return self._views.settle_exactly(scanned, liveness)
 
@@ -156,8 +156,8 @@ class Settle(Addon):
         """One count per change, and one structured log line when it is decided (not when the
         same bytes are settled again for a client polling the view)."""
         verb = "would settle" if self._dry_run else "settled"
-        for _, settlement in rewritten.messages.settled:
-            for change in settlement.changes:
+        for change in rewritten.messages.changes:
+            if log_it:
                 target = change.target
                 fields = {
                     "session": route.session_id,
@@ -168,9 +168,19 @@ class Settle(Addon):
                     "api": str(route.api),
                     "why": change.reason,
                 }
-                if log_it:
-                    log.info("%s %s", verb, change.rule, extra={"fields": fields})
-                self._metrics.rewrites.labels(change.rule, route.api, str(not self._dry_run).lower()).inc()
+                log.info("%s %s", verb, change.rule, extra={"fields": fields})
+            self._rewrites(change.rule, route.api).inc()
+
+    def _rewrites(self, rule: str, api: Api) -> Counter:
+        """The rewrite counter of `rule` in `api`, labelled once (a look-up by label values is
+        a visible share of a settled poll)."""
+        key = (rule, api)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = self._metrics.rewrites.labels(
+                rule, api, str(not self._dry_run).lower()
+            )
+        return counter
 
     def _report_once(self, route: MessageRoute, problem: str) -> None:
         key = (route.session_id, problem)
@@ -191,11 +201,13 @@ def _label(flow: Flow, rewritten: Rewritten) -> None:
     for name in _VALIDATORS:
         flow.response_headers.popall(name, None)
     flow.response_headers[SETTLED_HEADER] = str(rewritten.messages.settled_parts)
-    flow.response_headers[RULES_HEADER] = ",".join(dict.fromkeys(c.rule for c in rewritten.messages.changes))
+    flow.response_headers[RULES_HEADER] = ",".join(rewritten.messages.rules)
 
 
 def _codings(flow: Flow) -> list[str]:
-    return codings.content_codings(flow.response_headers.getall(hdrs.CONTENT_ENCODING, ()))
+    if hdrs.CONTENT_ENCODING not in flow.response_headers:  # as opencode answers: asked for identity
+        return []
+    return codings.content_codings(flow.response_headers.getall(hdrs.CONTENT_ENCODING))
 
 
 def _send(flow: Flow, body: bytes) -> None:

@@ -96,9 +96,15 @@ class LivenessProbe:
         their tools are absent from the upstream's answer, so it cannot vouch for them."""
         if liveness.active or self._elsewhere is None:
             return liveness
-        unbounded = dataclasses.replace(liveness, elsewhere_since=None)
+        unbounded = (
+            liveness
+            if liveness.elsewhere_since is None
+            else dataclasses.replace(liveness, elsewhere_since=None)
+        )
         # A bound the reading could not vouch past anyway leaves nothing for a later survey to add.
         bound = await self._elsewhere.bound(lambda bound: not unbounded.vouches_for(bound))
+        if bound == liveness.elsewhere_since:  # a kept reading, bounded as before
+            return liveness
         return dataclasses.replace(liveness, elsewhere_since=bound)
 
     async def _active_v2(self, session_id: str, credentials: Credentials) -> tuple[bool, str | None]:

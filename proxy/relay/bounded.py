@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import ItemsView, Iterator, MutableMapping, ValuesView
-from typing import TypeVar
+from typing import TypeVar, overload
 
 K = TypeVar("K")
 V = TypeVar("V")
+T = TypeVar("T")
 
 
 class Bounded(MutableMapping[K, V]):
@@ -32,6 +33,21 @@ class Bounded(MutableMapping[K, V]):
         value = self._entries[key]
         self._entries.move_to_end(key)
         return value
+
+    @overload
+    def get(self, key: K, /) -> V | None: ...
+
+    @overload
+    def get(self, key: K, /, default: V | T) -> V | T: ...
+
+    def get(self, key: K, /, default: V | T | None = None) -> V | T | None:
+        """As `self[key]` when the key is kept (so it refreshes it), without raising when it is
+        not: a miss is the common case of some look-ups on the request path."""
+        entries = self._entries
+        if key not in entries:
+            return default
+        entries.move_to_end(key)
+        return entries[key]
 
     def __setitem__(self, key: K, value: V) -> None:
         self._entries[key] = value

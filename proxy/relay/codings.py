@@ -71,6 +71,9 @@ def missing(codings: Sequence[str]) -> list[str]:
 def decode(body: bytes, codings: Sequence[str], *, limit: int) -> bytes:
     """Undo `codings`, last applied first; raises `TooLarge` past `limit` decoded bytes and
     `CodingError` for anything else that does not decode."""
+    if not codings:  # most bodies: nothing to undo, so no pipeline to build
+        _Decoded(limit, keep=False).write(body)
+        return body
     decoder = Decoder(codings, limit=limit)
     decoder.feed(body)
     return decoder.result()

@@ -55,23 +55,24 @@ class LivenessSource:
     def mark_clean(self, route: MessageRoute, view: str) -> None:
         self._tracker.mark_clean(route.session_id, view)
 
-    async def reading(self, route: MessageRoute, credentials: Credentials, kept: Liveness | None) -> Reading:
-        """`kept` bounded, or else a fresh reading."""
+    async def reading(self, route: MessageRoute, request: web.Request, kept: Liveness | None) -> Reading:
+        """`kept` bounded, or else a fresh reading asked on behalf of `request`."""
         if kept is not None:
             return Reading(await self._probe.bounded(kept), asked=False)
-        return Reading(await self._ask(route, credentials), asked=True)
+        return Reading(await self._ask(route, request), asked=True)
 
     async def vouching(
-        self, route: MessageRoute, credentials: Credentials, reading: Reading, last_alive: int
+        self, route: MessageRoute, request: web.Request, reading: Reading, last_alive: int
     ) -> Liveness:
         """The reading to judge what was last alive at `last_alive` by: `reading` when it vouches
         for it or was just asked, else a fresh one."""
         if reading.asked or reading.liveness.vouches_for(last_alive):
             return reading.liveness
-        return await self._ask(route, credentials)
+        return await self._ask(route, request)
 
-    async def _ask(self, route: MessageRoute, credentials: Credentials) -> Liveness:
-        """A fresh reading from the upstream, kept for later fetches while the stream vouches for it."""
-        liveness = await self._probe.read(route.api, route.session_id, credentials)
+    async def _ask(self, route: MessageRoute, request: web.Request) -> Liveness:
+        """A fresh reading from the upstream, kept for later fetches while the stream vouches for it.
+        The credentials are only worked out here: a kept reading needs none."""
+        liveness = await self._probe.read(route.api, route.session_id, self.credentials(request))
         self._tracker.store(route.api, liveness)
         return liveness

@@ -39,3 +39,11 @@ def test_nothing_to_settle_and_wrong_shapes() -> None:
         settle_view([], Api.V2, INACTIVE)
     with pytest.raises(UnexpectedShape):
         settle_view({"data": []}, Api.V1, INACTIVE)
+
+
+def test_what_changed_is_summed_up_once_with_the_changes() -> None:
+    view = settle_view(load("v2-message-stale-running.json"), Api.V2, INACTIVE)
+    assert view is not None
+    assert view.messages.rules == ("orphaned-tool", "unfinished-message")
+    assert view.messages.settled_parts == 1
+    assert view.messages.changes is view.messages.changes, "gathered once, not on each ask"

@@ -97,3 +97,23 @@ async def test_the_route_is_matched_once_per_flow(monkeypatch: pytest.MonkeyPatc
     route = Route(messages=MessageRoute(Api.V1, V1, single=False))
     assert [reader.read for reader in readers] == [[route] * 4] * 2  # every hook of every reader
     assert matched == [f"/session/{V1}/message"]
+
+
+async def test_a_path_is_matched_once_while_it_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
+    matched: list[str] = []
+
+    def counting(method: str, path: str) -> Route:
+        matched.append(path)
+        return match_route(method, path)
+
+    monkeypatch.setattr(routing, "match_route", counting)
+    monkeypatch.setattr(routing, "REMEMBERED_ROUTES", 2)
+    addon = Routing()
+    view = f"/session/{V1}/message"
+    flows = []
+    for path in (view, view, "/config", "/file", view):
+        flow = Flow(make_mocked_request("GET", path, app=web.Application()), CIMultiDict(), None)
+        await addon.request_headers(flow)
+        flows.append(flow)
+    assert matched == [view, "/config", "/file", view], "forgotten once two others were matched"
+    assert route_of(flows[1]) == route_of(flows[4]) == Route(messages=MessageRoute(Api.V1, V1, single=False))

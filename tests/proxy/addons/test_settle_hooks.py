@@ -1,16 +1,27 @@
 """The settle addon's hooks, one flow at a time through `proxy.testing.cycle` (no proxy in front)."""
 
+import aiohttp
 import orjson
 import pytest
+from aiohttp import web
+from yarl import URL
 
 from proxy import testing
+from proxy.addons.context import SettleContext
 from proxy.addons.settle import SETTLED_HEADER, Settle
+from proxy.opencode.client import Credentials, UpstreamApi
+from proxy.opencode.liveness import LivenessProbe
+from proxy.opencode.tracker import LivenessTracker, StreamState
+from proxy.service.metrics import Metrics
+from rules import Api, Liveness
 from tests.fixtures import compact
 from tests.proxy.fake_opencode import FakeOpencode
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
 VIEW = f"/session/{V1}/message"
 STALE = compact("v1-message-stale-running.json")
+LONG_AFTER = 1_900_000_000_000
+"""A reading's time (epoch ms) well after everything in `STALE`."""
 
 
 async def test_a_stale_view_of_an_idle_session_is_settled(settle: Settle) -> None:
@@ -53,3 +64,25 @@ async def test_only_a_json_answer_of_200_is_read(settle: Settle, status: int, co
     await testing.cycle(settle, flow)
     assert not flow.read_body
     assert flow.body == STALE
+
+
+class _CountedCredentials(LivenessProbe):
+    """A probe that counts how often a request's credentials are worked out."""
+
+    worked_out = 0
+
+    def credentials(self, request: web.Request) -> Credentials:
+        self.worked_out += 1
+        return super().credentials(request)
+
+
+async def test_a_view_settled_by_a_kept_reading_works_out_no_credentials(upstream_api: UpstreamApi) -> None:
+    probe = _CountedCredentials(upstream_api)
+    async with aiohttp.ClientSession() as session:
+        tracker = LivenessTracker(session, URL("http://127.0.0.1:1"))
+        tracker.state = StreamState.FOLLOWING
+        tracker.store(Api.V1, Liveness(V1, active=False, taken_at=LONG_AFTER))
+        settle = Settle(SettleContext(probe, upstream_api, Metrics(), grace=0), tracker=tracker)
+        flow = await testing.cycle(settle, testing.flow("GET", VIEW, body=STALE))
+    assert flow.response_headers[SETTLED_HEADER] == "1"
+    assert probe.worked_out == 0, "nothing was asked and no write-back scheduled: none were needed"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -14,7 +15,8 @@ from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
-from rules import Api
+from proxy.opencode.surveys import OtherProcesses
+from rules import Api, Liveness
 
 
 class _Answers(UpstreamApi):
@@ -99,3 +101,25 @@ async def test_every_reading_asked_is_counted_by_runtime() -> None:
         await probe.read(Api.V2, "ses_2", Credentials())
     assert registry.get_sample_value("lookups_total", {"api": "v1"}) == 1
     assert registry.get_sample_value("lookups_total", {"api": "v2"}) == 2
+
+
+class _Surveyed(OtherProcesses):
+    """Other processes whose bound is `since` (None: none known)."""
+
+    def __init__(self, since: int | None) -> None:
+        super().__init__(URL("http://127.0.0.1:1"))
+        self.since = since
+
+    async def bound(self, vouches: Callable[[int], bool] | None = None) -> int | None:
+        return self.since
+
+
+async def test_a_kept_reading_is_bounded_by_the_survey_as_it_is_now() -> None:
+    elsewhere = _Surveyed(5_000)
+    async with aiohttp.ClientSession() as session:
+        probe = LivenessProbe(_Answers(session, {}), elsewhere=elsewhere)
+    kept = await probe.bounded(Liveness("ses_1", active=False, taken_at=10_000))
+    assert kept == Liveness("ses_1", active=False, taken_at=10_000, elsewhere_since=5_000)
+    assert await probe.bounded(kept) is kept, "bounded as before: handed back as it is, not copied"
+    elsewhere.since = None
+    assert await probe.bounded(kept) == Liveness("ses_1", active=False, taken_at=10_000)
