@@ -14,7 +14,6 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
-import aiohttp
 from aiohttp import hdrs, web
 from prometheus_client import Counter
 from yarl import URL
@@ -30,6 +29,7 @@ from proxy.relay.headers import (
 from proxy.relay.hooks import Addons, Flow
 from proxy.relay.options import RelayMetrics, RelayOptions
 from proxy.relay.sse import relay_with_injection
+from proxy.relay.transport import Transport, UpstreamError, UpstreamResponse
 from proxy.relay.websocket import is_websocket_upgrade, relay_websocket
 from proxy.relay.whole import Past, WholeBody
 
@@ -41,11 +41,10 @@ class Forwarder:
     """The catch-all handler (every method, every path), and what it forwards with.
 
     Its collaborators are given once, as `httputil.ReverseProxy`'s fields are: the options,
-    metrics and departures when the application is built, the upstream session, the addons and
-    the mount prefix when it starts (`start`); none is looked up per request.
+    metrics, departures and its `Transport` when the application is built, the addons and the
+    mount prefix when it starts (`start`); none is looked up per request.
     """
 
-    session: aiohttp.ClientSession
     addons: Addons
     prefix: str
 
@@ -53,12 +52,17 @@ class Forwarder:
         self.options = options
         self.metrics = metrics
         self.departures = departures
+        self.transport = Transport(options.upstream_origin, options.connect_timeout)
         self._origin = str(options.upstream_origin)
         self._counters: dict[tuple[str, int], Counter] = {}
 
-    def start(self, session: aiohttp.ClientSession, addons: Addons, *, prefix: str = "") -> None:
-        """What exists only once the application runs: its upstream session and its addons."""
-        self.session, self.addons, self.prefix = session, addons, prefix
+    def start(self, addons: Addons, *, prefix: str = "") -> None:
+        """What exists only once the application runs: its addons, and where it is mounted."""
+        self.addons, self.prefix = addons, prefix
+
+    async def close(self) -> None:
+        """Close the upstream connections it keeps."""
+        await self.transport.close()
 
     def upstream_url(self, request: web.Request) -> URL:
         """The upstream URL for `request`: same path and query, byte for byte, without the prefix."""
@@ -83,17 +87,8 @@ class Forwarder:
         await addons.trigger("request_headers", flow)
         started = time.perf_counter()
         try:
-            upstream = await _bounded(
-                self.session.request(
-                    request.method,
-                    self.upstream_url(request),
-                    headers=flow.upstream_headers,
-                    data=request.content if request.body_exists else None,
-                    allow_redirects=False,
-                ),
-                flow.start_timeout,
-            )
-        except (aiohttp.ClientError, TimeoutError) as error:
+            upstream = await _bounded(self._send(flow), flow.start_timeout)
+        except (UpstreamError, TimeoutError) as error:
             # Unreachable, or an answer aiohttp cannot parse (bad status line, invalid header):
             # either way the client gets JSON it can show, never a bare 500.
             failure = _failure(self.options.upstream_origin, error, flow.start_timeout)
@@ -104,6 +99,18 @@ class Forwarder:
         async with upstream:
             return await self._respond(flow, upstream)
 
+    def _send(self, flow: Flow) -> Awaitable[UpstreamResponse]:
+        """The request upstream: same method and target, byte for byte, without the prefix; a body
+        goes on as it arrives, with its length, or chunked when the client sent it chunked."""
+        request = flow.request
+        target = request.raw_path.removeprefix(self.prefix)
+        if not request.body_exists:
+            return self.transport.request(request.method, target, flow.upstream_headers)
+        chunked = hdrs.CONTENT_LENGTH not in flow.upstream_headers
+        return self.transport.request(
+            request.method, target, flow.upstream_headers, request.content.iter_any(), chunked=chunked
+        )
+
     def _count(self, method: str, status: int) -> None:
         """One request more by method and status; the labelled counter is looked up once (a
         look-up takes a lock and builds the labels anew), and there are no more of them than
@@ -113,7 +120,7 @@ class Forwarder:
             counter = self._counters[method, status] = self.metrics.requests.labels(method, str(status))
         counter.inc()
 
-    async def _respond(self, flow: Flow, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+    async def _respond(self, flow: Flow, upstream: UpstreamResponse) -> web.StreamResponse:
         flow.status = upstream.status
         flow.response_headers = client_response_headers(upstream.headers)
         flow.content_length = upstream.content_length
@@ -128,7 +135,7 @@ class Forwarder:
         return await self._stream(flow, upstream, max_wait)
 
     async def _answer_whole(
-        self, flow: Flow, upstream: aiohttp.ClientResponse, max_wait: float | None
+        self, flow: Flow, upstream: UpstreamResponse, max_wait: float | None
     ) -> web.StreamResponse:
         if (flow.content_length or 0) > flow.max_body:
             return await _unchecked(flow, upstream, "encoded", _pieces(upstream, max_wait))
@@ -138,7 +145,7 @@ class Forwarder:
                 if (past := body.add(piece)) is not None:
                     rest = _prepended(body.pieces, _pieces(upstream, max_wait))
                     return await _unchecked(flow, upstream, past, rest)
-        except (aiohttp.ClientError, TimeoutError) as error:
+        except (UpstreamError, TimeoutError) as error:
             # Nothing was sent yet: a clean error is possible.
             return _failure(self.options.upstream_origin, error, max_wait)
         flow.body = body.whole()
@@ -146,7 +153,7 @@ class Forwarder:
         return _answer(flow, upstream, flow.body)
 
     async def _stream(
-        self, flow: Flow, upstream: aiohttp.ClientResponse, max_wait: float | None
+        self, flow: Flow, upstream: UpstreamResponse, max_wait: float | None
     ) -> web.StreamResponse:
         if flow.injected is not None:
             return await _send_streamed(flow, upstream, _pieces(upstream, max_wait))
@@ -154,7 +161,7 @@ class Forwarder:
             # Read before any iterator is made: an async generator costs a registration with the
             # loop (a WeakSet), a visible share of a small answer.
             first = await _bounded(upstream.content.readany(), max_wait)
-        except (aiohttp.ClientError, TimeoutError) as error:
+        except (UpstreamError, TimeoutError) as error:
             # Nothing was sent yet: a clean error is possible.
             return _failure(self.options.upstream_origin, error, max_wait)
         if first and upstream.content.at_eof():
@@ -163,7 +170,7 @@ class Forwarder:
         return await _send_streamed(flow, upstream, _prepended(deque((first,)), _pieces(upstream, max_wait)))
 
 
-def is_event_stream(response: aiohttp.ClientResponse) -> bool:
+def is_event_stream(response: UpstreamResponse) -> bool:
     """SSE: flushed event by event, and never timed out."""
     return response.content_type == "text/event-stream"
 
@@ -171,7 +178,7 @@ def is_event_stream(response: aiohttp.ClientResponse) -> bool:
 def _failure(origin: URL, error: BaseException, timeout: float | None) -> web.Response:
     """The JSON answer for an upstream that failed before the client got a byte: 504 when the
     proxy's own response timeout ran out, 502 for everything else."""
-    if timeout is not None and isinstance(error, TimeoutError) and not isinstance(error, aiohttp.ClientError):
+    if timeout is not None and isinstance(error, TimeoutError):
         return gateway_timeout(origin, timeout)
     return bad_gateway(origin, error)
 
@@ -185,14 +192,14 @@ async def _bounded(step: Awaitable[T], max_wait: float | None) -> T:
         return await step
 
 
-async def _pieces(upstream: aiohttp.ClientResponse, max_wait: float | None) -> AsyncIterator[bytes]:
+async def _pieces(upstream: UpstreamResponse, max_wait: float | None) -> AsyncIterator[bytes]:
     """The body as it arrives; each wait for its next piece is bounded by `max_wait` (None: never)."""
     while piece := await _bounded(upstream.content.readany(), max_wait):
         yield piece
 
 
 async def _unchecked(
-    flow: Flow, upstream: aiohttp.ClientResponse, past: Past, pieces: AsyncIterator[bytes]
+    flow: Flow, upstream: UpstreamResponse, past: Past, pieces: AsyncIterator[bytes]
 ) -> web.StreamResponse:
     """A body too large to read whole goes out as a plain body does, piece by piece, unread."""
     fields = {"path": flow.request.path, "limit": flow.max_body, "past": past}
@@ -207,7 +214,7 @@ async def _unchecked(
 
 
 async def _send_streamed(
-    flow: Flow, upstream: aiohttp.ClientResponse, pieces: AsyncIterator[bytes]
+    flow: Flow, upstream: UpstreamResponse, pieces: AsyncIterator[bytes]
 ) -> web.StreamResponse:
     request = flow.request
     response = _answer(flow, upstream)
@@ -222,7 +229,7 @@ async def _send_streamed(
                 await response.write(piece)
     except ConnectionResetError:
         return response  # the client left; only a handler that is not cancelled then gets here
-    except (aiohttp.ClientError, TimeoutError) as error:
+    except (UpstreamError, TimeoutError) as error:
         # An event stream too: clients (the JS SDK) reconnect a stream that was cut, and take
         # one that ended cleanly as the server's "no more", so it must end as the server's did.
         return _cut(request, response, error)
@@ -230,7 +237,7 @@ async def _send_streamed(
     return response
 
 
-def _answer(flow: Flow, upstream: aiohttp.ClientResponse, body: bytes | None = None) -> web.StreamResponse:
+def _answer(flow: Flow, upstream: UpstreamResponse, body: bytes | None = None) -> web.StreamResponse:
     """The client's response for the upstream's: whole when `body` is given, else to be streamed."""
     status, reason, headers = flow.status, upstream.reason, flow.response_headers
     response = (

@@ -13,8 +13,9 @@ import asyncio
 import contextlib
 from collections import deque
 
-import aiohttp
 from aiohttp import web
+
+from proxy.relay.transport import UpstreamError, UpstreamResponse
 
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
@@ -25,7 +26,7 @@ def complete_events_end(data: bytes) -> int:
 
 
 async def relay_with_injection(
-    response: web.StreamResponse, upstream: aiohttp.ClientResponse, injected: asyncio.Queue[bytes]
+    response: web.StreamResponse, upstream: UpstreamResponse, injected: asyncio.Queue[bytes]
 ) -> None:
     """Copy the upstream's events to `response`, writing queued events between them."""
     pending, held = b"", deque[bytes]()
@@ -58,5 +59,5 @@ async def relay_with_injection(
         for task in (reading, waiting):
             if task is not None:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
+                with contextlib.suppress(asyncio.CancelledError, UpstreamError):
                     await task

@@ -148,7 +148,8 @@ def _dispatch(
     clients = ClientStreams() if app[SETTINGS].resume else None
     addons, scopes = _in_order(Settle(ctx, tracker=tracker), live, streams, clients, prefix)
     dispatcher = Addons(addons, app[METRICS].addon_errors, scopes=scopes)
-    forwarder.start(app[UPSTREAM], dispatcher, prefix=prefix)
+    forwarder.start(dispatcher, prefix=prefix)
+    stack.push_async_callback(forwarder.close)
     stack.push_async_callback(dispatcher.close)
     tracker.listeners.extend((live, streams))
     app[BACKGROUND].add(live.tasks)

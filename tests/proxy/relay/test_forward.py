@@ -240,8 +240,9 @@ async def test_forwarding_needs_nothing_from_the_application(upstream: TestServe
     app = web.Application()  # none of the relay's keys
     app.router.add_route("*", "/{tail:.*}", forwarder.forward)
     async with aiohttp.ClientSession(auto_decompress=False) as session, TestServer(app) as server:
-        forwarder.start(session, Addons([], errors))
+        forwarder.start(Addons([], errors))
         async with session.get(server.make_url("/echo?a=1")) as response:
             assert response.status == 200
             assert (await response.json())["path_qs"] == "/echo?a=1"
+        await forwarder.close()
     assert registry.get_sample_value("requests_total", {"method": "GET", "status": "200"}) == 1.0

@@ -3,11 +3,11 @@
 import asyncio
 from typing import cast
 
-import aiohttp
 import pytest
 from aiohttp import web
 
 from proxy.relay.sse import complete_events_end, relay_with_injection
+from proxy.relay.transport import UpstreamResponse
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,5 @@ async def test_an_injected_event_waits_for_the_end_of_the_upstreams_event() -> N
     injected.put_nowait(b"data: injected\n\n")
     response = Written()
     upstream = Chunks(b"data: 1\n\nda", b"ta: 2\n\n", b"data: 3")
-    await relay_with_injection(
-        cast(web.StreamResponse, response), cast(aiohttp.ClientResponse, upstream), injected
-    )
+    await relay_with_injection(cast(web.StreamResponse, response), cast(UpstreamResponse, upstream), injected)
     assert response.writes == [b"data: 1\n\n", b"data: 2\n\n", b"data: injected\n\n", b"data: 3"]
