@@ -130,6 +130,11 @@ def reap(pids: list[int]) -> None:
     _own_children.reap(pids)
 
 
+KILL_WAIT = 5.0
+"""Seconds a SIGKILLed process is given to end and be reaped: on a loaded machine the kernel may
+take a while to schedule its death, and a child not yet dead cannot be reaped."""
+
+
 def end_groups(pids: list[int], grace: float) -> None:
     """SIGTERM the process group of each of `pids`, then SIGKILL what still runs after `grace` s.
 
@@ -137,13 +142,20 @@ def end_groups(pids: list[int], grace: float) -> None:
     """
     groups = {group for pid in pids if (group := _group_of(pid)) is not None and group != os.getpgid(0)}
     _signal_groups(groups, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while groups and time.monotonic() < deadline:
+    groups = _reaped_within(groups, grace)
+    _signal_groups(groups, signal.SIGKILL)
+    _reaped_within(groups, KILL_WAIT)
+
+
+def _reaped_within(groups: set[int], seconds: float) -> set[int]:
+    """Reap the children of `groups` as they end, for up to `seconds`; the groups still running."""
+    deadline = time.monotonic() + seconds
+    while True:
         reap(adopted())
         groups = {group for group in groups if _group_alive(group)}
+        if not groups or time.monotonic() >= deadline:
+            return groups
         time.sleep(0.05)
-    _signal_groups(groups, signal.SIGKILL)
-    reap(adopted())
 
 
 def _signal_groups(groups: set[int], signum: int) -> None:
