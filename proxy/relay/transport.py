@@ -59,6 +59,7 @@ class Body:
         self._connection = connection
         self._pieces: deque[bytes] = deque()
         self._held = 0
+        self._paused = False
         self._ended = False
         self._error: UpstreamError | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -66,6 +67,16 @@ class Body:
     def at_eof(self) -> bool:
         """Whether every piece has been read and the body has ended."""
         return self._ended and not self._pieces
+
+    @property
+    def held(self) -> int:
+        """Bytes arrived and not read yet."""
+        return self._held
+
+    @property
+    def paused(self) -> bool:
+        """Whether the socket is paused until the relay reads what is held."""
+        return self._paused
 
     async def readany(self) -> bytes:
         """What has arrived since the last read, waiting for something; b"" at the end."""
@@ -82,15 +93,17 @@ class Body:
         pieces = self._pieces
         piece = pieces.popleft() if len(pieces) == 1 else b"".join(pieces)
         pieces.clear()
-        if self._held > READ_BUFFER:
-            self._connection.resume_reading()
         self._held = 0
+        if self._paused:
+            self._paused = False
+            self._connection.resume_reading()
         return piece
 
     def feed(self, piece: bytes) -> None:
         self._pieces.append(piece)
         self._held += len(piece)
-        if self._held > READ_BUFFER:
+        if self._held > READ_BUFFER and not self._paused:
+            self._paused = True
             self._connection.pause_reading()
         self._wake()
 
@@ -216,7 +229,7 @@ class _Connection(asyncio.Protocol):
         self._complete = False
         self._keep_alive = False
         self._method = ""
-        self._head_bytes = 0
+        self._head_bytes = self._header_bytes = 0
         self._sending: asyncio.Task[None] | None = None
         self._drained: asyncio.Future[None] | None = None
         self.body = Body(self)
@@ -232,7 +245,7 @@ class _Connection(asyncio.Protocol):
             raise UpstreamDisconnected("Server disconnected")
         self._head = asyncio.get_running_loop().create_future()
         self._headers, self._reason, self._complete, self.answered = [], b"", False, False
-        self._head_bytes = 0
+        self._head_bytes = self._header_bytes = 0
         self.body, self._method = Body(self), method
         socket.write(head)
         if body is not None:
@@ -290,17 +303,16 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.answered = True
-        if self._head is not None and not self._head.done():
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD + len(data):
-                self._fail(f"Got more than {MAX_HEAD} bytes of head")
-                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as error:
             self._fail(f"Bad HTTP from upstream: {error}")
         except UpstreamError as error:
             self._fail(str(error))
+        if self._head is not None and not self._head.done():
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD:
+                self._fail(f"Got more than {MAX_HEAD} bytes of head")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._owner.forget(self)
@@ -329,8 +341,12 @@ class _Connection(asyncio.Protocol):
         self._reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(name) + len(value) > MAX_FIELD:
+        size = len(name) + len(value)
+        if size > MAX_FIELD:
             raise UpstreamError(f"Got more than {MAX_FIELD} bytes in a header line: {name[:40]!r}")
+        self._header_bytes += size
+        if self._header_bytes > MAX_HEAD:
+            raise UpstreamError(f"Got more than {MAX_HEAD} bytes of headers")
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
