@@ -151,8 +151,8 @@ def _reaped_within(groups: set[int], seconds: float) -> set[int]:
     """Reap the children of `groups` as they end, for up to `seconds`; the groups still running."""
     deadline = time.monotonic() + seconds
     while True:
-        reap(adopted())
         groups = {group for group in groups if _group_alive(group)}
+        reap(adopted())  # after the look: one that ended before it is a zombie until reaped here
         if not groups or time.monotonic() >= deadline:
             return groups
         time.sleep(0.05)
