@@ -18,6 +18,7 @@ from aiohttp import hdrs, web
 from prometheus_client import Counter
 from yarl import URL
 
+from proxy.relay.answers import UpstreamError, UpstreamResponse
 from proxy.relay.departures import Departures
 from proxy.relay.errors import bad_gateway, gateway_timeout, transfer_coding_refused
 from proxy.relay.headers import (
@@ -29,7 +30,7 @@ from proxy.relay.headers import (
 from proxy.relay.hooks import Addons, Flow
 from proxy.relay.options import RelayMetrics, RelayOptions
 from proxy.relay.sse import relay_with_injection
-from proxy.relay.transport import Transport, UpstreamError, UpstreamResponse
+from proxy.relay.transport import Transport
 from proxy.relay.websocket import is_websocket_upgrade, relay_websocket
 from proxy.relay.whole import Past, WholeBody
 

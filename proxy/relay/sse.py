@@ -15,7 +15,7 @@ from collections import deque
 
 from aiohttp import web
 
-from proxy.relay.transport import UpstreamError, UpstreamResponse
+from proxy.relay.answers import UpstreamError, UpstreamResponse
 
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
 

@@ -6,8 +6,8 @@ from typing import cast
 import pytest
 from aiohttp import web
 
+from proxy.relay.answers import UpstreamResponse
 from proxy.relay.sse import complete_events_end, relay_with_injection
-from proxy.relay.transport import UpstreamResponse
 
 
 @pytest.mark.parametrize(

@@ -10,14 +10,9 @@ import pytest
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.relay.transport import (
-    MAX_FIELD,
-    READ_BUFFER,
-    IncompleteBody,
-    Transport,
-    UpstreamDisconnected,
-    UpstreamError,
-)
+from proxy.relay.answers import READ_BUFFER, IncompleteBody, UpstreamDisconnected, UpstreamError
+from proxy.relay.connection import MAX_FIELD
+from proxy.relay.transport import Transport
 from tests.reliability.processes import eventually
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
