@@ -12,8 +12,6 @@ cancelled as aiohttp would have cancelled it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from aiohttp import web
@@ -28,8 +26,7 @@ class Departures:
         self._running: dict[asyncio.Task[Any], web.Request] = {}
         self._timer: asyncio.TimerHandle | None = None
 
-    @contextmanager
-    def watching(self, request: web.Request) -> Iterator[None]:
+    def watching(self, request: web.Request) -> _Watch:
         """While the block runs, the current task is cancelled if `request`'s client goes away."""
         task = asyncio.current_task()
         if task is None:
@@ -37,10 +34,7 @@ class Departures:
         self._running[task] = request
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(CHECK_EVERY_S, self._check)
-        try:
-            yield
-        finally:
-            self._running.pop(task, None)
+        return _Watch(self._running, task)
 
     def _check(self) -> None:
         self._timer = None
@@ -50,6 +44,21 @@ class Departures:
                 task.cancel("the client went away")
         if self._running:
             self._timer = asyncio.get_running_loop().call_later(CHECK_EVERY_S, self._check)
+
+
+class _Watch:
+    """The block `watching` guards; a class, not a generator, because it runs on every request."""
+
+    __slots__ = ("_running", "_task")
+
+    def __init__(self, running: dict[asyncio.Task[Any], web.Request], task: asyncio.Task[Any]) -> None:
+        self._running, self._task = running, task
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *_: object) -> None:
+        self._running.pop(self._task, None)
 
 
 DEPARTURES = web.AppKey("departures", Departures)
