@@ -112,7 +112,7 @@ def test_a_second_crash_while_the_first_ones_orphans_are_ended_is_seen_with_its_
     monkeypatch.setattr(supervisor, "BACKOFF_S", (0.05,))
     monkeypatch.setattr(supervisor, "STOP_GRACE_S", GRACE_S)
     monkeypatch.setattr(supervisor, "become_subreaper", lambda: True)  # the test's children are adopted
-    monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.05,))
+    monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.05, 0.5, 2.0))  # looks again, as it does for real
     command = ServerCommand.parse([sys.executable, FAKE_SERVER])
     child = Supervisor(command, free_loopback_port(), Restart.ON_FAILURE, Orphans.TERMINATE)
     child.tool_processes = ToolProcesses(this_process)
