@@ -76,12 +76,20 @@ class Connection(asyncio.Protocol):
             raise
 
     def release(self) -> None:
-        """The relay is done with the answer: reuse the connection if it can carry another."""
+        """The relay is done with the answer: reuse the connection if it can carry another, which
+        it can only once its body was read to the end (one left unread may hold the socket paused)."""
         sending, self._sending = self._sending, None
         if sending is not None and not sending.done():
             sending.cancel()
             self._keep_alive = False
-        if self._complete and self._keep_alive and self._socket is not None and not self._socket.is_closing():
+        socket = self._socket
+        if (
+            self._keep_alive
+            and self._complete
+            and self.body.at_eof()
+            and socket is not None
+            and not socket.is_closing()
+        ):
             self.idle_since = time.monotonic()
             self._owner.reuse(self)
         else:

@@ -129,11 +129,11 @@ async def test_request_bodies_go_out_with_their_length_or_chunked() -> None:
     async with serving(reads_bodies) as (_, transport):
         sized = CIMultiDict({"Host": "p", "Content-Length": "6"})
         async with await transport.request("POST", "/", sized, body()) as response:
-            assert response.status == 200
+            assert await response.content.readany() == b"ok"
         async with await transport.request(
             "POST", "/", CIMultiDict(Host="p"), body(), chunked=True
         ) as response:
-            assert response.status == 200
+            assert await response.content.readany() == b"ok"
     assert received == [
         b"POST / HTTP/1.1\r\nHost: p\r\nContent-Length: 6\r\n\r\nabcdef",
         b"POST / HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n3\r\ndef\r\n0\r\n\r\n",
@@ -242,3 +242,23 @@ async def test_a_header_with_a_line_break_is_never_sent() -> None:
         with pytest.raises(ValueError, match="line break"):
             await transport.request("GET", "/", CIMultiDict({"Host": "p", "X-A": "a\r\nX-Injected: 1"}))
     assert upstream.connections == 0
+
+
+async def test_a_connection_whose_body_was_left_unread_is_never_reused() -> None:
+    """A client that leaves once the whole answer has come but before it was read (wrk at the end
+    of a run) leaves the connection paused: reused, the next request would wait for good."""
+    size = READ_BUFFER + 1000
+
+    answers = [b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size, OK]
+
+    async def large_then_small(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while answers:
+            await head_of(reader)
+            writer.write(answers.pop(0))
+        await reader.read()
+
+    async with serving(large_then_small) as (_, transport):
+        async with await transport.request("GET", "/", CIMultiDict(Host="p")) as response:
+            assert await eventually(lambda: response.content.held == size)
+            assert response.content.paused
+        assert await asyncio.wait_for(whole(transport), 5) == (200, b"ok")
