@@ -84,14 +84,20 @@ class Reading(Addon):
         self.read.append(route_of(flow))
 
 
-async def test_the_route_is_matched_once_per_flow(monkeypatch: pytest.MonkeyPatch) -> None:
-    matched: list[str] = []
+@pytest.fixture
+def matched(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths the routing addon matched against the route table, in order."""
+    paths: list[str] = []
 
     def counting(method: str, path: str) -> Route:
-        matched.append(path)
+        paths.append(path)
         return match_route(method, path)
 
     monkeypatch.setattr(routing, "match_route", counting)
+    return paths
+
+
+async def test_the_route_is_matched_once_per_flow(matched: list[str]) -> None:
     readers = [Reading(), Reading()]
     await testing.cycle([Routing(), *readers], testing.flow("GET", f"/session/{V1}/message"))
     route = Route(messages=MessageRoute(Api.V1, V1, single=False))
@@ -99,14 +105,9 @@ async def test_the_route_is_matched_once_per_flow(monkeypatch: pytest.MonkeyPatc
     assert matched == [f"/session/{V1}/message"]
 
 
-async def test_a_path_is_matched_once_while_it_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
-    matched: list[str] = []
-
-    def counting(method: str, path: str) -> Route:
-        matched.append(path)
-        return match_route(method, path)
-
-    monkeypatch.setattr(routing, "match_route", counting)
+async def test_a_path_is_matched_once_while_it_is_remembered(
+    monkeypatch: pytest.MonkeyPatch, matched: list[str]
+) -> None:
     monkeypatch.setattr(routing, "REMEMBERED_ROUTES", 2)
     addon = Routing()
     view = f"/session/{V1}/message"
