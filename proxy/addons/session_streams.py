@@ -131,6 +131,7 @@ class SessionStreamSettle(Addon, StreamListener):
             log.info("stream settle of %s postponed: %s", session_id, error)
             return
         if view is None:
+            log.info("stream settle of %s: the session is active, nothing told", session_id)
             return
         calls = {
             call.call_id: call
@@ -138,7 +139,10 @@ class SessionStreamSettle(Addon, StreamListener):
             for change in settlement.changes
             if (call := _failed_call(session_id, settlement, change)) is not None
         }
-        if not calls or not self._confirmations.vouches(ticket):
+        if not calls:
+            log.info("stream settle of %s: no call left open to settle", session_id)
+            return
+        if not self._confirmations.vouches(ticket):
             return
         self._report(session_id, calls)
         if self._ctx.dry_run:

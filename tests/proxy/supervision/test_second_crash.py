@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -43,7 +44,10 @@ def loops() -> list[object]:
 @pytest.fixture
 def stubborn_tool() -> Iterator[subprocess.Popen[bytes]]:
     """A tool process as opencode's bash tool starts one (its own group), that ignores SIGTERM."""
-    tool = subprocess.Popen([sys.executable, "-c", IGNORES_TERM], process_group=0)
+    # A command line of its own: a tool left by an earlier test (adopted by this process when it is
+    # a subreaper) must not be the one tied to the call.
+    marked = f"{IGNORES_TERM}  # {uuid.uuid4().hex}"
+    tool = subprocess.Popen([sys.executable, "-c", marked], process_group=0)
     yield tool
     with contextlib.suppress(ProcessLookupError):
         os.killpg(tool.pid, signal.SIGKILL)
