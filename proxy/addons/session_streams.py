@@ -131,7 +131,7 @@ class SessionStreamSettle(Addon, StreamListener):
             log.info("stream settle of %s postponed: %s", session_id, error)
             return
         if view is None:
-            log.info("stream settle of %s: the session is active, nothing told", session_id)
+            log.debug("stream settle of %s: the session is active, nothing told", session_id)
             return
         calls = {
             call.call_id: call
@@ -140,7 +140,7 @@ class SessionStreamSettle(Addon, StreamListener):
             if (call := _failed_call(session_id, settlement, change)) is not None
         }
         if not calls:
-            log.info("stream settle of %s: no call left open to settle", session_id)
+            log.debug("stream settle of %s: no call left open to settle", session_id)
             return
         if not self._confirmations.vouches(ticket):
             return

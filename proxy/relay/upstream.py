@@ -1,8 +1,10 @@
 """The one upstream `ClientSession` the application owns, and the keys to find it.
 
-A single session keeps upstream connections alive across requests. It never decompresses
-(bodies pass through under their own `Content-Encoding`), never keeps cookies (they belong
-to the clients, not to the proxy) and never adds headers the client did not send.
+Forwarded requests go through `relay/transport.py`; this session carries the proxy's own
+requests (liveness, write-back, `/global/event`) and relayed WebSockets. It keeps connections
+alive across requests, never decompresses (bodies pass through under their own
+`Content-Encoding`), never keeps cookies (they belong to the clients, not to the proxy) and
+never adds headers the client did not send.
 """
 
 from __future__ import annotations
