@@ -245,6 +245,8 @@ class ToolProcesses:
         v1 starts the command itself (for `a && b`, the leader runs `b`). Another child of the
         server (a language server, a plugin) fits no call, and a process that fits two fits none."""
         shell = command.removeprefix(_V2_SHELL)
+        if not shell:
+            return None  # an ending process's command line reads empty, and would fit every call
         runtime = Api.V2 if shell != command else Api.V1
         fitting = [
             call
@@ -258,7 +260,7 @@ def _group_leaders_below(parent: int) -> list[Identity]:
     found = []
     for pid in pids():
         process = stat(pid)
-        if process is not None and process.parent == parent and process.group == pid:
+        if process is not None and process.parent == parent and process.group == pid and process.state != "Z":
             found.append(Identity(pid, process.started))
     return found
 

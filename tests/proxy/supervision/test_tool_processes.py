@@ -3,6 +3,7 @@ plays the server: the processes it starts are its children)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from proxy.opencode.tracker import GlobalEvent
 from proxy.supervision import tool_processes
 from proxy.supervision.tool_processes import ToolProcesses
+from proxy.system.procfs import stat
 
 
 class Tools(list[subprocess.Popen[bytes]]):
@@ -87,6 +89,26 @@ async def test_a_process_two_calls_could_run_is_tied_to_neither(tools: Tools, wa
     await watcher.flush()  # its look for the processes (soon after each call started)
     (orphan,) = watcher.orphans([tools[0].pid])
     assert orphan.call is None
+
+
+async def test_a_tool_that_ended_unreaped_is_never_the_process_of_a_new_call(
+    tools: Tools, watcher: ToolProcesses
+) -> None:
+    tools.start("true")  # an earlier call's process: ended, not yet reaped by the server
+    await until_ended(tools[0].pid)
+    watcher.event(v1_part("prt_1", "running", "sleep 606"))
+    tools.start("sleep", "606")
+    await watcher.flush()  # its look for the processes (soon after the call started)
+    ended, running = watcher.orphans([tool.pid for tool in tools])
+    assert (ended.call, running.call_was_running) == (None, True)
+
+
+async def until_ended(pid: int) -> None:
+    for _ in range(500):
+        if (found := stat(pid)) is not None and found.state == "Z":
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"process {pid} never ended")
 
 
 async def test_a_recycled_pid_is_not_the_process_that_was_recorded(
