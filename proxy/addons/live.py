@@ -11,9 +11,10 @@ the session's directory) what the server would have sent had it settled the part
 `message.part.updated` with the settled part, `message.updated` with the closed message, and
 `session.status` idle with `session.idle`. Streams that connect later get the state (all but
 `session.idle`, which clients take as "a turn just ended") right after they open, until the
-stream says anything newer about the session (a status, a new message or part, a
-write-back): from then on the replayed state could be false, and a client that connects
-later reads the truth from the server itself (`live_clients`).
+stream says anything newer about the session (a status, a new message or part): from then
+on the replayed state could be false, and a client that connects later reads the truth from
+the server itself (`live_clients`). The server's write-back of a replayed part (it settled,
+as replayed) is not newer, and the replay goes on.
 
 A turn can also die before it calls a tool (the server killed while the model writes): the
 stream showed the session busy and its assistant message unfinished, and a client keeps its
@@ -69,8 +70,7 @@ class LiveSettle(Addon, StreamListener):
             self._turns.schedule(session_id)
 
     def event(self, event: GlobalEvent) -> None:
-        if event.session_id is not None:
-            self._clients.forget(event.session_id)
+        self._clients.heard(event)
         self._parts.heard(event)
         self._turns.heard(event)
         if (idle := self._memory.observe(event)) is not None:

@@ -2,7 +2,9 @@
 
 Each client stream (`/global/event`, or `/event` of one directory) gets a queue the relay
 slips events from; what the addon announces goes to every open stream now and, as state,
-to streams that open later, until the stream says something newer about the session.
+to streams that open later, until the stream says something newer about the session. The
+server's own write-back of a part the replay shows settled is not newer: it says the same, and
+a client that reconnects after it (the TUI never fetches again) still needs the replay.
 
 A plain `/event` (no directory asked) is the stream of the server's default directory
 (`live_default`). One that opens while that directory is not known waits, told nothing, and
@@ -23,10 +25,12 @@ from prometheus_client import Counter
 from proxy.addons.events import event_frame
 from proxy.addons.live_memory import REMEMBERED, Place
 from proxy.addons.routing import route_of
+from proxy.opencode.global_events import GlobalEvent
 from proxy.opencode.routes import EventStream
+from proxy.opencode.vocabulary import OPEN_STATUSES, PART_UPDATED
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Flow, FlowKey
-from rules import OpenTool
+from rules import Api, OpenTool
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +120,12 @@ class ClientStreams:
         if (subscriber := flow.get(SUBSCRIBER)) is not None:
             self._subscribers.pop(subscriber, None)
 
-    def forget(self, session_id: str) -> None:
-        """The stream said something newer about the session: stop replaying its state."""
-        self._orphans.pop(session_id, None)
+    def heard(self, event: GlobalEvent) -> None:
+        """Stop replaying a session's state once the stream says something newer about it."""
+        if (session_id := event.session_id) is None or (orphans := self._orphans.get(session_id)) is None:
+            return
+        if not _settles_a_replayed_part(event, orphans):
+            del self._orphans[session_id]
 
     def publish(self, key: str, orphan: Orphan) -> None:
         """Send `orphan` to every open stream, and keep it (under `key` in its session) for later ones."""
@@ -145,6 +152,15 @@ class ClientStreams:
         for frame in frames:
             subscriber.queue.put_nowait(frame)
         self._injected.inc(len(frames))
+
+
+def _settles_a_replayed_part(event: GlobalEvent, orphans: Bounded[str, Orphan]) -> bool:
+    part = event.properties.get("part")
+    if event.kind != PART_UPDATED or not isinstance(part, dict) or part.get("id") not in orphans:
+        return False
+    state = part.get("state")
+    status = state.get("status") if isinstance(state, dict) else None
+    return isinstance(status, str) and status not in OPEN_STATUSES[Api.V1]
 
 
 def _requested_directory(request: web.Request) -> str | None:

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter
 from proxy import testing
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import Place
+from proxy.opencode.tracker import GlobalEvent
 
 SSE = {"Content-Type": "text/event-stream"}
 ORPHAN = Orphan(
@@ -62,7 +63,9 @@ async def test_an_instance_stream_gets_its_directorys_events_unwrapped() -> None
 async def test_newer_news_of_the_session_ends_the_replay() -> None:
     streams = clients()
     streams.publish("prt_1", ORPHAN)
-    streams.forget("ses_a")
+    streams.heard(
+        GlobalEvent("/cwd", "prj", "session.status", {"sessionID": "ses_a", "status": {"type": "busy"}})
+    )
     async with testing.streaming([], testing.flow("GET", "/global/event", response_headers=SSE)) as flow:
         streams.subscribe(flow, by="test")
         assert drained(flow.injected) == []

@@ -152,6 +152,18 @@ async def test_the_replay_ends_when_the_stream_says_anything_newer_about_the_ses
     assert await told_a_new_stream(live) == []  # no settled part: the server has newer news
 
 
+async def test_the_servers_write_back_of_the_settled_part_keeps_the_replay(live: LiveSettle) -> None:
+    """Under write-back the server announces the part settled, as the replay shows it: a TUI that
+    reconnects after that (it never fetches again) must still be told."""
+    crash_with_part_open(live)
+    replayed = await told_a_new_stream(live)
+    part = orjson.loads(replayed[0].removeprefix(b"data: "))["payload"]["properties"]["part"]
+    heard(live, "message.part.updated", part=part, time=2)
+    assert await told_a_new_stream(live) == replayed
+    heard(live, "message.part.updated", part={**part, "id": "prt_other"}, time=3)
+    assert await told_a_new_stream(live) == []
+
+
 async def test_news_of_the_session_while_a_turn_is_confirmed_withdraws_it(
     live: LiveSettle, metrics: Metrics
 ) -> None:
