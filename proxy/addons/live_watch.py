@@ -13,6 +13,11 @@ Only events that say the session went idle (`session.status` idle, `session.idle
 `session.error`) leave a ticket alone: they agree with what would be announced, and the server
 sends them in a burst (`session.error`, then `session.status` idle, then `session.idle`), so the
 first of them, which starts a confirmation, would otherwise always be withdrawn by the next.
+
+A confirmation asked for while one of its session is under way is not the same request: it comes
+from something that happened since (a client stream opened, the session went idle), which the
+confirmation under way may have read too early to see. So it runs once more when that one ends,
+with a ticket taken when it was asked for; asked for again meanwhile, the newest request stands.
 """
 
 from __future__ import annotations
@@ -74,11 +79,15 @@ class NewsWatch:
         try:
             yield ticket
         finally:
-            tickets = self._tickets.get(ticket.session_id)
-            if tickets is not None:
-                tickets.discard(ticket)
-                if not tickets:
-                    del self._tickets[ticket.session_id]
+            self.release(ticket)
+
+    def release(self, ticket: Ticket) -> None:
+        """Stop watching for news for `ticket`."""
+        tickets = self._tickets.get(ticket.session_id)
+        if tickets is not None:
+            tickets.discard(ticket)
+            if not tickets:
+                del self._tickets[ticket.session_id]
 
     def vouches(self, ticket: Ticket) -> bool:
         """Whether the confirmation may announce; when news withdrew it, log and count that."""
@@ -93,6 +102,9 @@ class NewsWatch:
         return False
 
 
+Confirm = Callable[[Ticket], Awaitable[None]]
+
+
 class Confirmations:
     """One confirmation at a time per session, each watched for news of its session from the
     moment it is scheduled until it ends; its work is given its `Ticket`, to ask `vouches` with
@@ -101,11 +113,17 @@ class Confirmations:
     def __init__(self, name: str, what: str, withdrawn: Counter) -> None:
         self.tasks: KeyedTasks[str] = KeyedTasks(name)
         self._watch = NewsWatch(what, withdrawn)
+        self._asked_meanwhile: dict[str, tuple[Ticket, Confirm]] = {}
 
-    def schedule(self, session_id: str, confirm: Callable[[Ticket], Awaitable[None]]) -> None:
-        """Run `confirm(ticket)` unless a confirmation of `session_id` is under way; the ticket is
-        taken now, so the events handed over before the task first runs are news too."""
-        self.tasks.start(session_id, lambda: self._held(self._watch.begin(session_id), confirm))
+    def schedule(self, session_id: str, confirm: Confirm) -> None:
+        """Run `confirm(ticket)` now, or once the confirmation of `session_id` under way ends; the
+        ticket is taken now, so the events handed over before it first runs are news too."""
+        ticket = self._watch.begin(session_id)
+        if self.tasks.start(session_id, lambda: self._held(ticket, confirm)):
+            return
+        if (superseded := self._asked_meanwhile.pop(session_id, None)) is not None:
+            self._watch.release(superseded[0])
+        self._asked_meanwhile[session_id] = (ticket, confirm)
 
     def heard(self, event: GlobalEvent) -> None:
         self._watch.heard(event)
@@ -113,6 +131,14 @@ class Confirmations:
     def vouches(self, ticket: Ticket) -> bool:
         return self._watch.vouches(ticket)
 
-    async def _held(self, ticket: Ticket, confirm: Callable[[Ticket], Awaitable[None]]) -> None:
-        with self._watch.held(ticket):
-            await confirm(ticket)
+    async def _held(self, ticket: Ticket, confirm: Confirm) -> None:
+        next_one: tuple[Ticket, Confirm] | None = (ticket, confirm)
+        try:
+            while next_one is not None:
+                ticket, confirm = next_one
+                with self._watch.held(ticket):
+                    await confirm(ticket)
+                next_one = self._asked_meanwhile.pop(ticket.session_id, None)
+        finally:
+            if (left := self._asked_meanwhile.pop(ticket.session_id, None)) is not None:
+                self._watch.release(left[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Hashable, Sequence
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 from aiohttp import web
@@ -36,7 +37,8 @@ async def _until_idle(owners: Sequence[Idles]) -> None:
 
 class KeyedTasks(Generic[K]):
     """Confirmations and writes scheduled per session: a second request for a key whose task is
-    still under way is the same request, so it starts nothing.
+    still under way starts nothing (what it then means is its owner's to say: a confirmation asked
+    for meanwhile runs after the one under way, `live_watch.Confirmations`).
 
     Its owner holds one as `tasks` (composition, never a base class: an addon's `close` is then
     its own, whatever its bases), which `Background` waits for and the owner's cleanup closes.
@@ -46,13 +48,19 @@ class KeyedTasks(Generic[K]):
         self._name = name
         self._tasks: dict[K, asyncio.Task[None]] = {}
 
-    def start(self, key: K, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run `work()` for `key` unless a task for `key` is running."""
-        if key in self._tasks:
-            return
+    def start(self, key: K, work: Callable[[], Coroutine[Any, Any, None]]) -> bool:
+        """Run `work()` for `key` unless a task for `key` is running; say whether it started.
+        A task whose work has returned is not running, though its done callbacks are yet to run."""
+        if (running := self._tasks.get(key)) is not None and not running.done():
+            return False
         task = asyncio.create_task(work(), name=f"{self._name} {key}")
         self._tasks[key] = task
-        task.add_done_callback(lambda _: self._tasks.pop(key, None))
+        task.add_done_callback(partial(self._ended, key))
+        return True
+
+    def _ended(self, key: K, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(key) is task:
+            del self._tasks[key]
 
     @property
     def busy(self) -> bool:

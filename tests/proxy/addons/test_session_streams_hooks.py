@@ -55,6 +55,21 @@ async def test_a_busy_sessions_stream_is_told_nothing(addon: SessionStreamSettle
     assert fake.liveness_requests >= 1, "the proxy asked before it decided"
 
 
+async def test_a_stream_opened_while_a_confirmation_is_under_way_gets_one_after_it(
+    addon: SessionStreamSettle, fake: FakeOpencode
+) -> None:
+    """The SDK's stream reconnects while the proxy confirms the session (it came back after a
+    crash): that confirmation may have read too early to tell it, so another runs after it."""
+    fake.v2_active.add(V2)
+    fake.on_serve["/api/session/active"] = [lambda: None, lambda: fake.v2_active.discard(V2)]
+    first = testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE))
+    second = testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE))
+    async with first as one, second as other:
+        await addon.tasks.idle()
+        assert [call_ids(flow) for flow in (one, other)] == [["call_mock_1"], ["call_mock_1"]]
+    assert fake.liveness_requests == 2, "the first confirmation found the session active"
+
+
 async def test_each_stream_is_told_once(addon: SessionStreamSettle) -> None:
     first = testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE))
     second = testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE))

@@ -26,6 +26,28 @@ async def test_a_key_whose_task_runs_starts_nothing_more() -> None:
     assert runs == [1, 1]
 
 
+async def test_a_task_whose_work_returned_frees_its_key_before_its_callbacks_run() -> None:
+    """A confirmation's last look for work asked for meanwhile comes just before it returns; a
+    request handled after that, before the task's callbacks ran, must start anew."""
+    tasks: KeyedTasks[str] = KeyedTasks("test")
+    runs: list[str] = []
+    started_again: list[bool] = []
+
+    async def second() -> None:
+        runs.append("second")
+
+    async def first() -> None:
+        runs.append("first")
+        # Handled after this work returns and before the task's callbacks, as a stream event may be.
+        asyncio.get_running_loop().call_soon(lambda: started_again.append(tasks.start("a", second)))
+
+    tasks.start("a", first)
+    await tasks.idle()
+    assert started_again == [True]
+    assert runs == ["first", "second"]
+    assert not tasks.busy
+
+
 async def test_close_cancels_what_has_not_finished() -> None:
     tasks: KeyedTasks[str] = KeyedTasks("test")
 
