@@ -9,25 +9,23 @@ part itself, and schedule the write-back.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from proxy.addons.after_grace import read_after_grace
 from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import StreamMemory
 from proxy.addons.live_watch import Confirmations, Ticket
 from proxy.opencode.client import UpstreamRefused
-from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import OPEN_STATUSES, part_settled, session_idle
 from rules import Api, Liveness, OpenTool, settle_view
 
 log = logging.getLogger(__name__)
-
-_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +56,9 @@ class OpenParts:
 
     async def _confirm(self, ticket: Ticket) -> None:
         session_id = ticket.session_id
-        read = await self._read_after_grace(session_id)
+        read = await read_after_grace(
+            partial(self._read, session_id), self._ctx.grace, "live settle", session_id
+        )
         if read is None or not self._confirmations.vouches(ticket):
             return
         if read.liveness.active:
@@ -72,33 +72,14 @@ class OpenParts:
             parts = [part for part in read.parts if part.message_id == message_id]
             self._settle_message(message, parts, read.liveness)
 
-    async def _read_after_grace(self, session_id: str) -> _Read | None:
-        """The messages and then a reading, the grace period after the stream came back, asked
-        again a few times (after twice, then four times the pause) while either fails: a server
-        that has just restarted may not answer in time, and nothing else would make the proxy ask
-        again."""
-        pause = self._ctx.grace
-        for attempt in range(1, _ATTEMPTS + 1):
-            await asyncio.sleep(pause)
-            parts = self._memory.open_parts(session_id)
-            if not parts:
-                return None
-            try:
-                messages = await self._messages(session_id, parts)
-                liveness = await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
-            except (UpstreamRefused, OSError, LivenessUnknown) as error:
-                log.info(
-                    "live settle of %s: not confirmed (%s), try %d of %d",
-                    session_id,
-                    error,
-                    attempt,
-                    _ATTEMPTS,
-                    extra={"fields": {"session": session_id, "why": str(error), "attempt": attempt}},
-                )
-            else:
-                return _Read(parts, messages, liveness)
-            pause *= 2
-        return None
+    async def _read(self, session_id: str) -> _Read | None:
+        """The parts the stream still shows open, their messages read afresh, then a reading."""
+        parts = self._memory.open_parts(session_id)
+        if not parts:
+            return None
+        messages = await self._messages(session_id, parts)
+        liveness = await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
+        return _Read(parts, messages, liveness)
 
     async def _messages(self, session_id: str, parts: list[OpenTool]) -> dict[str, Any]:
         """The messages holding `parts`, read afresh; one the server no longer has is left out,

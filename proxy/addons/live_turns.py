@@ -9,16 +9,15 @@ and `session.status` idle.
 
 from __future__ import annotations
 
-import asyncio
 import logging
+from functools import partial
 from typing import Any
 
+from proxy.addons.after_grace import read_after_grace
 from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import Place, StreamMemory
 from proxy.addons.live_watch import Confirmations, Ticket
-from proxy.opencode.client import UpstreamRefused
-from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import SESSION_STATUS, idle_status, message_updated, session_idle
@@ -47,32 +46,34 @@ class DeadTurns:
 
     async def _close_turn(self, ticket: Ticket) -> None:
         session_id = ticket.session_id
-        await asyncio.sleep(self._ctx.grace)
-        if self._memory.has_open(session_id):
-            return  # the parts' own confirmation tells the whole story
-        messages = self._memory.unfinished_messages(session_id)
-        busy = self._memory.busy.get(session_id)
-        try:
-            read = [
-                (
-                    place,
-                    await self._ctx.upstream.get(
-                        V1_HTTP.messages_path(session_id, mid), self._ctx.credentials
-                    ),
-                )
-                for mid, place in messages
-            ]
-            liveness = await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
-        except (UpstreamRefused, OSError, LivenessUnknown) as error:
-            log.info("live settle of turn %s postponed: %s", session_id, error)
+        found = await read_after_grace(
+            partial(self._read, session_id), self._ctx.grace, "live settle of turn", session_id
+        )
+        if found is None:
             return
+        read, liveness = found
         if liveness.active:
             return
+        busy = self._memory.busy.get(session_id)
         closed = self._closed(session_id, read, liveness)
         if closed is None or not (closed or busy) or not self._confirmations.vouches(ticket):
             return  # not vouched for, or the stream spoke of the session meanwhile: it knows better
         self._memory.busy.pop(session_id, None)
         self._tell(session_id, closed, busy)
+
+    async def _read(self, session_id: str) -> tuple[list[tuple[Place, Any]], Liveness] | None:
+        """Each unfinished message read afresh, then a reading; None while a part of the session
+        is open (the parts' own confirmation tells the whole story)."""
+        if self._memory.has_open(session_id):
+            return None
+        read = [
+            (
+                place,
+                await self._ctx.upstream.get(V1_HTTP.messages_path(session_id, mid), self._ctx.credentials),
+            )
+            for mid, place in self._memory.unfinished_messages(session_id)
+        ]
+        return read, await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
 
     def _closed(
         self, session_id: str, read: list[tuple[Place, Any]], liveness: Liveness

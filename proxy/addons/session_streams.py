@@ -31,19 +31,19 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar
 
+from proxy.addons.after_grace import read_after_grace
 from proxy.addons.context import SettleContext
 from proxy.addons.events import event_frame
 from proxy.addons.live_watch import Confirmations, Ticket
 from proxy.addons.routing import route_of
-from proxy.opencode.client import Credentials, UpstreamRefused
-from proxy.opencode.liveness import LivenessUnknown
+from proxy.opencode.client import Credentials
 from proxy.opencode.routes import EventStream
 from proxy.opencode.runtimes import V2_HTTP
 from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.opencode.vocabulary import CALL_ENDED, CALL_STARTED, tool_failed
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow, FlowKey
-from rules import Api, Change, Settlement, UnexpectedShape, settle_view
+from rules import Api, Change, Liveness, Settlement, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
 
@@ -122,13 +122,16 @@ class SessionStreamSettle(Addon, StreamListener):
 
     async def _settle(self, credentials: Credentials, ticket: Ticket) -> None:
         session_id = ticket.session_id
-        await asyncio.sleep(self._ctx.grace)
+        found = await read_after_grace(
+            partial(self._read, session_id, credentials), self._ctx.grace, "stream settle", session_id
+        )
+        if found is None:
+            return
+        document, liveness = found
         try:
-            document = await self._ctx.upstream.get(V2_HTTP.messages_path(session_id), credentials)
-            liveness = await self._ctx.probe.read(Api.V2, session_id, credentials)
             view = None if liveness.active else settle_view(document, Api.V2, liveness)
-        except (UpstreamRefused, OSError, LivenessUnknown, UnexpectedShape) as error:
-            log.info("stream settle of %s postponed: %s", session_id, error)
+        except UnexpectedShape as error:
+            log.info("stream settle of %s: %s", session_id, error)
             return
         if view is None:
             log.debug("stream settle of %s: the session is active, nothing told", session_id)
@@ -152,6 +155,11 @@ class SessionStreamSettle(Addon, StreamListener):
                 self._tell(stream, calls)
         if self._ctx.write_back is not None:
             self._ctx.write_back.schedule(Api.V2, session_id, credentials, calls)
+
+    async def _read(self, session_id: str, credentials: Credentials) -> tuple[Any, Liveness]:
+        """The session's messages read afresh, then a reading."""
+        document = await self._ctx.upstream.get(V2_HTTP.messages_path(session_id), credentials)
+        return document, await self._ctx.probe.read(Api.V2, session_id, credentials)
 
     def _tell(self, stream: SessionStream, calls: dict[str, FailedCall]) -> None:
         for call_id, call in calls.items():

@@ -186,3 +186,15 @@ async def test_a_reading_that_fails_after_the_restart_is_asked_again(
     assert part["properties"]["part"]["state"]["status"] == "error"
     assert status["properties"]["status"] == {"type": "idle"}
     assert fake.liveness_requests >= 2
+
+
+async def test_a_reading_that_fails_after_the_restart_is_asked_again_for_a_turn_cut_short(
+    live: LiveSettle, fake: FakeOpencode
+) -> None:
+    fake.liveness_fails = True
+    fake.on_serve["/session/status"] = [lambda: None, lambda: setattr(fake, "liveness_fails", False)]
+    crash_while_writing(live)
+    message, status = payloads(await told_a_new_stream(live))
+    assert "completed" in message["properties"]["info"]["time"]
+    assert status["properties"]["status"] == {"type": "idle"}
+    assert fake.liveness_requests == 2

@@ -70,6 +70,18 @@ async def test_a_stream_opened_while_a_confirmation_is_under_way_gets_one_after_
     assert fake.liveness_requests == 2, "the first confirmation found the session active"
 
 
+async def test_a_reading_that_fails_after_the_restart_is_asked_again(
+    addon: SessionStreamSettle, fake: FakeOpencode
+) -> None:
+    """The server that has just restarted may not answer the first look-up; the stream is told all the same."""
+    fake.liveness_fails = True
+    fake.on_serve["/api/session/active"] = [lambda: None, lambda: setattr(fake, "liveness_fails", False)]
+    async with testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE)) as flow:
+        await addon.tasks.idle()
+        assert call_ids(flow) == ["call_mock_1"]
+    assert fake.liveness_requests == 2
+
+
 async def test_each_stream_is_told_once(addon: SessionStreamSettle) -> None:
     first = testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE))
     second = testing.streaming(addon, testing.flow("GET", STREAM, response_headers=SSE))
