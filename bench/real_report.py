@@ -1,5 +1,7 @@
 """The report of `python -m bench.real_server`: per scenario and target the median and range of
-each figure over the rounds, and the proxy/direct ratio of each round (both measured moments apart).
+each figure over the rounds, and each hop's ratio to direct per round (measured moments apart).
+nginx, a plain reverse proxy that inspects nothing, is the reference for what any hop costs
+against the real server.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from pathlib import Path
 
 from bench.report import fmt, markdown_table
 
-TARGETS = ("direct", "proxy")
+TARGETS = ("direct", "proxy", "nginx")
+HOPS = ("proxy", "nginx")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +39,7 @@ def render(samples: list[Sample], meta: dict[str, str], notes: Sequence[str]) ->
     parts = ["# settle-proxy against the real opencode", "", *(f"- **{k}**: {v}" for k, v in meta.items())]
     parts += ["", "## Message lists, direct and through the proxy (median, min-max over rounds)", ""]
     parts.append(figures_table(samples))
-    parts += ["", "## proxy/direct req/s, per round (below 1: the proxy is slower)", ""]
+    parts += ["", "## Each hop's req/s over direct's, per round (below 1: slower than direct)", ""]
     parts.append(ratio_table(samples))
     if notes:
         parts += ["", "## Notes", "", *(f"- {note}" for note in notes)]
@@ -48,6 +51,8 @@ def figures_table(samples: list[Sample]) -> str:
     for scenario in _scenarios(samples):
         for target in TARGETS:
             mine = [s for s in samples if s.scenario == scenario and s.target == target]
+            if not mine:
+                continue  # nginx is not installed
             upstream = [s.upstream_per_request for s in mine if s.upstream_per_request is not None]
             lines.append(
                 [
@@ -75,16 +80,26 @@ def figures_table(samples: list[Sample]) -> str:
 def ratio_table(samples: list[Sample]) -> str:
     lines = []
     for scenario in _scenarios(samples):
-        ratios = ratios_per_round(samples, scenario)
-        lines.append([scenario, fmt(statistics.median(ratios)), _range(ratios), ", ".join(map(fmt, ratios))])
-    return markdown_table(["scenario", "median", "min-max", "rounds"], lines)
+        for hop in HOPS:
+            ratios = ratios_per_round(samples, scenario, hop)
+            if ratios:
+                lines.append(
+                    [
+                        scenario,
+                        f"{hop}/direct",
+                        fmt(statistics.median(ratios)),
+                        _range(ratios),
+                        ", ".join(map(fmt, ratios)),
+                    ]
+                )
+    return markdown_table(["scenario", "ratio", "median", "min-max", "rounds"], lines)
 
 
-def ratios_per_round(samples: list[Sample], scenario: str) -> list[float]:
-    """proxy/direct throughput of each round, from the two measurements taken in that round."""
+def ratios_per_round(samples: list[Sample], scenario: str, hop: str = "proxy") -> list[float]:
+    """`hop`/direct throughput of each round, from the measurements taken in that round."""
     rps = {(s.round, s.target): s.rps for s in samples if s.scenario == scenario}
     rounds = sorted({number for number, _ in rps})
-    return [rps[n, "proxy"] / rps[n, "direct"] for n in rounds if rps.get((n, "direct"))]
+    return [rps[n, hop] / rps[n, "direct"] for n in rounds if rps.get((n, "direct")) and (n, hop) in rps]
 
 
 def _scenarios(samples: list[Sample]) -> list[str]:

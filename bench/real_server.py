@@ -31,7 +31,14 @@ from bench import procs, wrk
 from bench.procs import Cpus
 from bench.real_report import TARGETS, Sample, publish
 from bench.real_sessions import NotMeasurable, Scenario, check, get, seed
-from bench.targets import DEFAULT_PROXY_CMD, Endpoint, TargetContext, TargetUnavailable, start_proxy
+from bench.targets import (
+    DEFAULT_PROXY_CMD,
+    Endpoint,
+    TargetContext,
+    TargetUnavailable,
+    start_nginx,
+    start_proxy,
+)
 from tests.integration.mock_model import MockModel
 from tests.integration.opencode_server import running_opencode
 
@@ -125,6 +132,10 @@ def run(settings: Settings, list_bytes: int, notes: list[str]) -> tuple[list[Sam
         ctx = TargetContext(server.url, REPO, Path(tmp), settings.hop, DEFAULT_PROXY_CMD)
         proxy = start_proxy(ctx, stack)
         endpoints = {"direct": Endpoint("direct", server.url), "proxy": proxy}
+        try:
+            endpoints["nginx"] = start_nginx(ctx, stack)
+        except TargetUnavailable as missing:
+            notes.append(f"nginx: {missing}")
         sizes = {s.name: len(get(server.url + s.path).body) / 1000 for s in scenarios}
         samples = list(_rounds(scenarios, endpoints, settings, notes))
         return samples, sizes, _memory(proxy)
@@ -139,7 +150,8 @@ def _rounds(
             note = check(scenario, direct, get(endpoints["proxy"].base_url + scenario.path))
             if number == 1:
                 notes.append(f"{scenario.name}: checked every round before measuring, {note}")
-            order = TARGETS if number % 2 else TARGETS[::-1]
+            present = [target for target in TARGETS if target in endpoints]
+            order = present if number % 2 else present[::-1]
             for target in order:
                 sample = measure(scenario, number, endpoints[target], settings)
                 _log(f"round {number} {scenario.name:<15} {target:<6} {sample.rps:7.1f} req/s")
