@@ -5,6 +5,12 @@ still open, wait the grace period, read the messages afresh, then take a reading
 starts after the read shows in it), and unless the stream spoke of the session meanwhile
 (`live_watch`) tell every client stream what the server would have sent had it settled the
 part itself, and schedule the write-back.
+
+The server itself may settle a part while it is being confirmed (another client's fetch wrote
+it back, say): that agrees with what would be told, so it is not news that withdraws the
+confirmation, and the part stays in it. Clients open then heard the server; a client that
+connects later (the TUI, which never fetches again) must still be told, and so must every client
+of the session's idle status, which the server's write-back does not announce.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from proxy.addons.live_watch import Confirmations, Ticket
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent
-from proxy.opencode.vocabulary import OPEN_STATUSES, part_settled, session_idle
+from proxy.opencode.vocabulary import OPEN_STATUSES, PART_UPDATED, part_settled, session_idle
 from rules import Api, Liveness, OpenTool, settle_view
 
 log = logging.getLogger(__name__)
@@ -47,18 +53,39 @@ class OpenParts:
         self._clients = clients
         self._confirmations = Confirmations("live-settle", "open parts", ctx.metrics.withdrawn_confirmations)
         self.tasks = self._confirmations.tasks
+        self._settled_meanwhile: dict[str, dict[str, OpenTool]] = {}
+        """Per session under confirmation, the open parts the server settled meanwhile."""
 
     def schedule(self, session_id: str) -> None:
         self._confirmations.schedule(session_id, self._confirm)
 
     def heard(self, event: GlobalEvent) -> None:
+        settled = self._open_part_settled(event)
+        if settled is not None and self._confirmations.under_way(settled.session_id):
+            self._settled_meanwhile.setdefault(settled.session_id, {})[settled.part] = settled
+            return
         self._confirmations.heard(event)
+
+    def _open_part_settled(self, event: GlobalEvent) -> OpenTool | None:
+        """The remembered open part `event` shows settled, if it does."""
+        part = event.properties.get("part")
+        if event.kind != PART_UPDATED or not isinstance(part, dict):
+            return None
+        state = part.get("state")
+        status = state.get("status") if isinstance(state, dict) else None
+        if not isinstance(status, str) or status in OPEN_STATUSES[Api.V1]:
+            return None
+        part_id = part.get("id")
+        return self._memory.parts.get(part_id) if isinstance(part_id, str) else None
 
     async def _confirm(self, ticket: Ticket) -> None:
         session_id = ticket.session_id
-        read = await read_after_grace(
-            partial(self._read, session_id), self._ctx.grace, "live settle", session_id
-        )
+        try:
+            read = await read_after_grace(
+                partial(self._read, session_id), self._ctx.grace, "live settle", session_id
+            )
+        finally:
+            self._settled_meanwhile.pop(session_id, None)
         if read is None or not self._confirmations.vouches(ticket):
             return
         if read.liveness.active:
@@ -74,7 +101,9 @@ class OpenParts:
 
     async def _read(self, session_id: str) -> _Read | None:
         """The parts the stream still shows open, their messages read afresh, then a reading."""
-        parts = self._memory.open_parts(session_id)
+        parts = self._memory.open_parts(session_id) + list(
+            self._settled_meanwhile.get(session_id, {}).values()
+        )
         if not parts:
             return None
         messages = await self._messages(session_id, parts)

@@ -128,6 +128,9 @@ class Confirmations:
     def heard(self, event: GlobalEvent) -> None:
         self._watch.heard(event)
 
+    def under_way(self, session_id: str) -> bool:
+        return self.tasks.running(session_id)
+
     def vouches(self, ticket: Ticket) -> bool:
         return self._watch.vouches(ticket)
 

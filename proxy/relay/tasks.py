@@ -51,12 +51,17 @@ class KeyedTasks(Generic[K]):
     def start(self, key: K, work: Callable[[], Coroutine[Any, Any, None]]) -> bool:
         """Run `work()` for `key` unless a task for `key` is running; say whether it started.
         A task whose work has returned is not running, though its done callbacks are yet to run."""
-        if (running := self._tasks.get(key)) is not None and not running.done():
+        if self.running(key):
             return False
         task = asyncio.create_task(work(), name=f"{self._name} {key}")
         self._tasks[key] = task
         task.add_done_callback(partial(self._ended, key))
         return True
+
+    def running(self, key: K) -> bool:
+        """Whether the work of `key`'s task is under way."""
+        task = self._tasks.get(key)
+        return task is not None and not task.done()
 
     def _ended(self, key: K, task: asyncio.Task[None]) -> None:
         if self._tasks.get(key) is task:

@@ -55,10 +55,32 @@ async def test_a_new_stream_is_told_the_settled_part(live: LiveSettle) -> None:
     assert kinds == ["message.part.updated", "message.updated", "session.status"]
 
 
-async def test_nothing_is_said_of_a_part_the_server_settled_itself(live: LiveSettle) -> None:
+async def test_a_part_the_server_settles_while_it_is_confirmed_is_told_as_the_server_has_it(
+    live: LiveSettle, fake: FakeOpencode, metrics: Metrics
+) -> None:
+    """Another client's fetch wrote the part back meanwhile: the clients open then heard the
+    server, but one that connects later (the TUI never fetches again) must be told, and the
+    session's idle status is for every client (the write-back does not announce it)."""
+    written = {**PART, "state": {**PART["state"], "status": "error", "error": "Tool execution aborted"}}
+    fake.bodies[f"/session/{V1}/message/{MESSAGE['info']['id']}"] = orjson.dumps(
+        {**MESSAGE, "parts": [*MESSAGE["parts"][:1], written]}
+    )
     crash_with_part_open(live)
+    heard(live, "message.part.updated", part=written, time=2)  # within the grace period
+    part, _, status = payloads(await told_a_new_stream(live))
+    assert part["properties"]["part"] == written
+    assert status["properties"]["status"] == {"type": "idle"}
+    assert metrics.withdrawn_confirmations.labels("open parts")._value.get() == 0
+
+
+async def test_nothing_is_said_of_a_part_the_server_settled_before_the_stream_was_lost(
+    live: LiveSettle, fake: FakeOpencode
+) -> None:
+    heard(live, "message.part.updated", part=PART, time=1)
     heard(live, "message.part.updated", part={**PART, "state": {**PART["state"], "status": "completed"}})
+    live.following()
     assert await told_a_new_stream(live) == []
+    assert not [r for r in fake.seen if "/message/" in r.path], "nothing left to confirm"
 
 
 async def test_nothing_is_said_while_the_session_is_busy(live: LiveSettle, fake: FakeOpencode) -> None:
