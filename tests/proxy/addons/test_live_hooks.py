@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -197,26 +198,25 @@ async def test_news_of_the_session_while_a_turn_is_confirmed_withdraws_it(
     assert metrics.withdrawn_confirmations.labels("dead turns")._value.get() == 1
 
 
+@pytest.mark.parametrize(
+    ("crash", "settled"),
+    [
+        (crash_with_part_open, lambda told: told[0]["properties"]["part"]["state"]["status"] == "error"),
+        (crash_while_writing, lambda told: "completed" in told[0]["properties"]["info"]["time"]),
+    ],
+    ids=["open part", "turn cut short"],
+)
 async def test_a_reading_that_fails_after_the_restart_is_asked_again(
-    live: LiveSettle, fake: FakeOpencode
+    live: LiveSettle,
+    fake: FakeOpencode,
+    crash: Callable[[LiveSettle], None],
+    settled: Callable[[list[Any]], bool],
 ) -> None:
     """A server that has just restarted may not answer the first look-up; the settlement still comes."""
     fake.liveness_fails = True
     fake.on_serve["/session/status"] = [lambda: None, lambda: setattr(fake, "liveness_fails", False)]
-    crash_with_part_open(live)
-    part, _, status = payloads(await told_a_new_stream(live))
-    assert part["properties"]["part"]["state"]["status"] == "error"
-    assert status["properties"]["status"] == {"type": "idle"}
-    assert fake.liveness_requests >= 2
-
-
-async def test_a_reading_that_fails_after_the_restart_is_asked_again_for_a_turn_cut_short(
-    live: LiveSettle, fake: FakeOpencode
-) -> None:
-    fake.liveness_fails = True
-    fake.on_serve["/session/status"] = [lambda: None, lambda: setattr(fake, "liveness_fails", False)]
-    crash_while_writing(live)
-    message, status = payloads(await told_a_new_stream(live))
-    assert "completed" in message["properties"]["info"]["time"]
-    assert status["properties"]["status"] == {"type": "idle"}
+    crash(live)
+    told = payloads(await told_a_new_stream(live))
+    assert settled(told)
+    assert told[-1]["properties"]["status"] == {"type": "idle"}
     assert fake.liveness_requests == 2
