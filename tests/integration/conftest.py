@@ -7,7 +7,7 @@ so a failing test or an interrupted run leaves nothing behind.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,9 @@ from .mock_model import MockModel
 from .opencode_server import OpencodeServer, running_opencode
 from .proxy_process import ProxyProcess
 
+_FAILED = pytest.StashKey[bool]()
+_LOG_LINES_SHOWN = 120
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Register the marker here so `-m integration` works without touching pyproject.toml."""
@@ -23,6 +26,17 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "integration: runs the real opencode server (slow, needs the npm binary)"
     )
     config.addinivalue_line("markers", "slow: takes seconds to minutes (load, races, real-server faults)")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Remember whether the test itself failed, for the fixtures that then show what they saw."""
+    report = yield
+    if call.when == "call" and report.failed:
+        item.stash[_FAILED] = True
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -50,11 +64,20 @@ def other_project(opencode: OpencodeServer) -> Path:
 
 
 @pytest.fixture
-def proxy_url(opencode: OpencodeServer, tmp_path: Path) -> Iterator[str]:
+def proxy_url(opencode: OpencodeServer, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh proxy in front of the server's current URL, so no proxy state leaks between tests."""
-    proxy = ProxyProcess(opencode.url, tmp_path / "proxy.log")
+    log = tmp_path / "proxy.log"
+    proxy = ProxyProcess(opencode.url, log)
     try:
         proxy.start()
         yield proxy.url
     finally:
         proxy.stop()
+        if request.node.stash.get(_FAILED, False) and log.exists():
+            # A timing failure on a loaded machine can only be understood from what the proxy decided.
+            lines = log.read_text(errors="replace").splitlines()
+            print(
+                f"--- the proxy's log, last {_LOG_LINES_SHOWN} lines ---",
+                *lines[-_LOG_LINES_SHOWN:],
+                sep="\n",
+            )
