@@ -85,7 +85,9 @@ class SessionStreamSettle(Addon, StreamListener):
     def following(self) -> None:
         for session_id in list(self._open):
             del self._open[session_id]
-            self._confirmations.schedule(session_id, partial(self._settle, self._credentials))
+            self._confirmations.schedule(
+                session_id, partial(self._settle, self._credentials, after_loss=True)
+            )
 
     def event(self, event: GlobalEvent) -> None:
         self._confirmations.heard(event)
@@ -120,7 +122,11 @@ class SessionStreamSettle(Addon, StreamListener):
         """Cancel pending confirmations (application cleanup)."""
         await self.tasks.close()
 
-    async def _settle(self, credentials: Credentials, ticket: Ticket) -> None:
+    async def _settle(self, credentials: Credentials, ticket: Ticket, *, after_loss: bool = False) -> None:
+        """Confirm and tell; after a loss (rare, and where a client may be left spinning) every
+        outcome is logged at INFO, while the one each client stream's opening runs says "nothing to
+        tell" at DEBUG."""
+        quiet = logging.INFO if after_loss else logging.DEBUG
         session_id = ticket.session_id
         found = await read_after_grace(
             partial(self._read, session_id, credentials), self._ctx.grace, "stream settle", session_id
@@ -134,7 +140,7 @@ class SessionStreamSettle(Addon, StreamListener):
             log.info("stream settle of %s: %s", session_id, error)
             return
         if view is None:
-            log.debug("stream settle of %s: the session is active, nothing told", session_id)
+            log.log(quiet, "stream settle of %s: the session is active, nothing told", session_id)
             return
         calls = {
             call.call_id: call
@@ -143,7 +149,7 @@ class SessionStreamSettle(Addon, StreamListener):
             if (call := _failed_call(session_id, settlement, change)) is not None
         }
         if not calls:
-            log.debug("stream settle of %s: no call left open to settle", session_id)
+            log.log(quiet, "stream settle of %s: no call left open to settle", session_id)
             return
         if not self._confirmations.vouches(ticket):
             return
