@@ -46,6 +46,12 @@ class Credentials:
         return cls(headers={hdrs.AUTHORIZATION: authorization} if authorization else {})
 
 
+CALL_TIMEOUT_S = 60.0
+"""The longest one of the proxy's own calls may take: the session they share also carries
+`/global/event`, so it has no total of its own, and a call held for good by a server that is
+starting would hold whatever waits on it (a write-back pass and its session lock) as long."""
+
+
 class UpstreamApi:
     """A thin JSON client over the application's one upstream session, to the server at `origin`
     (only its scheme, host and port count)."""
@@ -53,6 +59,13 @@ class UpstreamApi:
     def __init__(self, session: aiohttp.ClientSession, origin: URL) -> None:
         self._session = session
         self._origin = origin.origin()
+        shared = session.timeout
+        self._timeout = aiohttp.ClientTimeout(
+            total=CALL_TIMEOUT_S,
+            connect=shared.connect,
+            sock_connect=shared.sock_connect,
+            sock_read=shared.sock_read,
+        )
 
     async def call(
         self,
@@ -86,7 +99,12 @@ class UpstreamApi:
             headers[hdrs.CONTENT_TYPE] = "application/json"
             body = jsonio.dumps(json)
         async with self._session.request(
-            method, url.with_query(query) if query else url, headers=headers, data=body, allow_redirects=False
+            method,
+            url.with_query(query) if query else url,
+            headers=headers,
+            data=body,
+            allow_redirects=False,
+            timeout=self._timeout,
         ) as response:
             answer = await response.read()
             if response.status != 200:

@@ -4,6 +4,7 @@ and the one place an application's background work can be waited for."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine, Hashable, Sequence
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
@@ -11,6 +12,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from aiohttp import web
 
 K = TypeVar("K", bound=Hashable)
+log = logging.getLogger(__name__)
 
 
 class Idles(Protocol):
@@ -66,6 +68,9 @@ class KeyedTasks(Generic[K]):
     def _ended(self, key: K, task: asyncio.Task[None]) -> None:
         if self._tasks.get(key) is task:
             del self._tasks[key]
+        if not task.cancelled() and (error := task.exception()) is not None:
+            # Never silent: work that dies on a fault nobody foresaw says so, once.
+            log.error("%s of %s failed: %r", self._name, key, error, exc_info=error)
 
     @property
     def busy(self) -> bool:

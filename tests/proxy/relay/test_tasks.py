@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 from proxy.relay.tasks import Background, KeyedTasks, Together
 
 
@@ -46,6 +48,17 @@ async def test_a_task_whose_work_returned_frees_its_key_before_its_callbacks_run
     assert started_again == [True]
     assert runs == ["first", "second"]
     assert not tasks.busy
+
+
+async def test_work_that_dies_on_a_fault_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    tasks: KeyedTasks[str] = KeyedTasks("confirmation")
+
+    async def faulty() -> None:
+        raise KeyError("unforeseen")
+
+    tasks.start("ses_a", faulty)
+    await tasks.idle()
+    assert "confirmation of ses_a failed: KeyError('unforeseen')" in caplog.text
 
 
 async def test_close_cancels_what_has_not_finished() -> None:
