@@ -27,10 +27,10 @@ from proxy.addons.live_memory import REMEMBERED, Place
 from proxy.addons.routing import route_of
 from proxy.opencode.global_events import GlobalEvent
 from proxy.opencode.routes import EventStream
-from proxy.opencode.vocabulary import OPEN_STATUSES, PART_UPDATED
+from proxy.opencode.vocabulary import settled_part_id
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Flow, FlowKey
-from rules import Api, OpenTool
+from rules import OpenTool
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class ClientStreams:
         """Stop replaying a session's state once the stream says something newer about it."""
         if (session_id := event.session_id) is None or (orphans := self._orphans.get(session_id)) is None:
             return
-        if not _settles_a_replayed_part(event, orphans):
+        if settled_part_id(event.kind, event.properties) not in orphans:
             del self._orphans[session_id]
 
     def publish(self, key: str, orphan: Orphan) -> None:
@@ -152,15 +152,6 @@ class ClientStreams:
         for frame in frames:
             subscriber.queue.put_nowait(frame)
         self._injected.inc(len(frames))
-
-
-def _settles_a_replayed_part(event: GlobalEvent, orphans: Bounded[str, Orphan]) -> bool:
-    part = event.properties.get("part")
-    if event.kind != PART_UPDATED or not isinstance(part, dict) or part.get("id") not in orphans:
-        return False
-    state = part.get("state")
-    status = state.get("status") if isinstance(state, dict) else None
-    return isinstance(status, str) and status not in OPEN_STATUSES[Api.V1]
 
 
 def _requested_directory(request: web.Request) -> str | None:

@@ -28,7 +28,7 @@ from proxy.addons.live_watch import Confirmations, Ticket
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent
-from proxy.opencode.vocabulary import OPEN_STATUSES, PART_UPDATED, part_settled, session_idle
+from proxy.opencode.vocabulary import OPEN_STATUSES, part_settled, session_idle, settled_part_id
 from rules import Api, Liveness, OpenTool, settle_view
 
 log = logging.getLogger(__name__)
@@ -68,15 +68,8 @@ class OpenParts:
 
     def _open_part_settled(self, event: GlobalEvent) -> OpenTool | None:
         """The remembered open part `event` shows settled, if it does."""
-        part = event.properties.get("part")
-        if event.kind != PART_UPDATED or not isinstance(part, dict):
-            return None
-        state = part.get("state")
-        status = state.get("status") if isinstance(state, dict) else None
-        if not isinstance(status, str) or status in OPEN_STATUSES[Api.V1]:
-            return None
-        part_id = part.get("id")
-        return self._memory.parts.get(part_id) if isinstance(part_id, str) else None
+        part_id = settled_part_id(event.kind, event.properties)
+        return self._memory.parts.get(part_id) if part_id is not None else None
 
     async def _confirm(self, ticket: Ticket) -> None:
         session_id = ticket.session_id

@@ -51,6 +51,7 @@ __all__ = [
     "opencode_event",
     "part_settled",
     "session_idle",
+    "settled_part_id",
     "stated_liveness",
     "tool_failed",
     "tool_failed_data",
@@ -130,6 +131,16 @@ def v1_status_active(status: Any) -> bool | None:
     it, and a fresh one must be asked (and a listed session in it is not inactive)."""
     kind = status.get("type") if isinstance(status, dict) else None
     return V1_STATUS_ACTIVE.get(kind) if isinstance(kind, str) else None
+
+
+def settled_part_id(kind: str, properties: Mapping[str, Any]) -> str | None:
+    """The id of the v1 part a `message.part.updated` shows in a settled (not open) status, else None."""
+    part = properties.get("part")
+    if kind != PART_UPDATED or not isinstance(part, dict) or not isinstance(part.get("id"), str):
+        return None
+    state = part.get("state")
+    status = state.get("status") if isinstance(state, dict) else None
+    return part["id"] if isinstance(status, str) and status not in OPEN_STATUSES[Api.V1] else None
 
 
 def stated_liveness(kind: str, properties: Mapping[str, Any]) -> tuple[Api, bool | None] | None:

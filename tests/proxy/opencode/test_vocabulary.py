@@ -109,3 +109,17 @@ def test_the_v2_failure_is_one_event_live_and_as_replayed() -> None:
         "type": "session.next.tool.failed.1",
         "data": live["data"],
     }
+
+
+def test_a_part_update_names_its_part_settled_only_in_a_settled_status() -> None:
+    def update(status: object, kind: str = "message.part.updated") -> str | None:
+        return vocabulary.settled_part_id(kind, {"part": {"id": "prt_1", "state": {"status": status}}})
+
+    assert [update(status) for status in ("error", "completed", "running", "pending", None)] == [
+        "prt_1",
+        "prt_1",
+        None,
+        None,
+        None,
+    ]
+    assert update("error", kind="message.updated") is None
