@@ -6,7 +6,7 @@ write-back, the offline `settle` command and any other framework.
 
 from rules.changes import Change, apply_changes, changed_object, merge_patch
 from rules.engine import Settlement, UnexpectedShape, settle
-from rules.liveness import FRESH_MARGIN_MS, Liveness
+from rules.liveness import FRESH_MARGIN_MS, Doubt, Liveness
 from rules.models import Api, JSONObject, Message, V1Message, V2Message
 from rules.orphaned_tool import OrphanedTool
 from rules.registry import DEFAULT_RULES, REGISTRY, Registry, needs_settling, triggers_of
@@ -32,6 +32,7 @@ __all__ = [
     "V2_ERROR",
     "Api",
     "Change",
+    "Doubt",
     "JSONObject",
     "Liveness",
     "Message",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 FRESH_MARGIN_MS = 2_000
 """How long after a tool's last sign of life a reading must be taken to vouch that it is dead.
@@ -10,6 +11,14 @@ FRESH_MARGIN_MS = 2_000
 A turn announces itself before any of its tools can run, but an announcement can still be in
 flight while a fresh tool is read; a reading taken this long after the tool cannot have missed it.
 """
+
+
+class Doubt(StrEnum):
+    """Why a reading cannot call something orphaned: each way it could still be alive."""
+
+    ACTIVE = "the session is active"
+    TOO_RECENT = "it was alive too shortly before the reading"
+    ELSEWHERE = "another process on the server's database may be running it"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +42,14 @@ class Liveness:
 
     def vouches_for(self, last_alive: int) -> bool:
         """Whether this reading may call a tool (or message) last alive at `last_alive` orphaned."""
+        return self.doubt(last_alive) is None
+
+    def doubt(self, last_alive: int) -> Doubt | None:
+        """Why this reading cannot call what was last alive at `last_alive` orphaned (None: it can)."""
         if self.active:
-            return False
+            return Doubt.ACTIVE
         if self.taken_at is not None and last_alive + FRESH_MARGIN_MS > self.taken_at:
-            return False
-        return self.elsewhere_since is None or last_alive < self.elsewhere_since
+            return Doubt.TOO_RECENT
+        if self.elsewhere_since is not None and last_alive >= self.elsewhere_since:
+            return Doubt.ELSEWHERE
+        return None

@@ -30,7 +30,7 @@ from proxy.relay import codings
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow
 from proxy.views.rewrite import Rewritten
-from proxy.views.rewriter import Reason, Scanned, Unchanged, ViewRewriter
+from proxy.views.rewriter import Held, Reason, Scanned, Unchanged, ViewRewriter
 from proxy.views.source import LivenessSource
 from rules import DEFAULT_RULES, Api, Liveness, Rule
 
@@ -107,10 +107,12 @@ class Settle(Addon):
             self._source.mark_clean(route, view)
             return
         try:
-            outcome = await self._settled(scanned, kept, flow.request)
+            outcome, held = await self._settled(scanned, kept, flow.request)
         except LivenessUnknown as error:
             log.warning("liveness of %s unknown, body passed on unchanged: %s", route.session_id, error)
             return
+        for message in held:
+            self._report_held(route, message)
         if isinstance(outcome, Unchanged):
             if outcome.reason is Reason.UNEXPECTED_SHAPE:
                 self._report_once(route, outcome.detail)
@@ -130,19 +132,20 @@ class Settle(Addon):
 
     async def _settled(
         self, scanned: Scanned, kept: Liveness | None, request: web.Request
-    ) -> Rewritten | Unchanged:
-        """What a reading settles: the rewrite a later reading would make (kept for equal bytes)
-        when this one vouches for it, else what a fresh one vouches for."""
+    ) -> tuple[Rewritten | Unchanged, list[Held]]:
+        """What a reading settles, and what it holds back: the rewrite a later reading would make
+        (kept for equal bytes) when this one vouches for it, else what a fresh one vouches for."""
         route = scanned.route
         reading = await self._source.reading(route, request, kept)
-        rewritten = self._views.settle(scanned, reading.liveness)
-        if isinstance(rewritten, Unchanged):
-            return rewritten
-        last_alive = rewritten.messages.last_alive
+        later = self._views.settle(scanned, reading.liveness)
+        if isinstance(later, Unchanged):
+            return later, []
+        last_alive = later.messages.last_alive
         liveness = await self._source.vouching(route, request, reading, last_alive)
         if liveness.vouches_for(last_alive):
-            return rewritten
-        return self._views.settle_exactly(scanned, liveness)
+            return later, []
+        exactly = self._views.settle_exactly(scanned, liveness)
+        return exactly, self._views.held_back(later, exactly, liveness)
 
     def _decoded(self, route: MessageRoute, flow: Flow) -> bytes | None:
         """The body with its content codings undone, or None (logged) when they do not decode."""
@@ -181,6 +184,21 @@ class Settle(Addon):
                 rule, api, str(not self._dry_run).lower()
             )
         return counter
+
+    def _report_held(self, route: MessageRoute, held: Held) -> None:
+        """One line per message and doubt: a view left open is fetched again, and decided afresh."""
+        key = (route.session_id, f"{held.message} {held.doubt.name}")
+        if key in self._reported:
+            return
+        self._reported[key] = None
+        fields = {
+            "session": route.session_id,
+            "message": held.message,
+            "api": str(route.api),
+            "why": str(held.doubt),
+            "last_alive": held.last_alive,
+        }
+        log.info("left message %s open: %s", held.message, held.doubt, extra={"fields": fields})
 
     def _report_once(self, route: MessageRoute, problem: str) -> None:
         key = (route.session_id, problem)

@@ -9,15 +9,15 @@ pays one comparison instead); `settle` then runs the rules on the messages the s
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 
 from proxy.opencode.routes import MessageRoute
 from proxy.views import scan
 from proxy.views.rewrite import RecentRewrites, Rewritten, rewrite
-from rules import DEFAULT_RULES, Liveness, Rule, UnexpectedShape
+from rules import DEFAULT_RULES, Doubt, Liveness, Rule, UnexpectedShape
 
-__all__ = ["Reason", "Scanned", "Unchanged", "ViewRewriter"]
+__all__ = ["Held", "Reason", "Scanned", "Unchanged", "ViewRewriter"]
 
 
 class Reason(StrEnum):
@@ -33,6 +33,15 @@ class Unchanged:
 
     reason: Reason
     detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A message the rules would settle, left open because the reading cannot vouch for it."""
+
+    message: str
+    doubt: Doubt
+    last_alive: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +71,14 @@ class ViewRewriter:
         return Scanned(route, view, body, found, None) if found else Unchanged(Reason.CLEAN)
 
     def settle(self, scanned: Scanned, liveness: Liveness) -> Rewritten | Unchanged:
-        """What a reading later than everything in the body would settle (the same for equal
-        bytes, so it is kept): the caller checks that `liveness` vouches for it."""
+        """What a reading later than everything in the body, with no other process on the
+        database, would settle (the same for equal bytes, so it is kept): the caller checks that
+        `liveness` vouches for it."""
         if liveness.active:
             return Unchanged(Reason.ACTIVE)
         if scanned.known is not None:
             return scanned.known
-        later = replace(liveness, taken_at=None)
+        later = Liveness(liveness.session_id, active=False)
         return self._outcome(
             lambda: self._recent.rewrite(
                 scanned.view, scanned.body, scanned.route, later, self._rules, found=scanned.found
@@ -82,6 +92,18 @@ class ViewRewriter:
         return self._outcome(
             lambda: rewrite(scanned.body, scanned.route, liveness, self._rules, found=scanned.found)
         )
+
+    @staticmethod
+    def held_back(later: Rewritten, exactly: Rewritten | Unchanged, liveness: Liveness) -> list[Held]:
+        """The messages `later` settles and `exactly` does not, each with why `liveness` does not
+        vouch for it: what a view left open owes the log."""
+        settled = () if isinstance(exactly, Unchanged) else [index for index, _ in exactly.messages.settled]
+        held = []
+        for index, settlement in later.messages.settled:
+            doubt = liveness.doubt(settlement.last_alive)
+            if index not in settled and doubt is not None:
+                held.append(Held(settlement.changes[0].target.message, doubt, settlement.last_alive))
+        return held
 
     @staticmethod
     def _outcome(rewriting: Callable[[], Rewritten | None]) -> Rewritten | Unchanged:

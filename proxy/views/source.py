@@ -17,7 +17,7 @@ from proxy.opencode.client import Credentials
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.routes import MessageRoute
 from proxy.opencode.tracker import LivenessTracker
-from rules import Liveness
+from rules import Doubt, Liveness
 
 __all__ = ["LivenessSource", "Reading"]
 
@@ -64,9 +64,9 @@ class LivenessSource:
     async def vouching(
         self, route: MessageRoute, request: web.Request, reading: Reading, last_alive: int
     ) -> Liveness:
-        """The reading to judge what was last alive at `last_alive` by: `reading` when it vouches
-        for it or was just asked, else a fresh one."""
-        if reading.asked or reading.liveness.vouches_for(last_alive):
+        """The reading to judge what was last alive at `last_alive` by: `reading` unless it was kept
+        and is too close to `last_alive`, when a fresh one can vouch for more."""
+        if reading.asked or reading.liveness.doubt(last_alive) is not Doubt.TOO_RECENT:
             return reading.liveness
         return await self._ask(route, request)
 

@@ -2,7 +2,7 @@ from typing import Any
 
 import pytest
 
-from rules import Api, Liveness, apply_changes, settle
+from rules import Api, Doubt, Liveness, apply_changes, settle
 from rules.models import V1Message, V2Message
 from rules.orphaned_tool import OrphanedTool
 from tests.fixtures import load
@@ -106,6 +106,13 @@ def test_a_tool_that_may_run_in_another_process_is_left_alone() -> None:
     last_alive = message["content"][0]["time"]["ran"]
     assert settle(message, Api.V2, Liveness("s", active=False, elsewhere_since=last_alive)) is None
     assert settle(message, Api.V2, Liveness("s", active=False, elsewhere_since=last_alive + 1)) is not None
+
+
+def test_a_reading_says_why_it_does_not_vouch() -> None:
+    assert Liveness("s", active=True).doubt(0) is Doubt.ACTIVE
+    assert Liveness("s", active=False, taken_at=1_999, elsewhere_since=0).doubt(0) is Doubt.TOO_RECENT
+    assert Liveness("s", active=False, taken_at=2_000, elsewhere_since=0).doubt(0) is Doubt.ELSEWHERE
+    assert Liveness("s", active=False, taken_at=2_000, elsewhere_since=1).doubt(0) is None
 
 
 def test_unknown_fields_survive_in_place() -> None:

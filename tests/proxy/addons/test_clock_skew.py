@@ -3,6 +3,7 @@ never settles a tool the server saw alive an instant before its reading (asked b
 addon through `proxy.testing`, or kept from the stream a whole proxy follows)."""
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from proxy import testing
 from proxy.addons.settle import SETTLED_HEADER, Settle
 from proxy.opencode.server_clock import parse_date
+from rules import Doubt
 from tests.fixtures import load
 from tests.proxy.conftest import ProxyClient, following, publish
 from tests.proxy.fake_opencode import FakeOpencode
@@ -68,11 +70,15 @@ async def test_kept_reading_is_timed_by_the_streams_date(
 
 
 async def test_a_tool_too_fresh_for_one_reading_is_settled_by_a_later_one(
-    settle: Settle, fake: FakeOpencode
+    settle: Settle, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The same bytes are decided afresh once a reading can vouch for them."""
+    """The same bytes are decided afresh once a reading can vouch for them; the log says why
+    they were left open meanwhile."""
+    caplog.set_level(logging.INFO, logger="proxy.addons.settle")
     body = v1_last_alive_at(server_now(fake) - 500)
     assert not await settles(settle, body)
+    said = [record for record in caplog.records if record.getMessage().startswith("left message")]
+    assert [getattr(record, "fields")["why"] for record in said] == [str(Doubt.TOO_RECENT)]  # noqa: B009
     await asyncio.sleep(3.2)  # the margin (2 s) after it, plus the `Date` truncation (< 1 s)
     assert await settles(settle, body)
 

@@ -3,6 +3,7 @@ of them started is left alone, in views (the settle addon through `proxy.testing
 proxy) and in readings kept from the event stream; health says what the survey found, or why it
 could not."""
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from proxy.opencode import other_processes as processes
 from proxy.opencode import surveys
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.other_processes import START_MARGIN_MS
+from rules import Doubt
 from tests.fixtures import compact, load
 from tests.proxy.conftest import ProxyClient, asking_settle, following, publish
 from tests.proxy.fake_opencode import FakeOpencode
@@ -80,6 +82,21 @@ async def test_a_view_alive_before_every_other_holder_started_is_settled(
 ) -> None:
     other_server.process(200, DB, started_at=V2_LAST_ALIVE + 60_000)
     assert await settles(bounded_settle)
+
+
+async def test_a_view_left_alone_says_why_once(
+    bounded_settle: Settle, other_server: FakeProc, caplog: pytest.LogCaptureFixture
+) -> None:
+    other_server.process(200, DB, started_at=V2_LAST_ALIVE - 60_003)
+    caplog.set_level(logging.INFO, logger="proxy.addons.settle")
+    assert not await settles(bounded_settle)
+    assert not await settles(bounded_settle)
+    said = [record for record in caplog.records if record.getMessage().startswith("left message")]
+    assert len(said) == 1
+    fields = getattr(said[0], "fields")  # noqa: B009
+    assert fields["session"] == V2
+    assert fields["why"] == str(Doubt.ELSEWHERE)
+    assert fields["last_alive"] == V2_LAST_ALIVE
 
 
 async def test_a_reading_kept_from_the_event_stream_is_bounded_too(

@@ -19,8 +19,8 @@ from proxy.opencode.routes import MessageRoute
 from proxy.opencode.tracker import KeptReading, LivenessTracker
 from proxy.service.metrics import Metrics
 from proxy.views.rewrite import Rewritten, rewrite
-from proxy.views.rewriter import Reason, Scanned, Unchanged, ViewRewriter
-from rules import Api, Liveness
+from proxy.views.rewriter import Held, Reason, Scanned, Unchanged, ViewRewriter
+from rules import Api, Doubt, Liveness
 from tests.fixtures import compact
 
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
@@ -67,6 +67,27 @@ def test_a_reading_too_close_settles_exactly_what_it_vouches_for() -> None:
     assert isinstance(later, Rewritten)
     too_close = Liveness(V1, active=False, taken_at=later.messages.last_alive)
     assert rewriter.settle_exactly(found, too_close) == Unchanged(Reason.CONSISTENT)
+
+
+@pytest.mark.parametrize(
+    ("bound", "doubt"),
+    [
+        ({"taken_at": 0}, Doubt.TOO_RECENT),
+        ({"taken_at": 2**62, "elsewhere_since": 0}, Doubt.ELSEWHERE),
+    ],
+)
+def test_what_a_reading_holds_back_is_said_with_why(bound: dict[str, int], doubt: Doubt) -> None:
+    rewriter = ViewRewriter()
+    found = scanned(STALE)
+    later = rewriter.settle(found, Liveness(V1, active=False, **bound))
+    assert isinstance(later, Rewritten)
+    held = Liveness(V1, active=False, **bound)
+    exactly = rewriter.settle_exactly(found, held)
+    assert exactly == Unchanged(Reason.CONSISTENT)
+    message = later.messages.changes[0].target.message
+    last_alive = later.messages.last_alive
+    assert rewriter.held_back(later, exactly, held) == [Held(message, doubt, last_alive)]
+    assert rewriter.held_back(later, later, IDLE) == []
 
 
 def test_equal_bytes_are_known_from_the_last_rewrite() -> None:
