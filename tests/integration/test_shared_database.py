@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from rules import Doubt
+
 from . import opencode_db
 from .http_client import get_json, request
 from .mock_model import MockModel
@@ -178,6 +180,23 @@ def test_the_other_servers_live_tools_are_shown_running(shared: Shared, mode: st
     for headers, messages in shared.proxied[(mode, runtime)]:
         assert "X-Settle-Settled" not in headers
         assert _tool(messages, observed)["state"]["status"] == "running"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_proxy_says_why_it_left_the_other_servers_tools_open(shared: Shared, mode: str) -> None:
+    """One line per message and doubt: too shortly alive before the reading (while the tool had
+    just started), or running since after another process on the database started."""
+    doubts = {str(Doubt.TOO_RECENT), str(Doubt.ELSEWHERE)}
+    for observed in shared.live.values():
+        said = [
+            line
+            for line in shared.logs[mode].splitlines()
+            if f"left message {observed.message_id} open: " in line
+        ]
+        whys = [line.split(" open: ", 1)[1].split(" session=", 1)[0] for line in said]
+        assert whys, f"no line says why {observed.message_id} was left open"
+        assert set(whys) <= doubts
+        assert len(whys) == len(set(whys))
 
 
 def test_write_back_writes_nothing_into_the_other_servers_sessions(shared: Shared) -> None:
