@@ -87,10 +87,15 @@ class Body:
     def feed(self, piece: bytes) -> None:
         self._pieces.append(piece)
         self._held += len(piece)
-        if self._held > READ_BUFFER and not self._paused:
+        self._wake()
+
+    def throttle(self) -> None:
+        """Pause the socket while more than `READ_BUFFER` is held and more is to come; called once
+        what arrived was parsed, so a body that came whole (most do) pauses nothing (a pause and
+        its resume cost two system calls)."""
+        if self._held > READ_BUFFER and not self._paused and not self._ended and self._error is None:
             self._paused = True
             self._socket.pause_reading()
-        self._wake()
 
     def end(self, error: UpstreamError | None = None) -> None:
         if not self._ended and self._error is None:

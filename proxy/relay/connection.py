@@ -136,6 +136,7 @@ class Connection(asyncio.Protocol):
             self._fail(f"Bad HTTP from upstream: {error}")
         except UpstreamError as error:
             self._fail(str(error))
+        self.body.throttle()
         if self._head is not None and not self._head.done():
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD:
