@@ -21,6 +21,7 @@ from proxy.service import logs
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.supervision.supervisor import SUPERVISOR, Supervisor, supervised
+from proxy.system.heap import keep_freed_bodies
 
 log = logging.getLogger("proxy")
 
@@ -85,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args = build_parser().parse_args(arguments)
         settings, supervisor = settings_from(args), None
     logs.configure(args.log_level, args.log_format)
+    keep_freed_bodies()
     if not is_loopback(settings.host):
         log.warning("listening on %s: clients beyond this machine can reach the proxy", settings.host)
     try:
