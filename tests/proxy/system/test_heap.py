@@ -2,6 +2,7 @@
 freed as a request copies and frees them, fault no pages in once the thresholds are fixed (each run in a process of
 its own, since the thresholds are the process's)."""
 
+import ctypes
 import subprocess
 import sys
 
@@ -44,5 +45,5 @@ def test_another_c_library_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch) -> 
         def __init__(self, name: object) -> None:
             pass
 
-    monkeypatch.setattr(heap.ctypes, "CDLL", NoMallopt)
+    monkeypatch.setattr(ctypes, "CDLL", NoMallopt)
     assert heap.keep_freed_bodies() is False
