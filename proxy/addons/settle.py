@@ -187,10 +187,8 @@ class Settle(Addon):
 
     def _report_held(self, route: MessageRoute, held: Held) -> None:
         """One line per message and doubt: a view left open is fetched again, and decided afresh."""
-        key = (route.session_id, f"{held.message} {held.doubt.name}")
-        if key in self._reported:
+        if not self._first_time(route, f"{held.message} {held.doubt.name}"):
             return
-        self._reported[key] = None
         fields = {
             "session": route.session_id,
             "message": held.message,
@@ -201,10 +199,16 @@ class Settle(Addon):
         log.info("left message %s open: %s", held.message, held.doubt, extra={"fields": fields})
 
     def _report_once(self, route: MessageRoute, problem: str) -> None:
-        key = (route.session_id, problem)
-        if key not in self._reported:
-            self._reported[key] = None
+        if self._first_time(route, problem):
             log.warning("session %s: %s; body passed on unchanged", route.session_id, problem)
+
+    def _first_time(self, route: MessageRoute, problem: str) -> bool:
+        """Whether `problem` of the session is said for the first time (it is remembered as said)."""
+        key = (route.session_id, problem)
+        if key in self._reported:
+            return False
+        self._reported[key] = None
+        return True
 
 
 def _targets(rewritten: Rewritten) -> set[str]:
