@@ -1,3 +1,4 @@
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -105,3 +106,14 @@ async def test_log_format_json_is_applied_end_to_end(
         "prt_229433856001UdZM6dtgAYZqVe",
         "bash",
     }
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+async def test_the_proxy_as_users_start_it_fixes_the_heap_thresholds(
+    upstream: TestServer, tmp_path: Path
+) -> None:
+    """README: the proxy fixes glibc's heap thresholds when it starts (`proxy/system/heap.py`)."""
+    log_path = tmp_path / "proxy.log"
+    async with proxy_process(upstream, log_path, "--log-level", "debug"):
+        pass
+    assert "C heap thresholds set" in log_path.read_text()
