@@ -164,9 +164,13 @@ def _active(opencode_url: str, turn: Turn) -> bool:
 
 
 def _finished(opencode_url: str, turn: Turn) -> bool | None:
-    """True once the session is idle and its tool completed normally (the premise of the race)."""
+    """True once the session is idle and its tool completed normally (the premise of the race).
+    Idle is asked first: messages read before it can still show the tool running a moment before
+    the turn ended."""
+    if _active(opencode_url, turn):
+        return None
     tools = [tool for _, tool in tools_of(messages_body(opencode_url, turn), turn.runtime)]
-    if _active(opencode_url, turn) or not tools:
+    if not tools:
         return None
     statuses = [tool["state"]["status"] for tool in tools]
     if statuses != ["completed"]:
