@@ -136,6 +136,7 @@ __all__ = [
     "DETAILS_GUARD",
     "REALM",
     "DetailsGuard",
+    "Handler",
     "UpstreamCheck",
     "parse_credentials",
     "require_basic_auth",

@@ -1,7 +1,7 @@
 """The proxy's own routes under `/_settle/`: they are answered here and never reach upstream.
 
 `up` answers anyone; the others only whom `DetailsGuard` admits (with a password on the
-upstream: who presents it)."""
+upstream: who presents it). `add_routes` is the one place they are registered."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from proxy import __version__
 from proxy.opencode.surveys import OTHER_PROCESSES
 from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamState
 from proxy.relay.upstream import UPSTREAM
-from proxy.service.auth import DETAILS_GUARD, DetailsGuard
+from proxy.resume.journal import resume_route
+from proxy.service.auth import DETAILS_GUARD, DetailsGuard, Handler
 from proxy.service.config import SETTINGS
 from proxy.service.metrics import CONTENT_TYPE_LATEST, METRICS
 from proxy.supervision.supervisor import SUPERVISOR
@@ -123,15 +124,23 @@ async def not_found(_: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    """Register the routes; they must come before the catch-all forwarder. Every one but the
-    probe (`up`) is behind the `DetailsGuard`."""
+    """Register every route under the prefix, before the catch-all forwarder: the probe (`up`)
+    open to anyone, each of `GUARDED` behind the `DetailsGuard`. This is the one place a
+    `/_settle` route is added, so none can be added outside the guard."""
     settings = app[SETTINGS]
     details = app[DETAILS_GUARD] = DetailsGuard(
         settings.authorization, _status_without_credentials, behind_own_auth=settings.auth is not None
     )
-    guard = details.guard
     app.router.add_get(f"{PREFIX}/up", up)
-    app.router.add_get(f"{PREFIX}/health", guard(health))
-    app.router.add_get(f"{PREFIX}/metrics", guard(metrics))
-    app.router.add_get(f"{PREFIX}/orphans", guard(orphans))
-    app.router.add_route("*", PREFIX + "/{tail:.*}", guard(not_found))
+    for name, handler in GUARDED.items():
+        app.router.add_get(f"{PREFIX}/{name}", details.guard(handler))
+    app.router.add_route("*", PREFIX + "/{tail:.*}", details.guard(not_found))
+
+
+GUARDED: dict[str, Handler] = {
+    "health": health,
+    "metrics": metrics,
+    "orphans": orphans,
+    "resume": resume_route,
+}
+"""The proxy's own routes but the probe, by name under the prefix; anything else there is 404."""

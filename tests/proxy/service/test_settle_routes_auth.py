@@ -94,6 +94,32 @@ async def test_the_upstreams_password_opens_them_by_basic_or_auth_token(
     assert not [r for r in fake.seen if "auth_token" in r.query]
 
 
+def _settle_routes(app: web.Application) -> list[tuple[str, str]]:
+    """(method, a path it answers) of every route the built application registers under `/_settle`."""
+    found = []
+    for route in app.router.routes():
+        info = route.resource.get_info() if route.resource is not None else {}
+        path = str(info.get("path") or info.get("formatter", ""))
+        if path.startswith("/_settle"):
+            method = "GET" if route.method == "*" else route.method
+            found.append((method, path.replace("{tail}", "anything-else")))
+    return found
+
+
+async def test_every_settle_route_but_the_probe_is_guarded(knowing: ProxyClient) -> None:
+    """Walks the routes the application registers, so a route added anywhere is covered."""
+    routes = _settle_routes(knowing.app)
+    assert ("GET", "/_settle/resume") in routes
+    assert ("GET", "/_settle/up") in routes
+    for method, path in routes:
+        if path == "/_settle/up":
+            continue
+        refused = await knowing.request(method, path)
+        assert refused.status == 401, (method, path)
+        if method != "HEAD":
+            assert set(await refused.json()) == {"error", "message"}, (method, path)
+
+
 async def test_the_health_of_a_knowing_proxy_says_its_credentials_work(knowing: ProxyClient) -> None:
     health = await (await knowing.get("/_settle/health", headers={"Authorization": GOOD})).json()
     assert health["upstream"]["reachable"] is True
