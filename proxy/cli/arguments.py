@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -125,18 +126,33 @@ def typed(parse: Callable[[str], object], what: str, *, secret: bool = False) ->
 
 
 def upstream_url(text: str) -> URL:
-    """An http(s) URL with a host and without credentials."""
-    url = URL(text)
-    if url.user is not None or url.password is not None:
-        # Not echoed: the text holds a secret, and a command line is readable by every user (`ps`).
+    """An http(s) URL with a host and without credentials. No error shows the text: a URL may hold
+    a secret (userinfo, a token in its query), and a command line is readable by every user (`ps`)."""
+    authority = text.partition("://")[2] or text
+    if "@" in re.split("[/?#]", authority, maxsplit=1)[0]:
         raise argparse.ArgumentTypeError(
             "credentials do not belong in the URL (anyone can read a command line); "
             "set OPENCODE_SERVER_PASSWORD and OPENCODE_SERVER_USERNAME"
         )
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(text)
+    try:
+        url = URL(text)
+        wrong = _wrong_with(url)
+    except ValueError:
+        wrong = "it does not parse (is a port past 65535, or a [ unclosed?)"
+    if wrong:
+        raise argparse.ArgumentTypeError(f"{_AN_UPSTREAM}: {wrong}; the value is not shown")
     return url
 
 
-UPSTREAM = typed(upstream_url, "an http(s) URL such as http://127.0.0.1:4096")
+def _wrong_with(url: URL) -> str | None:
+    if url.scheme not in ("http", "https"):
+        return "its scheme is not http or https"
+    if not url.host:
+        return "it has no host"
+    _ = url.port  # yarl checks the port when asked
+    return None
+
+
+_AN_UPSTREAM = "an http(s) URL such as http://127.0.0.1:4096"
+UPSTREAM = typed(upstream_url, _AN_UPSTREAM, secret=True)
 """The `type` of every `--upstream` flag."""
