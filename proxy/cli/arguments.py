@@ -125,6 +125,40 @@ def typed(parse: Callable[[str], object], what: str, *, secret: bool = False) ->
     return convert
 
 
+def seconds(most: float, *, zero: bool = False) -> Callable[[str], object]:
+    """An argparse `type` for a number of seconds: finite, at most `most`, and above 0 unless
+    `zero` (for a flag whose help says what 0 means). NaN, infinities and negatives are refused:
+    a NaN compares false with everything, so a check written `age > limit` would pass anything."""
+
+    def parse(text: str) -> float:
+        value = float(text)
+        if not (0 <= value <= most if zero else 0 < value <= most):  # NaN is never in range
+            raise ValueError(text)
+        return value
+
+    return typed(parse, f"a number of seconds {seconds_range(most, zero=zero)}")
+
+
+def seconds_range(most: float, *, zero: bool) -> str:
+    """What `seconds(most, zero=zero)` takes, in words."""
+    return f"from 0 to {most:g}" if zero else f"more than 0, at most {most:g}"
+
+
+def port(text: str) -> int:
+    """A port number (0: any free one)."""
+    number = int(text)
+    if not 0 <= number <= 65535:
+        raise ValueError(text)
+    return number
+
+
+def at_least_one(text: str) -> int:
+    number = int(text)
+    if number < 1:
+        raise ValueError(text)
+    return number
+
+
 def upstream_url(text: str) -> URL:
     """An http(s) URL with a host and without credentials. No error shows the text: a URL may hold
     a secret (userinfo, a token in its query), and a command line is readable by every user (`ps`)."""
