@@ -54,7 +54,7 @@ class DetailsGuard:
     With the upstream's credentials configured (`OPENCODE_SERVER_PASSWORD`), a request must
     present them, as Basic or as `?auth_token=`; they are checked here, in constant time, and
     never sent upstream. Without them the proxy cannot check anything: it shows its details
-    only while the upstream answers a request without credentials (asked on every request,
+    only while the upstream answers a request without credentials (a reading at most a second old,
     the last answer standing in while the upstream cannot be reached, nothing shown before
     its first answer). Behind `--auth` the proxy's own login, checked on every route, suffices.
     """

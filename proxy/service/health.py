@@ -5,6 +5,10 @@ upstream: who presents it). `add_routes` is the one place they are registered.""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -22,7 +26,7 @@ from proxy.supervision.supervisor import SUPERVISOR
 from proxy.supervision.tool_processes import TOOL_PROCESSES
 
 PREFIX = "/_settle"
-_UPSTREAM_ANSWER = web.RequestKey("settle_upstream_answer", dict[str, object])
+Answer = dict[str, object]
 
 
 async def health(request: web.Request) -> web.Response:
@@ -60,25 +64,64 @@ async def up(request: web.Request) -> web.Response:
     return web.json_response({"status": "up" if reachable else "down"}, status=200 if reachable else 503)
 
 
-async def _upstream_answer(request: web.Request) -> dict[str, object]:
-    """How the upstream's `/global/health` answers the proxy (with its configured credentials,
-    if any), asked once per request."""
-    if _UPSTREAM_ANSWER in request:
-        return request[_UPSTREAM_ANSWER]
-    settings = request.app[SETTINGS]
-    headers = {hdrs.AUTHORIZATION: settings.authorization} if settings.authorization else {}
-    answer: dict[str, object]
-    try:
-        async with request.app[UPSTREAM].get(
-            settings.upstream_origin.with_path("/global/health"),
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=settings.connect_timeout),
-        ) as response:
-            answer = {"reachable": True, "status": response.status}
-    except (aiohttp.ClientError, TimeoutError) as error:
-        answer = {"reachable": False, "error": str(error) or type(error).__name__}
-    request[_UPSTREAM_ANSWER] = answer
-    return answer
+async def _upstream_answer(request: web.Request) -> Answer:
+    return await request.app[UPSTREAM_HEALTH].answer()
+
+
+class UpstreamHealth:
+    """How the upstream's `/global/health` answers the proxy (with its configured credentials, if
+    any), shared by every asker: a reading at most `max_age_s` old is answered from, and askers
+    that come while one is taken wait for it. So a health checker polling `/_settle/up` (or any
+    `/_settle` route, which the guard checks by it when the proxy has no password) as hard as it
+    likes costs the server one request a second at most."""
+
+    def __init__(self, ask: Callable[[], Awaitable[Answer]], *, max_age_s: float = 1.0) -> None:
+        self._ask = ask
+        self.max_age_s = max_age_s
+        self.clock: Callable[[], float] = time.monotonic
+        self._reading: tuple[float, Answer] | None = None
+        self._taking: asyncio.Task[Answer] | None = None
+
+    async def answer(self) -> Answer:
+        if self._reading is not None and self.clock() - self._reading[0] <= self.max_age_s:
+            return self._reading[1]
+        if self._taking is None:
+            self._taking = asyncio.create_task(self._take(), name="upstream health")
+        # Shielded: an asker that goes away must not cancel the reading the others wait on.
+        return await asyncio.shield(self._taking)
+
+    async def _take(self) -> Answer:
+        taken_at = self.clock()
+        try:
+            answer = await self._ask()
+        finally:
+            self._taking = None
+        self._reading = (taken_at, answer)
+        return answer
+
+    async def close(self) -> None:
+        """Application cleanup: a reading under way is not waited for."""
+        if (taking := self._taking) is not None:
+            taking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await taking
+
+
+def _asking(app: web.Application) -> Callable[[], Awaitable[Answer]]:
+    async def ask() -> Answer:
+        settings = app[SETTINGS]
+        headers = {hdrs.AUTHORIZATION: settings.authorization} if settings.authorization else {}
+        try:
+            async with app[UPSTREAM].get(
+                settings.upstream_origin.with_path("/global/health"),
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=settings.connect_timeout),
+            ) as response:
+                return {"reachable": True, "status": response.status}
+        except (aiohttp.ClientError, TimeoutError) as error:
+            return {"reachable": False, "error": str(error) or type(error).__name__}
+
+    return ask
 
 
 async def _status_without_credentials(request: web.Request) -> int | None:
@@ -131,6 +174,8 @@ def add_routes(app: web.Application) -> None:
     details = app[DETAILS_GUARD] = DetailsGuard(
         settings.authorization, _status_without_credentials, behind_own_auth=settings.auth is not None
     )
+    reading = app[UPSTREAM_HEALTH] = UpstreamHealth(_asking(app))
+    app.on_cleanup.append(lambda _: reading.close())
     app.router.add_get(f"{PREFIX}/up", up)
     for name, handler in GUARDED.items():
         app.router.add_get(f"{PREFIX}/{name}", details.guard(handler))
@@ -144,3 +189,4 @@ GUARDED: dict[str, Handler] = {
     "resume": resume_route,
 }
 """The proxy's own routes but the probe, by name under the prefix; anything else there is 404."""
+UPSTREAM_HEALTH = web.AppKey("upstream health", UpstreamHealth)

@@ -17,6 +17,7 @@ from yarl import URL
 from proxy.service.app import create_app
 from proxy.service.auth import DetailsGuard
 from proxy.service.config import Settings, basic_authorization
+from proxy.service.health import UPSTREAM_HEALTH
 from proxy.supervision.server_command import free_loopback_port
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
@@ -42,6 +43,13 @@ WRONG: list[Presented] = [
     ({"Authorization": f"Bearer {PASSWORD}"}, {}),
 ]
 RIGHT: list[Presented] = [({"Authorization": GOOD}, {}), ({}, {"auth_token": TOKEN})]
+
+
+def a_second_later(app: web.Application) -> None:
+    """Age the proxy's reading of the upstream's health past its bound, so the next asker takes one."""
+    health = app[UPSTREAM_HEALTH]
+    before = health.clock
+    health.clock = lambda: before() + health.max_age_s + 0.001
 
 
 def _proxy_settings(upstream: TestServer, authorization: str | None) -> Settings:
@@ -179,6 +187,7 @@ async def test_an_open_upstream_that_goes_away_keeps_its_health_readable(
     proxy = await aiohttp_client(create_app(_proxy_settings(upstream, None)))
     assert (await proxy.get("/_settle/health")).status == 200
     await upstream.close()
+    a_second_later(proxy.app)
     down = await proxy.get("/_settle/health")
     assert down.status == 503
     assert (await down.json())["upstream"]["reachable"] is False
@@ -190,6 +199,7 @@ async def test_an_open_upstream_that_starts_asking_for_a_password_closes_them(
     proxy = await aiohttp_client(create_app(_proxy_settings(upstream, None)))
     assert (await proxy.get("/_settle/metrics")).status == 200
     fake.password = PASSWORD
+    a_second_later(proxy.app)
     await _refused(proxy, "/_settle/metrics", NONE, 403)
 
 
