@@ -38,6 +38,7 @@ class OneLineParser(argparse.ArgumentParser):
         self._environ = environ
         self._declared: dict[str, tuple[str | None, bool, bool]] = {}
         self._applied: set[int] = set()
+        self._set_by: dict[str, str] = {}
         super().__init__(*args, **kwargs)  # adds --help, through `add_argument`
 
     def add_argument(
@@ -78,6 +79,11 @@ class OneLineParser(argparse.ArgumentParser):
             text = self._environ.get(variable)
             if text is not None:
                 action.default = self._value(action, variable, text, secret=secret)
+                self._set_by[action.dest] = variable
+
+    def set_by_variable(self, dest: str) -> str | None:
+        """The variable that set the flag of `dest`, if one did (known once the parser has parsed)."""
+        return self._set_by.get(dest)
 
     def _value(self, action: argparse.Action, variable: str, text: str, *, secret: bool) -> Any:
         """What `text`, the value of `variable`, sets `action` to; one line and exit 2 if it cannot."""

@@ -109,7 +109,7 @@ class _Flags:
 
 def build_parser(
     prog: str = "settle-proxy", description: str = DESCRIPTION, environ: Environ = os.environ
-) -> argparse.ArgumentParser:
+) -> OneLineParser:
     """The command-line interface; defaults come from `environ`."""
     parser = OneLineParser(
         prog=prog,
