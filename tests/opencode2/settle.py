@@ -120,14 +120,24 @@ def project_tool_failed(messages: list[Json], data: Json, created: int) -> None:
             if part["state"]["status"] not in ("streaming", "running"):
                 return
             tool_input = part["state"]["input"]
-            state: Json = {"status": "error", "error": data["error"]}
-            state["input"] = {} if isinstance(tool_input, str) else tool_input
+            state: Json = {"status": "error", "input": {} if isinstance(tool_input, str) else tool_input}
+            state["error"] = data["error"]
             if "metadata" in data:
                 state["metadata"] = copy.deepcopy(data["metadata"])
-            part["executed"] = data["executed"] or part.get("executed") is True
-            part["state"] = state
+            executed = data["executed"] or part.get("executed") is True
+            _replace(part, executed=executed, state=state)
             part["time"]["completed"] = created
             return
+
+
+TOOL_FIELDS = ("type", "id", "name", "executed", "native", "providerResultState", "state", "time")
+"""`AssistantTool`'s field order, the order 2.x encodes a part in (`session-message.ts` @0ceb3dd56f35)."""
+
+
+def _replace(part: Json, **fields: object) -> None:
+    merged = {**part, **fields}
+    part.clear()
+    part.update({key: merged[key] for key in TOOL_FIELDS if key in merged})
 
 
 def project_compaction_failed(messages: list[Json], data: Json) -> None:
