@@ -203,3 +203,15 @@ def permission_request(session_id: str, action: str, resources: list[str], call:
         "resources": resources,
         "source": source,
     }
+
+
+def question_request(session_id: str, question: str, call: tuple[str, str]) -> Json:
+    """`QuestionV2.Request {id: que_…, sessionID, questions: [{question, header, options}], tool?:
+    {messageID, callID}}` (`schema/src/question.ts` @29df7523e2e4)."""
+    asked = {
+        "question": question,
+        "header": "Question",
+        "options": [{"label": "Yes", "description": "Go on."}],
+    }
+    tool = {"messageID": call[0], "callID": call[1]}
+    return {"id": ascending("que"), "sessionID": session_id, "questions": [asked], "tool": tool}

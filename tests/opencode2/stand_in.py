@@ -25,7 +25,7 @@ from aiohttp import web
 
 from tests.opencode2.auth import Auth, basic
 from tests.opencode2.events import HEARTBEAT_SECONDS, EventHub
-from tests.opencode2.routes import Api, permission_request
+from tests.opencode2.routes import Api, permission_request, question_request
 from tests.opencode2.settle import Settle
 from tests.opencode2.shapes import (
     Json,
@@ -223,4 +223,10 @@ class StandIn:
             call.session_id, action, resources or ["*"], (call.message_id, call.call_id)
         )
         self.store.permissions.setdefault(call.session_id, []).append(request)
+        return request
+
+    def add_question(self, call: RunningCall, question: str = "Go on?") -> Json:
+        """A pending question asked by `call` (listed by `GET /api/session/{id}/question`)."""
+        request = question_request(call.session_id, question, (call.message_id, call.call_id))
+        self.store.questions.setdefault(call.session_id, []).append(request)
         return request

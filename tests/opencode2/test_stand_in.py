@@ -192,3 +192,6 @@ async def test_pending_permissions_are_listed_per_session(
     assert await _get(http, stand_in, f"/api/session/{session}/permission") == (200, {"data": [request]})
     assert request["source"] == {"type": "tool", "messageID": call.message_id, "callID": call.call_id}
     assert await _get(http, stand_in, f"/api/session/{session}/question") == (200, {"data": []})
+    question = stand_in.add_question(call)
+    assert await _get(http, stand_in, f"/api/session/{session}/question") == (200, {"data": [question]})
+    assert question["tool"] == {"messageID": call.message_id, "callID": call.call_id}
