@@ -35,7 +35,8 @@ class EventHub:
         self.heartbeat_seconds = heartbeat_seconds
         """None: heartbeats go out only when a test calls `heartbeat()`."""
         self._queues: dict[asyncio.Queue[bytes | None], web.Request] = {}
-        self._seq: dict[str, int] = {}
+        self.sequences: dict[str, int] = {}
+        """Each session's last durable `seq` (kept in the database, so across restarts)."""
         self.published: list[Json] = []
         """Every event published since the stand-in started, restarts included, in order."""
         self.connected = asyncio.Condition()
@@ -49,8 +50,8 @@ class EventHub:
         the session's next `durable.seq` (`schema/src/event.ts` @162a75f99cc1)."""
         seq = None
         if durable:
-            seq = self._seq.get(data["sessionID"], 0) + 1
-            self._seq[data["sessionID"]] = seq
+            seq = self.sequences.get(data["sessionID"], 0) + 1
+            self.sequences[data["sessionID"]] = seq
         event = envelope(event_type, data, self._clock(), seq)
         self.published.append(event)
         for queue in self._queues:

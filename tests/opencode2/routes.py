@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -61,9 +62,11 @@ def _page(messages: list[Json], order: str, limit: int, cursor: Json | None) -> 
 class Api:
     """The handlers, over the stand-in's store and process."""
 
-    def __init__(self, store: Store, process: Process) -> None:
+    def __init__(self, store: Store, process: Process, written: Callable[[], None] | None = None) -> None:
         self.store = store
         self.process = process
+        self.written = written
+        """Called after every POST, once its changes are in the store (a process saves its database)."""
         self.inputs = Inputs(store)
 
     def app(self) -> web.Application:
@@ -96,6 +99,8 @@ class Api:
                 body = error_body("ServiceUnavailableError", "Server is starting")
                 return web.json_response(dumps=dumps, data=body, status=503, headers={"retry-after": "1"})
         response: web.StreamResponse = await handler(request)
+        if request.method == "POST" and self.written is not None:
+            self.written()
         return response
 
     async def unknown(self, request: web.Request) -> web.Response:

@@ -8,6 +8,7 @@ by id without its commit.
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 import orjson
@@ -23,9 +24,10 @@ def dumps(value: Any) -> str:
 
 
 def ascending(prefix: str) -> str:
-    """A fresh id in 2.x's form (`msg_`, `evt_`, `ses_`, `per_` + an ascending tail;
-    `schema/src/identifier.ts` `ascending`, `session-message.ts` `ID.create` @0ceb3dd56f35)."""
-    return f"{prefix}_{next(_ascending):026d}"
+    """A fresh id in 2.x's form: the prefix (`msg`, `evt`, `ses`, `per`, `que`), `_`, and a tail that
+    sorts by creation (`schema/src/identifier.ts` `ascending`; `session-message.ts` `ID.create`
+    @0ceb3dd56f35). Time-based, so a restarted stand-in process never reuses a stored id."""
+    return f"{prefix}_{time.time_ns():016x}{next(_ascending):010d}"
 
 
 MODEL: Json = {"id": "model", "providerID": "provider"}

@@ -19,11 +19,13 @@ from __future__ import annotations
 import secrets
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 
 from aiohttp import web
 
 from tests.opencode2.auth import Auth, basic
+from tests.opencode2.database import load, save
 from tests.opencode2.events import HEARTBEAT_SECONDS, EventHub
 from tests.opencode2.routes import Api, permission_request, question_request
 from tests.opencode2.settle import Settle
@@ -71,6 +73,8 @@ class StandIn:
         settle: Settle = Settle.CHILD,
         call_key: str = "id",
         heartbeat_seconds: float | None = HEARTBEAT_SECONDS,
+        port: int = 0,
+        database: Path | None = None,
     ) -> None:
         self.hub = EventHub(now_ms, heartbeat_seconds)
         self.store = Store(self.hub, clock=now_ms, settle=settle, call_key=call_key)
@@ -78,6 +82,11 @@ class StandIn:
         self.process = Process(
             version, auth, booting=booting, health_route=health_route, web_fallback=web_fallback
         )
+        self.process.port = port
+        self.database = database
+        """Where the store is kept across processes (`tests/opencode2/serve.py`); None: in memory."""
+        if database is not None and database.exists():
+            load(self.store, database)
         self.password_fixed = password is not None
         """A password given (as `OPENCODE_PASSWORD` would be) survives restarts; a generated one does not."""
         self._runner: web.AppRunner | None = None
@@ -116,11 +125,20 @@ class StandIn:
         """Listen on 127.0.0.1: a free port the first time, the same port after a restart."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", self.process.port))
+        try:
+            sock.bind(("127.0.0.1", self.process.port))
+        except OSError:
+            sock.close()
+            raise
         self.process.port = sock.getsockname()[1]
-        self._runner = web.AppRunner(Api(self.store, self.process).app(), shutdown_timeout=0.1)
+        api = Api(self.store, self.process, self.save if self.database else None)
+        self._runner = web.AppRunner(api.app(), shutdown_timeout=0.1)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
+
+    def save(self) -> None:
+        if self.database is not None:
+            save(self.store, self.database)
 
     async def stop(self) -> None:
         if self._runner is not None:
