@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from pathlib import Path
 
@@ -35,7 +36,11 @@ RESTARTS_PER_WINDOW = 5
 WINDOW_S = 60.0
 """More than `RESTARTS_PER_WINDOW` restarts within `WINDOW_S` seconds is a storm: give up."""
 STOP_GRACE_S = 10.0
-"""How long the server (and what it left running) may take to end after SIGTERM."""
+"""How long what a server left running may take to end after SIGTERM."""
+SERVER_STOP_GRACE_S = 1.0
+"""How long the server may take to end after SIGTERM. opencode 1.18.33 settles nothing on SIGTERM
+(its open calls stay `running`, its tool processes live on) and its database is a WAL that a
+SIGKILL leaves whole, so waiting longer buys nothing; it usually ends in a quarter of a second."""
 
 
 class Restart(StrEnum):
@@ -176,15 +181,18 @@ class Supervisor:
         self.finished.set()
 
     async def stop(self) -> None:
-        """End the server (SIGTERM, then SIGKILL after `STOP_GRACE_S`) and what it left running."""
+        """End the server (SIGTERM, then SIGKILL after `SERVER_STOP_GRACE_S`) and what it left
+        running (SIGTERM, then SIGKILL after `STOP_GRACE_S`)."""
         self._stopping = True
         process = self._process
         if process is not None and process.returncode is None:
             process.terminate()
             try:
-                await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+                await asyncio.wait_for(process.wait(), SERVER_STOP_GRACE_S)
             except TimeoutError:
-                log.warning("server pid %d did not stop within %g s: SIGKILL", process.pid, STOP_GRACE_S)
+                log.warning(
+                    "server pid %d did not stop within %g s: SIGKILL", process.pid, SERVER_STOP_GRACE_S
+                )
                 process.kill()
                 await process.wait()
             self._set(ChildState.STOPPED, "server stopped with the proxy")
@@ -253,8 +261,12 @@ class Supervisor:
 SUPERVISOR = web.AppKey("supervisor", Supervisor)
 
 
-async def supervised(supervisor: Supervisor, stop: asyncio.Event) -> int:
-    """Run the server until `stop` is set or the server is gone for good; the proxy's exit code."""
+async def supervised(
+    supervisor: Supervisor, stop: asyncio.Event, stop_serving: Callable[[], Awaitable[None]]
+) -> int:
+    """Run the server until `stop` is set or the server is gone for good; the proxy's exit code.
+    The proxy stops serving (`stop_serving`) before the server is stopped, so that the clients'
+    streams are cut as a crash cuts them, and the server's own clean end of them never reaches one."""
     running = asyncio.create_task(supervisor.run(), name="supervisor")
     stopping = asyncio.create_task(stop.wait())
     try:
@@ -264,5 +276,6 @@ async def supervised(supervisor: Supervisor, stop: asyncio.Event) -> int:
         running.cancel()  # a pause before a restart must not hold up the stop
         with contextlib.suppress(asyncio.CancelledError):
             await running
+        await stop_serving()
         await supervisor.stop()
     return 0 if stop.is_set() else supervisor.exit_code
