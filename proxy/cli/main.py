@@ -37,6 +37,11 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
 SHUTDOWN_TIMEOUT_S = 0.5
 """How long a stop waits for a request under way to end, and again once it is told to (aiohttp
 waits twice): about a second in all. Event streams and WebSockets are cut first, at once."""
+KEEPALIVE_TIMEOUT_S = 75.0
+"""How long an idle connection is kept, as nginx's `keepalive_timeout`; aiohttp's timer also runs
+while a request's head arrives, so a head must come whole within it (nginx's
+`client_header_timeout` is 60 s). It never runs while a request is being answered: a long
+synchronous prompt or an event stream is never cut by it."""
 
 
 def app_runner(app: web.Application) -> web.AppRunner:
@@ -47,6 +52,7 @@ def app_runner(app: web.Application) -> web.AppRunner:
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        keepalive_timeout=KEEPALIVE_TIMEOUT_S,
     )
 
 
