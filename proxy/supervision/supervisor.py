@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from enum import StrEnum
 from pathlib import Path
 
@@ -82,9 +82,16 @@ class Supervisor:
         port: int,
         restart: Restart = Restart.ON_FAILURE,
         orphans: Orphans = Orphans.REPORT,
+        *,
         records: Path | None = None,
+        environment: Mapping[str, str] | None = None,
+        shown_password: str | None = None,
     ) -> None:
         self._command = command.listening_on(port)
+        self._environment = environment
+        """The server's environment; None: the proxy's own."""
+        self._shown_password = shown_password
+        """The password the proxy gives the server, shown once in the log as 2.x shows its own."""
         self._restart = restart
         self._orphans = orphans
         self._records = records
@@ -140,6 +147,9 @@ class Supervisor:
         `settle-proxy orphans` can still name it after the proxy itself is gone.
         """
         self.subreaper = become_subreaper()
+        if self._shown_password is not None:
+            # The one secret the proxy logs, on purpose: 2.x prints the one it makes the same way.
+            log.info("server password %s", self._shown_password)
         if self._records is None:
             await self._supervise()
             return
@@ -213,6 +223,7 @@ class Supervisor:
                 str(os.getpid()),
                 *self._command,
                 stdin=subprocess.DEVNULL,
+                env=self._environment,
             )
             keep(self._process.pid)
         self._set(ChildState.RUNNING, f"server running, pid {self._process.pid}")
