@@ -41,10 +41,9 @@ still "running" in a session the server says is not active -- left behind by a c
 server -- is shown settled, in the shape opencode writes for an interrupted tool.
 
 Every flag can also be set by the environment variable named in its help (a switch by 1,
-true, yes or on). For its own
-liveness look-ups the proxy uses the client's credentials, else OPENCODE_PASSWORD or
-OPENCODE_SERVER_PASSWORD (user OPENCODE_SERVER_USERNAME, default "opencode"). It never
-answers a client with data the upstream refused that client.
+true, yes or on). For its own liveness look-ups the proxy uses the client's credentials, else
+OPENCODE_PASSWORD or OPENCODE_SERVER_PASSWORD (user OPENCODE_SERVER_USERNAME, default
+"opencode"). It never answers a client with data the upstream refused that client.
 
 `settle-proxy settle --help` describes the offline command, which settles opencode.db
 directly while no server runs on it; `settle-proxy run --help` the supervising form, which

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -52,7 +52,7 @@ def _rest(client: socket.socket) -> bytes:
 
 
 def test_sigterm_cuts_the_clients_stream_and_stops_the_server(
-    supervised: OpencodeServer, record_property: pytest.RecordProperty
+    supervised: OpencodeServer, record_property: Callable[[str, object], None]
 ) -> None:
     server_pid = int(get_json(f"{supervised.url}/_settle/health")["server"]["pid"])
     client, first = _open_stream(supervised)
