@@ -37,10 +37,11 @@ WINDOW_S = 60.0
 """More than `RESTARTS_PER_WINDOW` restarts within `WINDOW_S` seconds is a storm: give up."""
 STOP_GRACE_S = 10.0
 """How long what a server left running may take to end after SIGTERM."""
-SERVER_STOP_GRACE_S = 1.0
-"""How long the server may take to end after SIGTERM. opencode 1.18.33 settles nothing on SIGTERM
-(its open calls stay `running`, its tool processes live on) and its database is a WAL that a
-SIGKILL leaves whole, so waiting longer buys nothing; it usually ends in a quarter of a second."""
+SERVER_STOP_GRACE_S = 5.0
+"""How long the server may take to end after SIGTERM. Its clients' streams are cut before it is
+asked, so this is the server's own clean-up time, not theirs: opencode 1.18.33 settles nothing on
+SIGTERM and ends in a quarter of a second, but 2.x records each execution it interrupts for a
+shutdown, which a SIGKILL would cut short. Five seconds stays well inside systemd's 90 s."""
 
 
 class Restart(StrEnum):
