@@ -6,6 +6,10 @@ import os
 import subprocess
 from pathlib import Path
 
+from pip._vendor.packaging.requirements import Requirement
+
+from scripts import installed
+
 ROOT = Path(__file__).parent.parent
 
 
@@ -35,6 +39,14 @@ def test_a_second_run_installs_nothing() -> None:
         result = setup_step(step)
         assert result.returncode == 0, result.stderr
         assert result.stderr == "", f"{step} did something: {result.stderr}"
+
+
+def test_a_requirement_whose_marker_excludes_this_platform_is_satisfied_without_it() -> None:
+    """uvloop is required only off Windows: a requirement for another platform needs nothing here,
+    so `scripts/setup.sh` does not call pip for it."""
+    absent = "no-such-package-here>=1"
+    assert not installed.satisfied(Requirement(absent))
+    assert installed.satisfied(Requirement(f"{absent}; sys_platform == 'no-such-platform'"))
 
 
 def test_missing_packages_without_root_or_sudo_stop_with_the_command_to_run(tmp_path: Path) -> None:
