@@ -65,6 +65,7 @@ class Settings:
     pairs: int
     load: Cpus | None
     hop: Cpus | None
+    proxy_cmd: str = DEFAULT_PROXY_CMD
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -79,6 +80,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--list-kb", type=int, default=LIST_BYTES // 1000, help="seeded list size")
     parser.add_argument("--pinning", choices=("split", "none"), default="split", help="as python -m bench")
+    parser.add_argument(
+        "--proxy-cmd", default=DEFAULT_PROXY_CMD, help="proxy command line template, as python -m bench"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where real-latest.{md,json} go")
     return parser.parse_args(argv)
 
@@ -127,7 +131,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     cpus = sorted(os.sched_getaffinity(0))
     split = args.pinning == "split" and len(cpus) >= 2
     load, hop = (frozenset(cpus[:1]), frozenset(cpus[1:])) if split else (None, None)
-    return Settings(args.duration, args.warmup, args.rounds, args.pairs, load, hop)
+    return Settings(args.duration, args.warmup, args.rounds, args.pairs, load, hop, args.proxy_cmd)
 
 
 def run(
@@ -144,7 +148,7 @@ def run(
         if settings.load is not None:
             os.sched_setaffinity(0, settings.load)
         server.restart()
-        ctx = TargetContext(server.url, REPO, Path(tmp), settings.hop, DEFAULT_PROXY_CMD)
+        ctx = TargetContext(server.url, REPO, Path(tmp), settings.hop, settings.proxy_cmd)
         proxy = start_proxy(ctx, stack)
         endpoints = {"direct": Endpoint("direct", server.url), "proxy": proxy}
         try:
@@ -245,7 +249,7 @@ def metadata(settings: Settings) -> dict[str, str]:
         "per wrk measurement": f"{CONNECTIONS} connection, {settings.duration} s after {settings.warmup} s"
         " warm-up",
         "wrk rounds": f"{settings.rounds}; figures are the median (min-max) over them",
-        "proxy command": DEFAULT_PROXY_CMD,
+        "proxy command": settings.proxy_cmd,
         "command": shlex.join(["python", "-m", "bench.real_server", *sys.argv[1:]]),
     }
 
