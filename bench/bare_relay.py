@@ -1,8 +1,8 @@
 """The relay alone: the proxy's own stack with no addons, the floor the proxy is measured against.
 
 `python -m bench.bare_relay --upstream URL --port N` serves what `python -m proxy` serves, built
-from the same parts and run the same way (aiohttp's server with handler cancellation and no
-access log, uvloop, glibc's heap thresholds fixed), except that its `Forwarder` is given no
+from the same parts and run the same way (the proxy's `app_runner`, uvloop, glibc's heap
+thresholds fixed), except that its `Forwarder` is given no
 addons: every body streams through `relay.transport.Transport` as it arrives, none is read
 whole, and nothing follows the upstream's events. The proxy against it is then the cost of the
 addons; it against direct, the cost of the stack.
@@ -19,6 +19,7 @@ import uvloop
 from aiohttp import web
 from yarl import URL
 
+from proxy.cli.main import app_runner
 from proxy.relay.departures import DEPARTURES, Departures
 from proxy.relay.forward import Forwarder
 from proxy.relay.headers import drop_invented_headers
@@ -49,13 +50,14 @@ def relay_app(upstream: URL) -> web.Application:
 
     app.cleanup_ctx.extend((upstream_session, no_addons))
     app.on_response_prepare.append(drop_invented_headers)
+    app.on_shutdown.append(forwarder.streams.cut)
     app.router.add_route("*", "/{tail:(?s:.*)}", forwarder.forward)
     return app
 
 
 async def serve(upstream: URL, port: int) -> None:
     """Serve on 127.0.0.1:`port` until SIGTERM or SIGINT, as the proxy's `serve` does."""
-    runner = web.AppRunner(relay_app(upstream), handler_cancellation=True, access_log=None)
+    runner = app_runner(relay_app(upstream))
     await runner.setup()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
