@@ -10,6 +10,7 @@ from proxy import testing
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import Place
 from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.vocabulary import idle_status
 
 SSE = {"Content-Type": "text/event-stream"}
 ORPHAN = Orphan(
@@ -60,15 +61,18 @@ async def test_an_instance_stream_gets_its_directorys_events_unwrapped() -> None
         assert drained(other.injected) == []
 
 
-async def test_newer_news_of_the_session_ends_the_replay() -> None:
+async def test_news_of_what_is_replayed_ends_its_replay() -> None:
     streams = clients()
     streams.publish("prt_1", ORPHAN)
+    streams.publish("status", Orphan(ORPHAN.place, state=[idle_status("ses_a")]))
     streams.heard(
         GlobalEvent("/cwd", "prj", "session.status", {"sessionID": "ses_a", "status": {"type": "busy"}})
     )
-    async with testing.streaming([], testing.flow("GET", "/global/event", response_headers=SSE)) as flow:
+    async with testing.streaming(
+        [], testing.flow("GET", "/event?directory=/cwd", response_headers=SSE)
+    ) as flow:
         streams.subscribe(flow, by="test")
-        assert drained(flow.injected) == []
+        assert drained(flow.injected) == ORPHAN.state  # the session busy ends its idle status, not the rest
 
 
 async def test_what_is_not_a_client_event_stream_is_not_taken() -> None:
