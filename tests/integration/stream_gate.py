@@ -9,6 +9,7 @@ Every request is forwarded as it came (bodies unread, not decoded); a `GET /glob
 from __future__ import annotations
 
 import asyncio
+import time
 from types import TracebackType
 
 import aiohttp
@@ -29,6 +30,8 @@ class StreamGate:
         self._open.set()
         self.held = 0
         """Event streams waiting at the gate now."""
+        self.said: list[str] = []
+        """What happened to each event stream, for failure messages."""
         self._port = free_port()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -64,8 +67,10 @@ class StreamGate:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
-        if request.method == "GET" and request.path in _STREAMS and not self._open.is_set():
+        stream = request.method == "GET" and request.path in _STREAMS
+        if stream and not self._open.is_set():
             self.held += 1
+            self._say(f"held {request.path}")
             try:
                 await self._open.wait()
             finally:
@@ -84,12 +89,18 @@ class StreamGate:
                 headers={k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP},
             )
             await response.prepare(request)
+            if stream:
+                self._say(f"forwarded {request.path}: {upstream.status}")
             try:
                 async for piece in upstream.content.iter_any():
                     await response.write(piece)
-            except (aiohttp.ClientError, ConnectionResetError):
+                await response.write_eof()
+            except (aiohttp.ClientError, ConnectionResetError) as error:
+                if stream:
+                    self._say(f"cut {request.path}: {error!r}")
                 if request.transport is not None:
                     request.transport.close()  # cut as the upstream's was, so the client reconnects
-                return response
-            await response.write_eof()
             return response
+
+    def _say(self, what: str) -> None:
+        self.said.append(f"{time.strftime('%H:%M:%S')} {what}")

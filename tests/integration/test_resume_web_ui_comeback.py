@@ -1,4 +1,4 @@
-"""The web UI open across a crash, its stream held back and let go at a chosen moment of the resume
+"""The web UI (and an official-SDK subscriber) open across a crash, its stream held back and let go at a chosen moment of the resume
 (issue 28): before the write-back, between the write-back and the prompt, or after the prompt.
 Whenever it comes back, the same page (never reloaded) must show the interrupted call settled,
 the resume's prompt, and the session no longer busy.
@@ -14,10 +14,12 @@ page's stream (up to 30 s) before it prompts, so the last moment is reached once
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +27,7 @@ from .browser import Chromium
 from .opencode_server import OpencodeServer
 from .polling import poll
 from .proxy_process import ProxyProcess, running
-from .resumes import final, following
+from .resumes import after_reconnect, event_kind, final, following, sdk_subscriptions
 from .stream_gate import StreamGate
 from .test_resume_web_ui import resumed_on_page
 from .test_web_ui import Seen, _look, _watch_live_tool, session_path
@@ -72,29 +74,72 @@ def shown(seen: Seen, moment: str) -> bool:
     return settled and (moment == "after the prompt" or resumed_on_page(seen))
 
 
-async def _play(server: OpencodeServer, proxy: ProxyProcess, root: Path, moment: str) -> Seen:
+async def _crash_and_come_back(
+    server: OpencodeServer, proxy: ProxyProcess, gate: StreamGate, turn: Turn, *, part_id: str, moment: str
+) -> None:
+    """Crash the server with the gate closed; let the held stream go at `moment`; wait for the
+    resumed turn to end."""
+    gate.close()
+    await asyncio.to_thread(server.crash)
+    await asyncio.to_thread(server.restart)
+    reached = partial(MOMENTS[moment], server, proxy, turn, part_id)
+    await asyncio.to_thread(poll, reached, what=moment, timeout=TIMEOUT_S, interval=0.05)
+    await asyncio.to_thread(
+        poll, lambda: gate.held or None, what="the client reconnecting", timeout=TIMEOUT_S
+    )
+    gate.open()
+    decision = await asyncio.to_thread(
+        poll, partial(final, proxy.url, turn), what="decision", timeout=TIMEOUT_S
+    )
+    assert decision["outcome"] == "resumed", decision
+    await asyncio.to_thread(wait_turn_done, server.url, turn, timeout=TIMEOUT_S)
+
+
+async def _page(server: OpencodeServer, proxy: ProxyProcess, root: Path, moment: str) -> Seen:
     turn = await asyncio.to_thread(start_turn, "v1", server.url, server.project, f"web ui comeback {moment}")
     async with StreamGate(proxy.url) as gate, Chromium(root / "chromium") as browser:
         page = await browser.open(gate.url + session_path(turn))
         part_id = str((await asyncio.to_thread(wait_tool_running, server.url, turn)).tool["id"])
         await _watch_live_tool(page, part_id, root / "before_crash.png")
-        gate.close()
-        await asyncio.to_thread(server.crash)
-        await asyncio.to_thread(server.restart)
-        reached = partial(MOMENTS[moment], server, proxy, turn, part_id)
-        await asyncio.to_thread(poll, reached, what=moment, timeout=TIMEOUT_S, interval=0.05)
-        await asyncio.to_thread(poll, lambda: gate.held or None, what="the page reconnecting", timeout=TIMEOUT_S)
-        gate.open()
-        decision = await asyncio.to_thread(
-            poll, partial(final, proxy.url, turn), what="decision", timeout=TIMEOUT_S
-        )
-        assert decision["outcome"] == "resumed", decision
-        await asyncio.to_thread(wait_turn_done, server.url, turn, timeout=TIMEOUT_S)
+        await _crash_and_come_back(server, proxy, gate, turn, part_id=part_id, moment=moment)
         deadline = time.monotonic() + TIMEOUT_S
         while not shown(seen := await _look(page, part_id), moment) and time.monotonic() < deadline:  # noqa: ASYNC110 - a page, not an event
             await asyncio.sleep(0.25)
         await page.screenshot(root / "comeback.png")
         return seen
+
+
+async def _sdk(
+    server: OpencodeServer, proxy: ProxyProcess, root: Path, moment: str
+) -> tuple[bool, list[Any]]:
+    """Whether the official SDK's `/global/event` subscription was told the call settled and the
+    prompt after its reconnect, and what it yielded then."""
+    turn = await asyncio.to_thread(start_turn, "v1", server.url, server.project, f"sdk comeback {moment}")
+    async with StreamGate(proxy.url) as gate:
+        with sdk_subscriptions(root, {"global": (gate.url, "global", "")}) as subscriptions:
+            part_id = str((await asyncio.to_thread(wait_tool_running, server.url, turn)).tool["id"])
+            await _crash_and_come_back(server, proxy, gate, turn, part_id=part_id, moment=moment)
+            subscription = subscriptions["global"]
+            sdk_told = partial(subscription.heard, lambda events: told(events, turn, part_id))
+            with contextlib.suppress(AssertionError):
+                await asyncio.to_thread(
+                    poll, sdk_told, what="the settled call and the prompt", timeout=TIMEOUT_S
+                )
+            events = after_reconnect(subscription)
+            return told(events, turn, part_id), events
+
+
+def told(events: list[Any], turn: Turn, part_id: str) -> bool:
+    """Whether `events` settle the call and carry the resume's prompt."""
+    settled = prompt = False
+    for event in events:
+        kind, properties = event_kind(event)
+        part = properties.get("part") or {}
+        if kind == "message.part.updated" and part.get("id") == part_id:
+            settled = part["state"]["status"] == "error"
+        elif kind == "message.part.updated" and part.get("sessionID") == turn.session_id:
+            prompt = prompt or PROMPTED in part.get("text", "")
+    return settled and prompt
 
 
 @pytest.mark.parametrize("repeat", range(REPEATS))
@@ -106,8 +151,22 @@ def test_a_page_back_at_any_moment_of_the_resume_shows_the_call_settled_and_the_
     log = tmp_path / "proxy.log"
     proxy = ProxyProcess(opencode.url, log, ("--resume", "--write-back", "api", "--grace", "0.5"))
     with running([proxy]):
-        seen = asyncio.run(_play(opencode, proxy, tmp_path, moment))
+        seen = asyncio.run(_page(opencode, proxy, tmp_path, moment))
     said = log.read_text()
     assert seen.watched, f"the page was reloaded; {seen.report()}"
     assert shown(seen, moment), f"{moment}: {seen.report()}\n--- the proxy's log ---\n{said[-6000:]}"
     assert "client stream /global/event opened after the server was lost" in said
+
+
+@pytest.mark.parametrize("repeat", range(REPEATS))
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_an_sdk_stream_back_at_any_moment_of_the_resume_is_told_the_call_settled_and_the_prompt(
+    opencode: OpencodeServer, tmp_path: Path, moment: str, repeat: int
+) -> None:
+    del repeat
+    log = tmp_path / "proxy.log"
+    proxy = ProxyProcess(opencode.url, log, ("--resume", "--write-back", "api", "--grace", "0.5"))
+    with running([proxy]):
+        was_told, events = asyncio.run(_sdk(opencode, proxy, tmp_path, moment))
+    said = log.read_text()
+    assert was_told, f"{moment}: {events}\n--- the proxy's log ---\n{said[-6000:]}"
