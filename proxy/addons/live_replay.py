@@ -37,6 +37,9 @@ from rules import OpenTool
 
 REPLAYED_PER_SESSION = 3_000
 """Things kept per session to replay to streams that connect later; the oldest go first."""
+USER_MESSAGES_PER_SESSION = 3
+"""User messages kept per session after its settlement (a resume prompts at most `--resume-attempts`
+times, 3 by default); later ones are not kept, so a busy session's prompts never grow the proxy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,13 +100,18 @@ def _agrees(event: GlobalEvent, kept: Bounded[str, Replayed]) -> bool:
 
 
 def _user_message(event: GlobalEvent, kept: Bounded[str, Replayed]) -> bool:
-    """A user message, or a part of one kept, as the server announces it."""
+    """A user message (one of the first few), or a part of one kept, as the server announces it."""
+    users = {subject for subject, replayed in kept.items() if _role(replayed.event) == "user"}
     if event.kind == MESSAGE_UPDATED:
-        info = event.properties.get("info")
-        return isinstance(info, dict) and info.get("role") == "user"
+        subject = f"message:{(event.properties.get('info') or {}).get('id')}"
+        said = {"type": event.kind, "properties": event.properties}
+        return _role(said) == "user" and (subject in users or len(users) < USER_MESSAGES_PER_SESSION)
     part = event.properties.get("part")
-    if event.kind != PART_UPDATED or not isinstance(part, dict):
-        return False
-    message = next((r for s, r in kept.items() if s == f"message:{part.get('messageID')}"), None)
-    info = message.event.get("properties", {}).get("info") if message is not None else None
-    return isinstance(info, dict) and info.get("role") == "user"
+    return (
+        event.kind == PART_UPDATED and isinstance(part, dict) and f"message:{part.get('messageID')}" in users
+    )
+
+
+def _role(event: dict[str, Any]) -> object:
+    info = (event.get("properties") or {}).get("info")
+    return info.get("role") if event.get("type") == MESSAGE_UPDATED and isinstance(info, dict) else None

@@ -43,6 +43,16 @@ def test_replayed_orphans_are_kept_for_a_bounded_number_of_sessions_and_parts(
     assert list(kept["ses_9"]) == ["message:msg_many_8", "message:msg_many_9"]
 
 
+def test_user_messages_replayed_after_a_settlement_are_a_few_per_session() -> None:
+    streams = ClientStreams(Counter("injected", "", registry=CollectorRegistry()))
+    streams.publish("msg_1", orphan("ses_1"))
+    for number in range(6):
+        info = {"id": f"msg_user_{number}", "sessionID": "ses_1", "role": "user"}
+        streams.heard(GlobalEvent("/cwd", None, "message.updated", {"sessionID": "ses_1", "info": info}))
+    users = [subject for subject in streams.replays.sessions["ses_1"] if "user" in subject]
+    assert users == [f"message:msg_user_{number}" for number in range(live_replay.USER_MESSAGES_PER_SESSION)]
+
+
 async def test_calls_seen_open_are_kept_for_a_bounded_number_of_sessions_and_calls(
     monkeypatch: pytest.MonkeyPatch, upstream_api: UpstreamApi
 ) -> None:
