@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Callable, Coroutine
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import pytest
 
 from .browser import Chromium
 from .opencode_server import OpencodeServer
-from .polling import poll
+from .polling import WaitTimeout, poll
 from .proxy_process import ProxyProcess, running
 from .resumes import after_reconnect, event_kind, final, following, sdk_subscriptions
 from .stream_gate import StreamGate
@@ -38,6 +39,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TIMEOUT_S = 90.0
 REPEATS = int(os.environ.get("SETTLE_COMEBACK_REPEATS", "1"))
 PROMPTED = "were interrupted"
+Play = Callable[[OpencodeServer, ProxyProcess, Path, str], Coroutine[Any, Any, tuple[bool, str]]]
+"""One client's scene: whether it holds what it should after the resume, and a report of what it holds."""
 
 
 def part_settled(server: OpencodeServer, turn: Turn, part_id: str) -> bool | None:
@@ -95,7 +98,8 @@ async def _crash_and_come_back(
     await asyncio.to_thread(wait_turn_done, server.url, turn, timeout=TIMEOUT_S)
 
 
-async def _page(server: OpencodeServer, proxy: ProxyProcess, root: Path, moment: str) -> Seen:
+async def _page(server: OpencodeServer, proxy: ProxyProcess, root: Path, moment: str) -> tuple[bool, str]:
+    """Whether the page open across the crash (never reloaded) shows what it should, and what it shows."""
     turn = await asyncio.to_thread(start_turn, "v1", server.url, server.project, f"web ui comeback {moment}")
     async with StreamGate(proxy.url) as gate, Chromium(root / "chromium") as browser:
         page = await browser.open(gate.url + session_path(turn))
@@ -106,12 +110,10 @@ async def _page(server: OpencodeServer, proxy: ProxyProcess, root: Path, moment:
         while not shown(seen := await _look(page, part_id), moment) and time.monotonic() < deadline:  # noqa: ASYNC110 - a page, not an event
             await asyncio.sleep(0.25)
         await page.screenshot(root / "comeback.png")
-        return seen
+        return seen.watched and shown(seen, moment), seen.report()
 
 
-async def _sdk(
-    server: OpencodeServer, proxy: ProxyProcess, root: Path, moment: str
-) -> tuple[bool, list[Any]]:
+async def _sdk(server: OpencodeServer, proxy: ProxyProcess, root: Path, moment: str) -> tuple[bool, str]:
     """Whether the official SDK's `/global/event` subscription was told the call settled and the
     prompt after its reconnect, and what it yielded then."""
     turn = await asyncio.to_thread(start_turn, "v1", server.url, server.project, f"sdk comeback {moment}")
@@ -121,12 +123,12 @@ async def _sdk(
             await _crash_and_come_back(server, proxy, gate, turn, part_id=part_id, moment=moment)
             subscription = subscriptions["global"]
             sdk_told = partial(subscription.heard, lambda events: told(events, turn, part_id))
-            with contextlib.suppress(AssertionError):
+            with contextlib.suppress(WaitTimeout):
                 await asyncio.to_thread(
                     poll, sdk_told, what="the settled call and the prompt", timeout=TIMEOUT_S
                 )
             events = after_reconnect(subscription)
-            return told(events, turn, part_id), events
+            return told(events, turn, part_id), f"the SDK yielded after its reconnect: {events}"
 
 
 def told(events: list[Any], turn: Turn, part_id: str) -> bool:
@@ -142,31 +144,20 @@ def told(events: list[Any], turn: Turn, part_id: str) -> bool:
     return settled and prompt
 
 
+CLIENTS: dict[str, Play] = {"web ui": _page, "sdk": _sdk}
+
+
 @pytest.mark.parametrize("repeat", range(REPEATS))
 @pytest.mark.parametrize("moment", MOMENTS)
-def test_a_page_back_at_any_moment_of_the_resume_shows_the_call_settled_and_the_prompt(
-    opencode: OpencodeServer, tmp_path: Path, moment: str, repeat: int
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_client_back_at_any_moment_of_the_resume_holds_the_call_settled_and_the_prompt(
+    opencode: OpencodeServer, tmp_path: Path, client: str, moment: str, repeat: int
 ) -> None:
     del repeat
     log = tmp_path / "proxy.log"
     proxy = ProxyProcess(opencode.url, log, ("--resume", "--write-back", "api", "--grace", "0.5"))
     with running([proxy]):
-        seen = asyncio.run(_page(opencode, proxy, tmp_path, moment))
+        holds, report = asyncio.run(CLIENTS[client](opencode, proxy, tmp_path, moment))
     said = log.read_text()
-    assert seen.watched, f"the page was reloaded; {seen.report()}"
-    assert shown(seen, moment), f"{moment}: {seen.report()}\n--- the proxy's log ---\n{said[-6000:]}"
+    assert holds, f"{client}, back {moment}: {report}\n--- the proxy's log ---\n{said[-6000:]}"
     assert "client stream /global/event opened after the server was lost" in said
-
-
-@pytest.mark.parametrize("repeat", range(REPEATS))
-@pytest.mark.parametrize("moment", MOMENTS)
-def test_an_sdk_stream_back_at_any_moment_of_the_resume_is_told_the_call_settled_and_the_prompt(
-    opencode: OpencodeServer, tmp_path: Path, moment: str, repeat: int
-) -> None:
-    del repeat
-    log = tmp_path / "proxy.log"
-    proxy = ProxyProcess(opencode.url, log, ("--resume", "--write-back", "api", "--grace", "0.5"))
-    with running([proxy]):
-        was_told, events = asyncio.run(_sdk(opencode, proxy, tmp_path, moment))
-    said = log.read_text()
-    assert was_told, f"{moment}: {events}\n--- the proxy's log ---\n{said[-6000:]}"
