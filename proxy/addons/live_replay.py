@@ -28,8 +28,10 @@ from proxy.opencode.vocabulary import (
     STATUS_SUBJECT,
     ends_turn,
     idle_status,
+    message_subject,
     news_subjects,
     opencode_event,
+    part_subject,
     settled_part_id,
 )
 from proxy.relay.bounded import Bounded
@@ -88,12 +90,12 @@ class Replays:
 def _agrees(event: GlobalEvent, kept: Bounded[str, Replayed]) -> bool:
     """A replayed part the server shows settled, or a replayed message it shows completed."""
     if (part_id := settled_part_id(event.kind, event.properties)) is not None:
-        return f"part:{part_id}" in kept
+        return part_subject(part_id) in kept
     info = event.properties.get("info")
     return (
         event.kind == MESSAGE_UPDATED
         and isinstance(info, dict)
-        and f"message:{info.get('id')}" in kept
+        and message_subject(info.get("id")) in kept
         and "completed" in (info.get("time") or {})
         and info.get("role") == "assistant"
     )
@@ -103,12 +105,14 @@ def _user_message(event: GlobalEvent, kept: Bounded[str, Replayed]) -> bool:
     """A user message (one of the first few), or a part of one kept, as the server announces it."""
     users = {subject for subject, replayed in kept.items() if _role(replayed.event) == "user"}
     if event.kind == MESSAGE_UPDATED:
-        subject = f"message:{(event.properties.get('info') or {}).get('id')}"
+        subject = message_subject((event.properties.get("info") or {}).get("id"))
         said = {"type": event.kind, "properties": event.properties}
         return _role(said) == "user" and (subject in users or len(users) < USER_MESSAGES_PER_SESSION)
     part = event.properties.get("part")
     return (
-        event.kind == PART_UPDATED and isinstance(part, dict) and f"message:{part.get('messageID')}" in users
+        event.kind == PART_UPDATED
+        and isinstance(part, dict)
+        and message_subject(part.get("messageID")) in users
     )
 
 

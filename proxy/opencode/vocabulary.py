@@ -48,10 +48,12 @@ __all__ = [
     "event_name",
     "for_replay",
     "idle_status",
+    "message_subject",
     "message_updated",
     "news_subjects",
     "opencode_event",
     "part_settled",
+    "part_subject",
     "session_idle",
     "settled_part_id",
     "stated_liveness",
@@ -160,8 +162,16 @@ def news_subjects(kind: str, properties: Mapping[str, Any]) -> tuple[str, ...]:
     message_id = part.get("messageID") if isinstance(part, dict) else properties.get("messageID")
     if kind == MESSAGE_UPDATED and isinstance(info, dict):
         message_id = info.get("id")
-    subjects = [f"part:{part_id}"] if isinstance(part_id, str) else []
-    return (*subjects, f"message:{message_id}") if isinstance(message_id, str) else tuple(subjects)
+    subjects = [part_subject(part_id)] if isinstance(part_id, str) else []
+    return (*subjects, message_subject(message_id)) if isinstance(message_id, str) else tuple(subjects)
+
+
+def part_subject(part_id: object) -> str:
+    return f"part:{part_id}"
+
+
+def message_subject(message_id: object) -> str:
+    return f"message:{message_id}"
 
 
 def stated_liveness(kind: str, properties: Mapping[str, Any]) -> tuple[Api, bool | None] | None:
