@@ -118,7 +118,10 @@ async def _sdk(server: OpencodeServer, proxy: ProxyProcess, root: Path, moment: 
     prompt after its reconnect, and what it yielded then."""
     turn = await asyncio.to_thread(start_turn, "v1", server.url, server.project, f"sdk comeback {moment}")
     async with StreamGate(proxy.url) as gate:
-        with sdk_subscriptions(root, {"global": (gate.url, "global", "")}) as subscriptions:
+        with contextlib.ExitStack() as stack:
+            # Started and waited for in a thread: the gate serves the subscription from this loop.
+            subscribe = partial(sdk_subscriptions, root, {"global": (gate.url, "global", "")})
+            subscriptions = await asyncio.to_thread(lambda: stack.enter_context(subscribe()))
             part_id = str((await asyncio.to_thread(wait_tool_running, server.url, turn)).tool["id"])
             await _crash_and_come_back(server, proxy, gate, turn, part_id=part_id, moment=moment)
             subscription = subscriptions["global"]
