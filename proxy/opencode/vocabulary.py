@@ -34,6 +34,7 @@ __all__ = [
     "SESSION_ERROR",
     "SESSION_IDLE",
     "SESSION_STATUS",
+    "STATUS_SUBJECT",
     "STEP_CALLS_TOOLS",
     "STEP_ENDED",
     "TOOL_FAILED",
@@ -47,9 +48,12 @@ __all__ = [
     "event_name",
     "for_replay",
     "idle_status",
+    "message_subject",
     "message_updated",
+    "news_subjects",
     "opencode_event",
     "part_settled",
+    "part_subject",
     "session_idle",
     "settled_part_id",
     "stated_liveness",
@@ -141,6 +145,33 @@ def settled_part_id(kind: str, properties: Mapping[str, Any]) -> str | None:
     state = part.get("state")
     status = state.get("status") if isinstance(state, dict) else None
     return part["id"] if isinstance(status, str) and status not in OPEN_STATUSES[Api.V1] else None
+
+
+STATUS_SUBJECT = "status"
+
+
+def news_subjects(kind: str, properties: Mapping[str, Any]) -> tuple[str, ...]:
+    """What a v1 event is news of, of what a client can hold: a part (`part:<id>`), a message
+    (`message:<id>`: a part is news of its message too), the session's status (`status`); nothing
+    for news of the session as a whole (its title, its diff) or of nothing a client holds."""
+    if kind in (SESSION_STATUS, SESSION_IDLE, SESSION_ERROR):
+        return (STATUS_SUBJECT,)
+    part = properties.get("part")
+    info = properties.get("info")
+    part_id = part.get("id") if isinstance(part, dict) else properties.get("partID")
+    message_id = part.get("messageID") if isinstance(part, dict) else properties.get("messageID")
+    if kind == MESSAGE_UPDATED and isinstance(info, dict):
+        message_id = info.get("id")
+    subjects = [part_subject(part_id)] if isinstance(part_id, str) else []
+    return (*subjects, message_subject(message_id)) if isinstance(message_id, str) else tuple(subjects)
+
+
+def part_subject(part_id: object) -> str:
+    return f"part:{part_id}"
+
+
+def message_subject(message_id: object) -> str:
+    return f"message:{message_id}"
 
 
 def stated_liveness(kind: str, properties: Mapping[str, Any]) -> tuple[Api, bool | None] | None:
