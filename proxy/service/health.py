@@ -11,6 +11,8 @@ import aiohttp
 from aiohttp import hdrs, web
 
 from proxy import __version__
+from proxy.opencode.dialects import HEALTH_PATHS
+from proxy.opencode.server_line import SERVER_LINE
 from proxy.opencode.surveys import OTHER_PROCESSES
 from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamState
 from proxy.relay.upstream import UPSTREAM
@@ -35,7 +37,7 @@ async def health(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     upstream = {"url": str(settings.upstream_origin)} | await _upstream_answer(request)
     body = {
-        "status": "ok" if upstream["reachable"] else "upstream unreachable",
+        "status": _status(upstream),
         "version": __version__,
         "upstream": upstream,
         "liveness": _liveness_source(request.app[TRACKER]),
@@ -59,23 +61,39 @@ async def up(request: web.Request) -> web.Response:
     return web.json_response({"status": "up" if reachable else "down"}, status=200 if reachable else 503)
 
 
+def _status(upstream: dict[str, object]) -> str:
+    """`ok` only when the server is known and its own health route answered 200."""
+    if not upstream["reachable"]:
+        return "upstream unreachable"
+    if "dialect" not in upstream:
+        return "upstream not known yet"
+    if upstream.get("status") != 200:
+        return f"upstream answered HTTP {upstream.get('status')} on {upstream['route']}"
+    return "ok"
+
+
 async def _upstream_answer(request: web.Request) -> dict[str, object]:
-    """How the upstream's `/global/health` answers the proxy (with its configured credentials,
-    if any), asked once per request."""
+    """How the health route of the upstream's line answers the proxy (with its configured
+    credentials, if any), asked once per request; which server it is (asked now, if it is not
+    known), or why that is not known. Not known yet, the route of the newest line is asked (for
+    whether the upstream answers at all)."""
     if _UPSTREAM_ANSWER in request:
         return request[_UPSTREAM_ANSWER]
-    settings = request.app[SETTINGS]
+    settings, line = request.app[SETTINGS], request.app.get(SERVER_LINE)
+    known = await line.known() if line is not None else None
+    said = known.describe() if known is not None else {"not_known": line.why_unknown if line else None}
+    path = known.dialect.health_path if known is not None else HEALTH_PATHS[0]
     headers = {hdrs.AUTHORIZATION: settings.authorization} if settings.authorization else {}
     answer: dict[str, object]
     try:
         async with request.app[UPSTREAM].get(
-            settings.upstream_origin.with_path("/global/health"),
+            settings.upstream_origin.with_path(path),
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=settings.connect_timeout),
         ) as response:
-            answer = {"reachable": True, "status": response.status}
+            answer = {"reachable": True, "status": response.status, "route": path} | said
     except (aiohttp.ClientError, TimeoutError) as error:
-        answer = {"reachable": False, "error": str(error) or type(error).__name__}
+        answer = {"reachable": False, "error": str(error) or type(error).__name__} | said
     request[_UPSTREAM_ANSWER] = answer
     return answer
 
