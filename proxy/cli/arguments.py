@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -37,6 +38,7 @@ class OneLineParser(argparse.ArgumentParser):
         self._environ = environ
         self._declared: dict[str, tuple[str | None, bool, bool]] = {}
         self._applied: set[int] = set()
+        self._set_by: dict[str, str] = {}
         super().__init__(*args, **kwargs)  # adds --help, through `add_argument`
 
     def add_argument(
@@ -77,6 +79,11 @@ class OneLineParser(argparse.ArgumentParser):
             text = self._environ.get(variable)
             if text is not None:
                 action.default = self._value(action, variable, text, secret=secret)
+                self._set_by[action.dest] = variable
+
+    def set_by_variable(self, dest: str) -> str | None:
+        """The variable that set the flag of `dest`, if one did (known once the parser has parsed)."""
+        return self._set_by.get(dest)
 
     def _value(self, action: argparse.Action, variable: str, text: str, *, secret: bool) -> Any:
         """What `text`, the value of `variable`, sets `action` to; one line and exit 2 if it cannot."""
@@ -124,19 +131,68 @@ def typed(parse: Callable[[str], object], what: str, *, secret: bool = False) ->
     return convert
 
 
+def seconds(most: float, *, zero: bool = False) -> Callable[[str], object]:
+    """An argparse `type` for a number of seconds: finite, at most `most`, and above 0 unless
+    `zero` (for a flag whose help says what 0 means). NaN, infinities and negatives are refused:
+    a NaN compares false with everything, so a check written `age > limit` would pass anything."""
+
+    def parse(text: str) -> float:
+        value = float(text)
+        if not (0 <= value <= most if zero else 0 < value <= most):  # NaN is never in range
+            raise ValueError(text)
+        return value
+
+    return typed(parse, f"a number of seconds {seconds_range(most, zero=zero)}")
+
+
+def seconds_range(most: float, *, zero: bool) -> str:
+    """What `seconds(most, zero=zero)` takes, in words."""
+    return f"from 0 to {most:g}" if zero else f"more than 0, at most {most:g}"
+
+
+def port(text: str) -> int:
+    """A port number (0: any free one)."""
+    number = int(text)
+    if not 0 <= number <= 65535:
+        raise ValueError(text)
+    return number
+
+
+def at_least_one(text: str) -> int:
+    number = int(text)
+    if number < 1:
+        raise ValueError(text)
+    return number
+
+
 def upstream_url(text: str) -> URL:
-    """An http(s) URL with a host and without credentials."""
-    url = URL(text)
-    if url.user is not None or url.password is not None:
-        # Not echoed: the text holds a secret, and a command line is readable by every user (`ps`).
+    """An http(s) URL with a host and without credentials. No error shows the text: a URL may hold
+    a secret (userinfo, a token in its query), and a command line is readable by every user (`ps`)."""
+    authority = text.partition("://")[2] or text
+    if "@" in re.split("[/?#]", authority, maxsplit=1)[0]:
         raise argparse.ArgumentTypeError(
             "credentials do not belong in the URL (anyone can read a command line); "
             "set OPENCODE_SERVER_PASSWORD and OPENCODE_SERVER_USERNAME"
         )
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(text)
+    try:
+        url = URL(text)
+        wrong = _wrong_with(url)
+    except ValueError:
+        wrong = "it does not parse (is a port past 65535, or a [ unclosed?)"
+    if wrong:
+        raise argparse.ArgumentTypeError(f"{_AN_UPSTREAM}: {wrong}; the value is not shown")
     return url
 
 
-UPSTREAM = typed(upstream_url, "an http(s) URL such as http://127.0.0.1:4096")
+def _wrong_with(url: URL) -> str | None:
+    if url.scheme not in ("http", "https"):
+        return "its scheme is not http or https"
+    if not url.host:
+        return "it has no host"
+    _ = url.port  # yarl checks the port when asked
+    return None
+
+
+_AN_UPSTREAM = "an http(s) URL such as http://127.0.0.1:4096"
+UPSTREAM = typed(upstream_url, _AN_UPSTREAM, secret=True)
 """The `type` of every `--upstream` flag."""

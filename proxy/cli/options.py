@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy import __version__
-from proxy.cli.arguments import UPSTREAM, OneLineParser, typed
+from proxy.cli.arguments import UPSTREAM, OneLineParser, at_least_one, port, seconds, seconds_range, typed
 from proxy.service.auth import parse_credentials
 from proxy.service.config import (
     DEFAULT_HOST,
@@ -55,6 +55,8 @@ starts the server itself: `settle-proxy run [options] -- opencode serve [server 
 
 
 MIB = 2**20
+HOUR_S, DAY_S = 3600.0, 86400.0
+"""The most a seconds flag takes: a wait the proxy makes, or one a request or a resume may span."""
 Environ = Mapping[str, str]
 """The environment the command line reads (`os.environ` unless a test hands it another)."""
 
@@ -77,13 +79,6 @@ def add_database_option(parser: argparse.ArgumentParser, help: str, environ: Env
     parser.add_argument("--db", type=Path, default=str(opencode_database_path(environ)), help=help)
 
 
-def _port(text: str) -> int:
-    port = int(text)
-    if not 0 <= port <= 65535:
-        raise ValueError(text)
-    return port
-
-
 def _mebibytes(text: str) -> int:
     mebibytes = float(text)
     if not 0 < mebibytes <= 2**20:  # NaN is refused too
@@ -104,13 +99,17 @@ class _Flags:
         --help (where it says nothing useful)."""
         self._parser.add_argument(flag, variable=variable, shown=shown, default=default, help=help, **kwargs)
 
-    def seconds(self, flag: str, variable: str, default: str, help: str, *, shown: bool = True) -> None:
-        self.add(flag, variable, default, help, shown=shown, type=typed(float, "a number of seconds"))
+    def seconds(
+        self, flag: str, variable: str, default: str, help: str, most: float, *, zero: bool = False
+    ) -> None:
+        """Seconds, finite, at most `most`, above 0 unless `zero` (whose meaning `help` must give)."""
+        help = f"{help} ({seconds_range(most, zero=zero)})"
+        self.add(flag, variable, default, help, shown=default != "0", type=seconds(most, zero=zero))
 
 
 def build_parser(
     prog: str = "settle-proxy", description: str = DESCRIPTION, environ: Environ = os.environ
-) -> argparse.ArgumentParser:
+) -> OneLineParser:
     """The command-line interface; defaults come from `environ`."""
     parser = OneLineParser(
         prog=prog,
@@ -168,13 +167,14 @@ def _connection_flags(flags: _Flags) -> None:
         "SETTLE_PORT",
         str(DEFAULT_PORT),
         "port to listen on",
-        type=typed(_port, "a port number from 0 to 65535"),
+        type=typed(port, "a port number from 0 to 65535"),
     )
     flags.seconds(
         "--connect-timeout",
         "SETTLE_CONNECT_TIMEOUT",
         "10",
         "seconds to connect upstream before answering 502",
+        HOUR_S,
     )
     flags.seconds(
         "--response-timeout",
@@ -183,7 +183,8 @@ def _connection_flags(flags: _Flags) -> None:
         "seconds a plain request may wait on the upstream (headers, then each piece of the body) "
         "before a 504; 0 for no limit, the default, as opencode's synchronous prompt answers only when "
         "the turn ends. Never applied to event streams or PTYs",
-        shown=False,
+        DAY_S,
+        zero=True,
     )
     flags.add(
         "--max-body",
@@ -199,6 +200,7 @@ def _connection_flags(flags: _Flags) -> None:
         "SETTLE_LIVENESS_TIMEOUT",
         "5",
         "seconds a liveness look-up may take before a body is passed on unchanged",
+        HOUR_S,
     )
 
 
@@ -214,15 +216,13 @@ def _settling_flags(flags: _Flags) -> None:
         choices=[mode.value for mode in WriteBackMode],
     )
     flags.seconds(
-        "--grace", "SETTLE_GRACE", "2", "seconds between the two liveness readings before a write-back"
+        "--grace",
+        "SETTLE_GRACE",
+        "2",
+        "seconds between the two liveness readings before a write-back; 0 takes them back to back",
+        HOUR_S,
+        zero=True,
     )
-
-
-def _attempts(text: str) -> int:
-    attempts = int(text)
-    if attempts < 1:
-        raise ValueError(text)
-    return attempts
 
 
 def _resume_flags(parser: argparse.ArgumentParser, flags: _Flags) -> None:
@@ -240,7 +240,7 @@ def _resume_flags(parser: argparse.ArgumentParser, flags: _Flags) -> None:
         "3",
         "prompts sent at most for one interrupted turn, counting a resumed turn interrupted again and a "
         "prompt the server admitted but never ran",
-        type=typed(_attempts, "a whole number of at least 1"),
+        type=typed(at_least_one, "a whole number of at least 1"),
     )
     flags.seconds(
         "--resume-within",
@@ -248,6 +248,7 @@ def _resume_flags(parser: argparse.ArgumentParser, flags: _Flags) -> None:
         "300",
         "seconds after the server was last heard with the turn running past which it is not resumed "
         "(a restart by `run` takes seconds; a later one was a person's)",
+        DAY_S,
     )
     flags.add(
         "--resume-text",

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from yarl import URL
 
+from proxy.cli.arguments import OneLineParser
 from proxy.cli.options import DESCRIPTION, Environ, build_parser, settings_from
 from proxy.service.config import Settings
 from proxy.supervision.server_command import LOOPBACK, ServerCommand, free_loopback_port
@@ -22,15 +23,17 @@ from proxy.supervision.supervisor import Orphans, Restart, Supervisor
 USAGE = "settle-proxy run [options] -- opencode serve [server options]"
 
 
-def build_run_parser(environ: Environ = os.environ) -> argparse.ArgumentParser:
+def build_run_parser(environ: Environ = os.environ) -> OneLineParser:
     parser = build_parser(
         "settle-proxy run",
         "Start the server command given after `--` and proxy it: the proxy listens where the "
-        "command asked to (its --port/--hostname), restarts it after a crash, and never lets it "
+        "command asked to (its --port/--hostname; the proxy's own --port/--host only where it asks "
+        "nowhere, and refused where it does), restarts it after a crash, and never lets it "
         "outlive the proxy.\n\n" + DESCRIPTION,
         environ,
     )
     parser.usage = USAGE
+    parser.allow_abbrev = False  # `--po 1` would slip past the check of an explicit --port
     parser.add_argument(
         "--restart",
         choices=[policy.value for policy in Restart],
@@ -67,6 +70,7 @@ def parse(arguments: Sequence[str]) -> tuple[argparse.Namespace, Settings, Super
         command = ServerCommand.parse(server)
     except ValueError as error:
         parser.error(f"server command: {error}")
+    _refuse_an_address_that_does_nothing(parser, own, command)
     server_port = free_loopback_port()
     settings = replace(
         settings_from(args),
@@ -82,3 +86,22 @@ def parse(arguments: Sequence[str]) -> tuple[argparse.Namespace, Settings, Super
         records=settings.state_db,
     )
     return args, settings, supervisor
+
+
+def _refuse_an_address_that_does_nothing(
+    parser: OneLineParser, own: list[str], command: ServerCommand
+) -> None:
+    """The server command's --port/--hostname say where the proxy listens: a --port/--host (or
+    its variable) given as well would do nothing, and is refused rather than ignored."""
+    for flag, dest, theirs, value in (
+        ("--port", "port", "--port", command.port),
+        ("--host", "host", "--hostname", command.hostname),
+    ):
+        on_command_line = any(word == flag or word.startswith(f"{flag}=") for word in own)
+        given = flag if on_command_line else parser.set_by_variable(dest)
+        if value is not None and given is not None:
+            parser.error(
+                f"{given} does nothing under `run` when the server command has {theirs}: the proxy "
+                f"listens on the server command's {theirs} {value} and moves the server to a free "
+                "loopback port; give one of the two"
+            )

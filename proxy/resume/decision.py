@@ -71,7 +71,7 @@ class Before:
 def before_settling(facts: Before, policy: Policy) -> Verdict:
     """The reasons that need nothing settled to be known."""
     turn = facts.last.turn
-    if facts.age_s > policy.within_s:
+    if not facts.age_s <= policy.within_s:  # so that a NaN on either side resumes nothing
         return Verdict(f"last alive {facts.age_s:.0f} s ago, past --resume-within {policy.within_s:g} s")
     if facts.parent_id is not None:
         return Verdict(f"a child session (of {facts.parent_id}): its parent's turn is the one to resume")

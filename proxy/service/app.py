@@ -32,7 +32,7 @@ from proxy.relay.options import RELAY, RELAY_METRICS, RelayOptions
 from proxy.relay.tasks import BACKGROUND, Background
 from proxy.relay.upstream import MOUNT_PREFIX, UPSTREAM, upstream_session
 from proxy.resume.clients import ClientStreams
-from proxy.resume.journal import JOURNAL, Journal, resume_route
+from proxy.resume.journal import JOURNAL, Journal
 from proxy.service import health
 from proxy.service.auth import DETAILS_GUARD, require_basic_auth
 from proxy.service.config import SETTINGS, Settings
@@ -252,7 +252,6 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.extend((upstream_session, functools.partial(_addons, forwarder)))
     app.on_response_prepare.append(drop_invented_headers)
     app[JOURNAL] = Journal(metrics.registry, enabled=settings.resume, dry_run=settings.dry_run)
-    app.router.add_get(f"{health.PREFIX}/resume", resume_route)
     health.add_routes(app)
     # (?s): a path may hold an encoded line break, and the upstream must answer for it, not us.
     app.router.add_route("*", "/{tail:(?s:.*)}", forwarder.forward)

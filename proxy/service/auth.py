@@ -12,14 +12,16 @@ never substitutes credentials of its own.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
+import re
 from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
 from proxy.opencode.client import AUTH_TOKEN_PARAM
-from proxy.service.config import basic_authorization
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 UpstreamCheck = Callable[[web.Request], Awaitable[int | None]]
@@ -30,7 +32,7 @@ REALM = 'Basic realm="settle-proxy"'
 
 def require_basic_auth(username: str, password: str) -> Middleware:
     """A middleware that answers 401 unless the request carries these credentials."""
-    expected = basic_authorization(username, password).encode()
+    expected = f"{username}:{password}".encode()
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -52,13 +54,15 @@ class DetailsGuard:
     With the upstream's credentials configured (`OPENCODE_SERVER_PASSWORD`), a request must
     present them, as Basic or as `?auth_token=`; they are checked here, in constant time, and
     never sent upstream. Without them the proxy cannot check anything: it shows its details
-    only while the upstream answers a request without credentials (asked on every request,
+    only while the upstream answers a request without credentials (a reading at most a second old,
     the last answer standing in while the upstream cannot be reached, nothing shown before
     its first answer). Behind `--auth` the proxy's own login, checked on every route, suffices.
     """
 
     def __init__(self, authorization: str | None, check: UpstreamCheck, *, behind_own_auth: bool) -> None:
-        self._expected = authorization.encode() if authorization else None
+        self._expected = basic_credentials(authorization) if authorization else None
+        if authorization and self._expected is None:
+            raise ValueError("the upstream's credentials are HTTP Basic, as opencode's are")
         self._check = check
         self._behind_own_auth = behind_own_auth
         self._upstream_is_open: bool | None = None
@@ -114,12 +118,37 @@ def _refuse(status: int, error: str, message: str) -> web.Response:
     return web.json_response({"error": error, "message": message}, status=status, headers=headers)
 
 
+_BASIC = re.compile(r" *basic +([A-Za-z0-9._~+/-]+=*) *", re.IGNORECASE | re.ASCII)
+"""HTTP Basic as opencode reads it: the scheme in any case (RFC 9110 §11.1), spaces around."""
+_TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*", re.ASCII)
+
+
+def basic_credentials(authorization: str) -> bytes | None:
+    """The `user:password` bytes of a Basic `Authorization` value; None for anything else, a
+    header with a byte that is not UTF-8 (aiohttp hands it on surrogate-escaped) included."""
+    if (basic := _BASIC.fullmatch(authorization)) is None:
+        return None
+    return _decoded(basic.group(1))
+
+
+def _decoded(token: str) -> bytes | None:
+    if _TOKEN.fullmatch(token) is None:
+        return None
+    try:
+        return base64.b64decode(token, validate=True)
+    except binascii.Error:
+        return None
+
+
 def _presented_matches(request: web.Request, expected: bytes) -> bool:
-    presented = request.headers.get(hdrs.AUTHORIZATION, "")
-    if not presented and (token := request.query.get(AUTH_TOKEN_PARAM)):
-        presented = "Basic " + token
+    """Whether the request presents `expected` (`user:password`), as Basic or, without an
+    `Authorization` header, as `?auth_token=`; anything unreadable is simply not a match."""
+    if presented := request.headers.get(hdrs.AUTHORIZATION, ""):
+        credentials = basic_credentials(presented)
+    else:
+        credentials = _decoded(request.query.get(AUTH_TOKEN_PARAM, ""))
     # Compared in constant time, so the answer's timing says nothing about the password.
-    return hmac.compare_digest(presented.encode(), expected)
+    return credentials is not None and hmac.compare_digest(credentials, expected)
 
 
 def parse_credentials(text: str) -> tuple[str, str]:
@@ -136,7 +165,9 @@ __all__ = [
     "DETAILS_GUARD",
     "REALM",
     "DetailsGuard",
+    "Handler",
     "UpstreamCheck",
+    "basic_credentials",
     "parse_credentials",
     "require_basic_auth",
 ]

@@ -1,10 +1,14 @@
 """The proxy's own routes under `/_settle/`: they are answered here and never reach upstream.
 
 `up` answers anyone; the others only whom `DetailsGuard` admits (with a password on the
-upstream: who presents it)."""
+upstream: who presents it). `add_routes` is the one place they are registered."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -16,14 +20,15 @@ from proxy.opencode.server_line import SERVER_LINE
 from proxy.opencode.surveys import OTHER_PROCESSES
 from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamState
 from proxy.relay.upstream import UPSTREAM
-from proxy.service.auth import DETAILS_GUARD, DetailsGuard
+from proxy.resume.journal import resume_route
+from proxy.service.auth import DETAILS_GUARD, DetailsGuard, Handler
 from proxy.service.config import SETTINGS
 from proxy.service.metrics import CONTENT_TYPE_LATEST, METRICS
 from proxy.supervision.supervisor import SUPERVISOR
 from proxy.supervision.tool_processes import TOOL_PROCESSES
 
 PREFIX = "/_settle"
-_UPSTREAM_ANSWER = web.RequestKey("settle_upstream_answer", dict[str, object])
+Answer = dict[str, object]
 
 
 async def health(request: web.Request) -> web.Response:
@@ -72,30 +77,71 @@ def _status(upstream: dict[str, object]) -> str:
     return "ok"
 
 
-async def _upstream_answer(request: web.Request) -> dict[str, object]:
+async def _upstream_answer(request: web.Request) -> Answer:
+    return await request.app[UPSTREAM_HEALTH].answer()
+
+
+class UpstreamHealth:
     """How the health route of the upstream's line answers the proxy (with its configured
-    credentials, if any), asked once per request; which server it is (asked now, if it is not
-    known), or why that is not known. Not known yet, the route of the newest line is asked (for
+    credentials, if any), shared by every asker: a reading at most `max_age_s` old is answered
+    from, and askers that come while one is taken wait for it. So a health checker polling
+    `/_settle/up` (or any `/_settle` route, which the guard checks by it when the proxy has no
+    password) as hard as it likes costs the server one request a second at most."""
+
+    def __init__(self, ask: Callable[[], Awaitable[Answer]], *, max_age_s: float = 1.0) -> None:
+        self._ask = ask
+        self.max_age_s = max_age_s
+        self.clock: Callable[[], float] = time.monotonic
+        self._reading: tuple[float, Answer] | None = None
+        self._taking: asyncio.Task[Answer] | None = None
+
+    async def answer(self) -> Answer:
+        if self._reading is not None and self.clock() - self._reading[0] <= self.max_age_s:
+            return self._reading[1]
+        if self._taking is None:
+            self._taking = asyncio.create_task(self._take(), name="upstream health")
+        # Shielded: an asker that goes away must not cancel the reading the others wait on.
+        return await asyncio.shield(self._taking)
+
+    async def _take(self) -> Answer:
+        taken_at = self.clock()
+        try:
+            answer = await self._ask()
+        finally:
+            self._taking = None
+        self._reading = (taken_at, answer)
+        return answer
+
+    async def close(self) -> None:
+        """Application cleanup: a reading under way is not waited for."""
+        if (taking := self._taking) is not None:
+            taking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await taking
+
+
+def _asking(app: web.Application) -> Callable[[], Awaitable[Answer]]:
+    """Which server it is (asked now, if it is not known), or why that is not known, and how the
+    health route of its line answers. Not known yet, the route of the newest line is asked (for
     whether the upstream answers at all)."""
-    if _UPSTREAM_ANSWER in request:
-        return request[_UPSTREAM_ANSWER]
-    settings, line = request.app[SETTINGS], request.app.get(SERVER_LINE)
-    known = await line.known() if line is not None else None
-    said = known.describe() if known is not None else {"not_known": line.why_unknown if line else None}
-    path = known.dialect.health_path if known is not None else HEALTH_PATHS[0]
-    headers = {hdrs.AUTHORIZATION: settings.authorization} if settings.authorization else {}
-    answer: dict[str, object]
-    try:
-        async with request.app[UPSTREAM].get(
-            settings.upstream_origin.with_path(path),
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=settings.connect_timeout),
-        ) as response:
-            answer = {"reachable": True, "status": response.status, "route": path} | said
-    except (aiohttp.ClientError, TimeoutError) as error:
-        answer = {"reachable": False, "error": str(error) or type(error).__name__} | said
-    request[_UPSTREAM_ANSWER] = answer
-    return answer
+
+    async def ask() -> Answer:
+        settings, line = app[SETTINGS], app.get(SERVER_LINE)
+        known = await line.known() if line is not None else None
+        said = known.describe() if known is not None else {"not_known": line.why_unknown if line else None}
+        path = known.dialect.health_path if known is not None else HEALTH_PATHS[0]
+        headers = {hdrs.AUTHORIZATION: settings.authorization} if settings.authorization else {}
+        try:
+            async with app[UPSTREAM].get(
+                settings.upstream_origin.with_path(path),
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=settings.connect_timeout),
+            ) as response:
+                return {"reachable": True, "status": response.status, "route": path} | said
+        except (aiohttp.ClientError, TimeoutError) as error:
+            return {"reachable": False, "error": str(error) or type(error).__name__} | said
+
+    return ask
 
 
 async def _status_without_credentials(request: web.Request) -> int | None:
@@ -141,15 +187,26 @@ async def not_found(_: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    """Register the routes; they must come before the catch-all forwarder. Every one but the
-    probe (`up`) is behind the `DetailsGuard`."""
+    """Register every route under the prefix, before the catch-all forwarder: the probe (`up`)
+    open to anyone, each of `GUARDED` behind the `DetailsGuard`. This is the one place a
+    `/_settle` route is added, so none can be added outside the guard."""
     settings = app[SETTINGS]
     details = app[DETAILS_GUARD] = DetailsGuard(
         settings.authorization, _status_without_credentials, behind_own_auth=settings.auth is not None
     )
-    guard = details.guard
+    reading = app[UPSTREAM_HEALTH] = UpstreamHealth(_asking(app))
+    app.on_cleanup.append(lambda _: reading.close())
     app.router.add_get(f"{PREFIX}/up", up)
-    app.router.add_get(f"{PREFIX}/health", guard(health))
-    app.router.add_get(f"{PREFIX}/metrics", guard(metrics))
-    app.router.add_get(f"{PREFIX}/orphans", guard(orphans))
-    app.router.add_route("*", PREFIX + "/{tail:.*}", guard(not_found))
+    for name, handler in GUARDED.items():
+        app.router.add_get(f"{PREFIX}/{name}", details.guard(handler))
+    app.router.add_route("*", PREFIX + "/{tail:.*}", details.guard(not_found))
+
+
+GUARDED: dict[str, Handler] = {
+    "health": health,
+    "metrics": metrics,
+    "orphans": orphans,
+    "resume": resume_route,
+}
+"""The proxy's own routes but the probe, by name under the prefix; anything else there is 404."""
+UPSTREAM_HEALTH = web.AppKey("upstream health", UpstreamHealth)

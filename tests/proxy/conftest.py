@@ -1,4 +1,5 @@
 import asyncio
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -138,10 +139,16 @@ async def answering(client: aiohttp.ClientSession, url: str) -> None:
     raise AssertionError(f"{url} never answered")
 
 
-def settle_proxy(*args: str) -> subprocess.CompletedProcess[str]:
-    """`settle-proxy ARGS` run to its end as users run it, its output captured as text."""
+def settle_proxy(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`settle-proxy ARGS` run to its end as users run it (with `env` added to the environment),
+    its output captured as text."""
     return subprocess.run(
-        [sys.executable, "-m", "proxy", *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "proxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **(env or {})},
     )
 
 

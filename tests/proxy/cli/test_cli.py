@@ -22,7 +22,8 @@ V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
         (["--port", "http"], "argument --port: a port number from 0 to 65535, got 'http'"),
         (
             ["--upstream", "ftp://x"],
-            "argument --upstream: an http(s) URL such as http://127.0.0.1:4096, got 'ftp://x'",
+            "argument --upstream: an http(s) URL such as http://127.0.0.1:4096: its scheme is not http or "
+            "https; the value is not shown",
         ),
         (["--bogus"], "unrecognized arguments: --bogus"),
         (
@@ -83,6 +84,17 @@ def test_a_secret_in_a_bad_flag_is_not_echoed(args: list[str]) -> None:
     assert result.returncode == 2
     assert "s3cret" not in result.stderr
     assert len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("url", ["http://opencode:hunter2@127.0.0.1:99999", "http://opencode:hunter2@[::1"])
+@pytest.mark.parametrize("by", ["flag", "variable"])
+def test_a_password_in_an_upstream_url_that_does_not_parse_is_not_echoed(url: str, by: str) -> None:
+    """The URL fails to parse before its credentials could be found: the error shows none of it."""
+    command = settle_proxy("--upstream", url) if by == "flag" else settle_proxy(env={"SETTLE_UPSTREAM": url})
+    assert command.returncode == 2
+    assert "hunter2" not in command.stderr + command.stdout
+    assert "credentials do not belong in the URL" in command.stderr
+    assert len(command.stderr.splitlines()) == 1
 
 
 async def test_log_format_json_is_applied_end_to_end(

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -20,6 +21,14 @@ def test_a_settled_interrupted_turn_of_a_watched_session_is_resumed() -> None:
     assert after_settling(AFTER, POLICY).go
 
 
+@pytest.mark.parametrize("within_s", [math.nan, -1.0])
+def test_a_nonsense_bound_resumes_nothing(within_s: float) -> None:
+    """The command line refuses these; a policy built another way must still resume nothing."""
+    verdict = before_settling(BEFORE, Policy(attempts=2, within_s=within_s))
+    assert verdict.why is not None
+    assert "past --resume-within" in verdict.why
+
+
 @pytest.mark.parametrize(
     ("before", "why"),
     [
@@ -31,6 +40,7 @@ def test_a_settled_interrupted_turn_of_a_watched_session_is_resumed() -> None:
             "waiting on a person (a permission",
         ),
         (dataclasses.replace(BEFORE, age_s=301), "past --resume-within 300 s"),
+        (dataclasses.replace(BEFORE, age_s=math.nan), "past --resume-within 300 s"),
     ],
 )
 def test_what_needs_nothing_settled_to_be_known(before: Before, why: str) -> None:

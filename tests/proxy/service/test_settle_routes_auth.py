@@ -17,6 +17,7 @@ from yarl import URL
 from proxy.service.app import create_app
 from proxy.service.auth import DetailsGuard
 from proxy.service.config import Settings, basic_authorization
+from proxy.service.health import UPSTREAM_HEALTH
 from proxy.supervision.server_command import free_loopback_port
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
@@ -42,6 +43,13 @@ WRONG: list[Presented] = [
     ({"Authorization": f"Bearer {PASSWORD}"}, {}),
 ]
 RIGHT: list[Presented] = [({"Authorization": GOOD}, {}), ({}, {"auth_token": TOKEN})]
+
+
+def a_second_later(app: web.Application) -> None:
+    """Age the proxy's reading of the upstream's health past its bound, so the next asker takes one."""
+    health = app[UPSTREAM_HEALTH]
+    before = health.clock
+    health.clock = lambda: before() + health.max_age_s + 0.001
 
 
 def _proxy_settings(upstream: TestServer, authorization: str | None) -> Settings:
@@ -92,6 +100,32 @@ async def test_the_upstreams_password_opens_them_by_basic_or_auth_token(
     assert not [r for r in fake.seen if r.path.startswith("/_settle")]
     # What the client presented stays here: the proxy's own look-ups carry its configured header only.
     assert not [r for r in fake.seen if "auth_token" in r.query]
+
+
+def _settle_routes(app: web.Application) -> list[tuple[str, str]]:
+    """(method, a path it answers) of every route the built application registers under `/_settle`."""
+    found = []
+    for route in app.router.routes():
+        info = route.resource.get_info() if route.resource is not None else {}
+        path = str(info.get("path") or info.get("formatter", ""))
+        if path.startswith("/_settle"):
+            method = "GET" if route.method == "*" else route.method
+            found.append((method, path.replace("{tail}", "anything-else")))
+    return found
+
+
+async def test_every_settle_route_but_the_probe_is_guarded(knowing: ProxyClient) -> None:
+    """Walks the routes the application registers, so a route added anywhere is covered."""
+    routes = _settle_routes(knowing.app)
+    assert ("GET", "/_settle/resume") in routes
+    assert ("GET", "/_settle/up") in routes
+    for method, path in routes:
+        if path == "/_settle/up":
+            continue
+        refused = await knowing.request(method, path)
+        assert refused.status == 401, (method, path)
+        if method != "HEAD":
+            assert set(await refused.json()) == {"error", "message"}, (method, path)
 
 
 async def test_the_health_of_a_knowing_proxy_says_its_credentials_work(knowing: ProxyClient) -> None:
@@ -153,6 +187,7 @@ async def test_an_open_upstream_that_goes_away_keeps_its_health_readable(
     proxy = await aiohttp_client(create_app(_proxy_settings(upstream, None)))
     assert (await proxy.get("/_settle/health")).status == 200
     await upstream.close()
+    a_second_later(proxy.app)
     down = await proxy.get("/_settle/health")
     assert down.status == 503
     assert (await down.json())["upstream"]["reachable"] is False
@@ -164,6 +199,7 @@ async def test_an_open_upstream_that_starts_asking_for_a_password_closes_them(
     proxy = await aiohttp_client(create_app(_proxy_settings(upstream, None)))
     assert (await proxy.get("/_settle/metrics")).status == 200
     fake.password = PASSWORD
+    a_second_later(proxy.app)
     await _refused(proxy, "/_settle/metrics", NONE, 403)
 
 

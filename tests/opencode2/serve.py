@@ -1,0 +1,104 @@
+"""The 2.x stand-in as a process, started as 2.x is: `python tests/opencode2/serve.py serve --port P
+--hostname H --database FILE`, for tests that kill it (SIGKILL) or run it under `settle-proxy run`.
+
+As plain `opencode serve` (`packages/cli/src/server-process.ts` `processEffect` @05647a255acf): the
+password is `OPENCODE_PASSWORD`, else `OPENCODE_SERVER_PASSWORD` (`packages/cli/src/env.ts` @2da05b6f39bf),
+else a new random one printed as `server password <pw>`; then `server listening on <url>`. Without
+`--port` it takes the first free port from 4096 up (`packages/server/src/process.ts` `listen`
+@02ce4a330f33). The database file keeps sessions and messages across kills; nothing is settled at
+start. `--boot-seconds` answers 503 that long first; `--seed FILE` adds, on a fresh database, one
+session with a running `shell` call and writes its ids to FILE as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+import orjson
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.opencode2.stand_in import DEFAULT_VERSION, StandIn
+
+
+def _options(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="opencode")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--hostname", default="127.0.0.1")
+    serve.add_argument("--database", type=Path, required=True)
+    serve.add_argument("--version", dest="server_version", default=DEFAULT_VERSION)
+    serve.add_argument("--health-route", choices=("info", "health"), default="info")
+    serve.add_argument("--web-fallback", action="store_true")
+    serve.add_argument("--boot-seconds", type=float, default=0.0)
+    serve.add_argument("--seed", type=Path)
+    return parser.parse_args(argv)
+
+
+def _environment_password() -> str | None:
+    return os.environ.get("OPENCODE_PASSWORD") or os.environ.get("OPENCODE_SERVER_PASSWORD") or None
+
+
+async def _listen(server: StandIn, port: int | None) -> None:
+    """`--port`, or the first free port from 4096 up."""
+    candidates = [port] if port is not None else range(4096, 65536)
+    for candidate in candidates:
+        server.process.port = candidate
+        try:
+            await server.start()
+        except OSError:
+            if port is not None:
+                raise
+            continue
+        return
+
+
+def _seed(server: StandIn, path: Path) -> None:
+    session = server.add_session()
+    call = server.add_running_call(session, active=False)
+    server.save()
+    path.write_bytes(orjson.dumps(dataclasses.asdict(call)))
+
+
+async def serve(options: argparse.Namespace) -> None:
+    if options.hostname != "127.0.0.1":
+        sys.exit(f"the stand-in listens on 127.0.0.1 only, not {options.hostname}")
+    password = _environment_password()
+    fresh = not options.database.exists()
+    server = StandIn(
+        options.server_version,
+        password=password,
+        health_route=options.health_route,
+        web_fallback=options.web_fallback,
+        booting=options.boot_seconds > 0,
+        database=options.database,
+    )
+    if options.seed is not None and fresh:
+        _seed(server, options.seed)
+    await _listen(server, options.port)
+    print(f"server listening on {server.url}", flush=True)
+    if password is None:
+        print(f"server password {server.password}", flush=True)
+    if options.boot_seconds > 0:
+        asyncio.get_running_loop().call_later(options.boot_seconds, server.set_booting, False)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(_options(argv)))
+
+
+if __name__ == "__main__":
+    main()
