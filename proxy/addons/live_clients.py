@@ -48,6 +48,10 @@ class Subscriber:
     """None on the global stream, or on a plain `/event` while the default directory is unknown."""
     everywhere: bool = False
     """The global stream: every directory, events wrapped with their directory."""
+    api: bool = False
+    """2.x's `/api/event`: only 2.x's events, unwrapped, of the sessions and directory it asked
+    for (`session=…`, `location[directory]=…`; none asked: all)."""
+    sessions: frozenset[str] = frozenset()
 
 
 SUBSCRIBER = FlowKey[Subscriber]("live-settle subscriber")
@@ -65,6 +69,8 @@ class Orphan:
     place: OpenTool | Place
     state: list[dict[str, Any]] = field(default_factory=list)
     moment: list[dict[str, Any]] = field(default_factory=list)
+    api: bool = False
+    """2.x's events, for the clients of `/api/event` alone."""
 
 
 class ClientStreams:
@@ -94,6 +100,8 @@ class ClientStreams:
                     "it is told nothing until that is learned",
                     extra={"fields": {"route": "/event", "decision": "waits for the default directory"}},
                 )
+        elif stream is EventStream.V2:
+            subscriber = _api_subscriber(flow.request)
         else:
             return None
         flow.inject(subscriber.queue, by=by)
@@ -105,7 +113,7 @@ class ClientStreams:
     def learned_default(self, directory: str) -> None:
         """The server named its default directory: plain `/event` streams that waited for it
         are its streams from now on, caught up with its state."""
-        waiting = [s for s in self._subscribers if s.directory is None and not s.everywhere]
+        waiting = [s for s in self._subscribers if s.directory is None and not (s.everywhere or s.api)]
         self.default_directory = directory
         for subscriber in waiting:
             subscriber.directory = directory
@@ -142,7 +150,9 @@ class ClientStreams:
     def _send(self, subscriber: Subscriber, orphan: Orphan, *, live: bool) -> None:
         place = orphan.place
         events = orphan.state + orphan.moment if live else orphan.state
-        if subscriber.everywhere:
+        if subscriber.api or orphan.api:
+            frames = [event_frame(event) for event in events] if _interested(subscriber, orphan) else []
+        elif subscriber.everywhere:
             envelope = {"directory": place.directory, **({"project": place.project} if place.project else {})}
             frames = [event_frame({**envelope, "payload": event}) for event in events]
         elif subscriber.directory is not None and subscriber.directory == place.directory:
@@ -152,6 +162,23 @@ class ClientStreams:
         for frame in frames:
             subscriber.queue.put_nowait(frame)
         self._injected.inc(len(frames))
+
+
+def _api_subscriber(request: web.Request) -> Subscriber:
+    asked = request.query.get("session", "")
+    sessions = frozenset(session for session in asked.split(",") if session)
+    return Subscriber(asyncio.Queue(), request.query.get("location[directory]"), api=True, sessions=sessions)
+
+
+def _interested(subscriber: Subscriber, orphan: Orphan) -> bool:
+    """Whether a 2.x orphan goes to `subscriber`: a stream of `/api/event` that asked for its
+    session (or for all) and for its directory (or for any, or the orphan's is not known)."""
+    place, asked = orphan.place, subscriber.directory
+    if not (subscriber.api and orphan.api):
+        return False
+    if subscriber.sessions and place.session_id not in subscriber.sessions:
+        return False
+    return asked is None or place.directory is None or asked == place.directory
 
 
 def _requested_directory(request: web.Request) -> str | None:

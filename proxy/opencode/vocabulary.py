@@ -21,6 +21,12 @@ from rules import OPEN_STATUSES, V1_ERROR, V2_ERROR, Api
 
 __all__ = [
     "ANSWERED",
+    "API_CALL_ENDED",
+    "API_CALL_OPENING",
+    "API_CONNECTED",
+    "API_EXECUTION_ENDED",
+    "API_EXECUTION_STARTED",
+    "API_TOOL_FAILED",
     "CALL_ENDED",
     "CALL_OPENING",
     "CALL_STARTED",
@@ -42,6 +48,10 @@ __all__ = [
     "V1_STATUS_ACTIVE",
     "V2_ERROR",
     "V2_PREFIX",
+    "api_call_id",
+    "api_execution_interrupted",
+    "api_stated_liveness",
+    "api_tool_failed",
     "durable_type",
     "ends_turn",
     "event_name",
@@ -91,10 +101,29 @@ CALL_OPENING = ("session.next.tool.input.started", "session.next.tool.input.ende
 CALL_ENDED = frozenset({"session.next.tool.success", TOOL_FAILED, "session.next.tool.error"})
 """How a v2 call ends; `session.next.tool.progress` and the rest come while it still runs."""
 
+# 2.x: `/api/event`, `{"id", "type", "data", "location"?, "metadata"?, "created", "durable"?}`
+# (`packages/schema/src/event.ts` @162a75f99cc1, `session-event.ts` @03130971e20a; the projection
+# `message-updater.ts`, /work/notes/opencode2x-facts.md). A call is keyed `id` (newer) or `callID`.
+API_CONNECTED = "server.connected"
+"""The first frame of every 2.x stream (then `: heartbeat` comments every 15 s): no session's."""
+API_SESSION_PREFIX = "session."
+"""Every 2.x session event starts so; any of them says the session did something."""
+API_EXECUTION_STARTED = "session.execution.started"
+API_INTERRUPTED = "session.execution.interrupted"
+API_EXECUTION_ENDED = ("session.execution.succeeded", "session.execution.failed", API_INTERRUPTED)
+"""How 2.x ends a whole execution (every step and queued input): the session's turn is over."""
+API_SHUTDOWN = "shutdown"
+"""A server going away: the projection appends no `idle` message ("the drain continues")."""
+API_TOOL_FAILED = "session.tool.failed"
+API_CALL_OPENING = ("session.tool.input.started", "session.tool.called")  # `streaming`, `running`
+API_CALL_ENDED = ("session.tool.success", API_TOOL_FAILED)
+"""How a 2.x call ends; `session.tool.progress` and `session.step.*` come while it still runs."""
+
 EVENT_TYPES = frozenset(
     {SESSION_STATUS, SESSION_IDLE, SESSION_ERROR, MESSAGE_UPDATED, PART_UPDATED, PROMPT_ADMITTED, STEP_ENDED}
     | set(CALL_OPENING)
     | CALL_ENDED
+    | {API_CONNECTED, API_EXECUTION_STARTED, *API_EXECUTION_ENDED, *API_CALL_OPENING, *API_CALL_ENDED}
 )
 """Every event type named here."""
 EVENT_PREFIXES = frozenset({V2_PREFIX, *PERSON_PREFIXES})
@@ -159,7 +188,22 @@ def ends_turn(kind: str, properties: Mapping[str, Any]) -> bool:
     """Whether an event says its session's turn is over (a status unknown here does not)."""
     if kind == SESSION_STATUS:
         return v1_status_active(properties.get("status")) is False
-    return kind in (SESSION_IDLE, SESSION_ERROR)
+    return kind in (SESSION_IDLE, SESSION_ERROR, *API_EXECUTION_ENDED)
+
+
+def api_stated_liveness(kind: str, data: Mapping[str, Any]) -> tuple[Api, bool | None] | None:
+    """`stated_liveness` of a 2.x event (its sessions are the v2 family's)."""
+    if kind in API_EXECUTION_ENDED:
+        return Api.V2, False
+    return (Api.V2, None) if kind.startswith(API_SESSION_PREFIX) else None
+
+
+def api_call_id(data: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The call a 2.x tool event is about, and the key it came under (`id`, else `callID`)."""
+    for key in ("id", "callID"):
+        if isinstance(value := data.get(key), str):
+            return key, value
+    return None
 
 
 # The events that announce a settlement, as the server would have sent them.
@@ -211,6 +255,38 @@ def tool_failed(session_id: str, message_id: str, item: Mapping[str, Any]) -> di
     server's to give)."""
     data = tool_failed_data(session_id, message_id, item)
     return {"id": ascending_id("evt"), "type": TOOL_FAILED, "data": data}
+
+
+def _api_event(kind: str, data: Mapping[str, Any], created: Any, directory: str | None) -> dict[str, Any]:
+    """A 2.x event as `/api/event` frames one; no `durable`: its `seq` is the server's to give."""
+    where = {"location": {"directory": directory}} if directory is not None else {}
+    return {"id": ascending_id("evt"), "created": created, "type": kind, "data": dict(data)} | where
+
+
+def api_tool_failed(
+    session_id: str,
+    message_id: str,
+    item: Mapping[str, Any],
+    *,
+    key: str = "id",
+    directory: str | None = None,
+) -> dict[str, Any]:
+    """`session.tool.failed` for a call settled in 2.x's shape (`rules.runtime_2x`), as
+    `settleStaleToolCalls` publishes it: the error, `executed`, the metadata only when any, and
+    the call under the `key` the server used for it. `created` is the settled `time.completed`."""
+    state = item["state"]
+    data: dict[str, Any] = {"sessionID": session_id, "assistantMessageID": message_id, key: item["id"]}
+    data |= {"error": state["error"], "executed": item.get("executed") is True}
+    if state.get("metadata"):
+        data["metadata"] = state["metadata"]
+    return _api_event(API_TOOL_FAILED, data, item["time"]["completed"], directory)
+
+
+def api_execution_interrupted(session_id: str, created: int, directory: str | None = None) -> dict[str, Any]:
+    """How 2.x says an execution stopped because the server went away (reason `shutdown`): the
+    turn is over for a client, and no `idle` message is projected that the server would not hold."""
+    data = {"sessionID": session_id, "reason": API_SHUTDOWN}
+    return _api_event(API_INTERRUPTED, data, created, directory)
 
 
 def for_replay(event: Mapping[str, Any], session_id: str, seq: int) -> dict[str, Any]:
