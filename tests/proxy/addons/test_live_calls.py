@@ -89,6 +89,26 @@ def a_minute_ago(server: StandIn, session_id: str) -> None:
     earlier(server.messages(session_id))
 
 
+class Said(logging.Handler):
+    """Watches the proxy's log for a line holding `text` (its decision: a positive signal)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.said = text, asyncio.Event()
+        logging.getLogger("proxy").addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.said.set()
+
+    async def wait(self) -> None:
+        try:
+            async with asyncio.timeout(10):
+                await self.said.wait()
+        finally:
+            logging.getLogger("proxy").removeHandler(self)
+
+
 def call_opened(server: StandIn, call: RunningCall, key: str = "id") -> None:
     data = {"sessionID": call.session_id, "assistantMessageID": call.message_id, key: call.call_id}
     server.publish("session.tool.called", data | {"name": "shell", "input": {}, "executed": False})
@@ -134,7 +154,8 @@ async def test_a_client_of_api_event_is_told_the_crashed_call_failed_as_2x_says_
         "error": {"type": "aborted", "message": "Tool execution interrupted: shell"},
         "executed": False,
     }
-    assert failed["id"].startswith("evt_") and "durable" not in failed
+    assert failed["id"].startswith("evt_")
+    assert "durable" not in failed
     assert ended["type"] == "session.execution.interrupted"
     assert ended["data"] == {"sessionID": session, "reason": "shutdown"}
     # Nothing was written: the stored call is still running until 2.x's own drain settles it.
@@ -151,12 +172,11 @@ async def test_a_call_of_a_session_active_after_the_restart_is_left_alone(
         async with proxied(server, aiohttp_client) as (proxy, seen):
             call_opened(server, call)
             await seen.until(lambda: any(e.kind == "session.tool.called" for e in seen.events))
+            active = Said("nothing said, the session is active")
             await server.crash()
             server.store.active.add(session)
             await server.restart()
-            async with asyncio.timeout(10):
-                while "nothing said, the session is active" not in caplog.text:
-                    await asyncio.sleep(0.02)
+            await active.wait()
             response = await proxy.get("/api/event", headers=server.headers)
             first = await anext(frames(response))
             response.close()
