@@ -11,7 +11,9 @@ from rules.models import Api, JSONObject, Message, V1Message, V2Message
 from rules.orphaned_tool import OrphanedTool
 from rules.registry import DEFAULT_RULES, REGISTRY, Registry, needs_settling, triggers_of
 from rules.rule import Rule, Trigger
+from rules.runtime_2x import V2X, Runtime2x
 from rules.runtimes import V1, V1_ABORTED, V1_ERROR, V2, V2_ERROR, Runtime, runtime_for, runtime_of
+from rules.stale_compaction import StaleCompaction
 from rules.targets import OpenTool, Target
 from rules.tools import OPEN_STATUSES
 from rules.triggers import OPEN_TOOL, UNFINISHED_MESSAGE
@@ -29,6 +31,7 @@ __all__ = [
     "V1_ABORTED",
     "V1_ERROR",
     "V2",
+    "V2X",
     "V2_ERROR",
     "Api",
     "Change",
@@ -41,8 +44,10 @@ __all__ = [
     "Registry",
     "Rule",
     "Runtime",
+    "Runtime2x",
     "SettledMessages",
     "Settlement",
+    "StaleCompaction",
     "Target",
     "Trigger",
     "UnexpectedShape",

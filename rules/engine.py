@@ -13,7 +13,7 @@ from rules.liveness import Liveness
 from rules.models import Api, JSONObject
 from rules.registry import DEFAULT_RULES, needs_settling
 from rules.rule import Rule
-from rules.runtimes import UnexpectedShape, runtime_of
+from rules.runtimes import Runtime, UnexpectedShape, runtime_of
 
 __all__ = ["Settlement", "UnexpectedShape", "settle"]
 
@@ -34,16 +34,22 @@ class Settlement:
 
 
 def settle(
-    raw_message: Any, api: Api, liveness: Liveness, rules: Sequence[Rule] = DEFAULT_RULES
+    raw_message: Any,
+    api: Api,
+    liveness: Liveness,
+    rules: Sequence[Rule] = DEFAULT_RULES,
+    *,
+    runtime: Runtime[Any] | None = None,
 ) -> Settlement | None:
-    """Return the settled message, or None when no rule has anything to change.
+    """Return the settled message, or None when no rule has anything to change. `runtime` is the
+    shape the server settles in (default: the one 1.18.33 serves `api` in).
 
     Messages no rule's trigger matches are skipped before validation: on a long history almost
     every message is such, and validating them all would dominate the cost of a rewrite.
     """
     if liveness.active or not needs_settling(raw_message, api, rules):
         return None
-    runtime = runtime_of(api)
+    runtime = runtime or runtime_of(api)
     try:
         message = runtime.model.model_validate(raw_message)
     except ValidationError as error:

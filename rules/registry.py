@@ -14,6 +14,7 @@ from typing import Any, overload
 from rules.models import Api
 from rules.orphaned_tool import OrphanedTool
 from rules.rule import Rule, Trigger
+from rules.stale_compaction import StaleCompaction
 from rules.unfinished_message import UnfinishedMessage
 
 __all__ = ["DEFAULT_RULES", "REGISTRY", "Registry", "needs_settling", "triggers_of"]
@@ -65,7 +66,7 @@ class Registry(Sequence[Rule]):
         return iter(self._rules)
 
 
-REGISTRY = Registry((OrphanedTool(), UnfinishedMessage()))
+REGISTRY = Registry((OrphanedTool(), UnfinishedMessage(), StaleCompaction()))
 DEFAULT_RULES: Sequence[Rule] = REGISTRY
 """The rules that run by default: the registry's, as registered when they run."""
 

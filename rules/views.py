@@ -21,7 +21,7 @@ from rules.liveness import Liveness
 from rules.models import Api
 from rules.registry import DEFAULT_RULES
 from rules.rule import Rule
-from rules.runtimes import runtime_of
+from rules.runtimes import Runtime, runtime_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,13 +78,15 @@ def settle_view(
     *,
     single: bool = False,
     rules: Sequence[Rule] = DEFAULT_RULES,
+    runtime: Runtime[Any] | None = None,
 ) -> ViewSettlement | None:
-    """Settle every message of a parsed view; None when nothing changes."""
+    """Settle every message of a parsed view, in the shape of `runtime` (default: the one
+    1.18.33 serves `api` in); None when nothing changes."""
     messages = messages_of(document, api, single=single)
     settled = tuple(
         (index, found)
         for index, message in enumerate(messages)
-        if (found := settle(message, api, liveness, rules)) is not None
+        if (found := settle(message, api, liveness, rules, runtime=runtime)) is not None
     )
     if not settled:
         return None
