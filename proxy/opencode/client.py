@@ -46,6 +46,16 @@ class Credentials:
         return cls(headers={hdrs.AUTHORIZATION: authorization} if authorization else {})
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An answer as it came, for a caller that must say why it is not the one it needs."""
+
+    status: int
+    content_type: str
+    body: bytes
+    retry_after: str | None
+
+
 CALL_TIMEOUT_S = 60.0
 """The longest one of the proxy's own calls may take: the session they share also carries
 `/global/event`, so it has no total of its own, and a call held for good by a server that is
@@ -83,6 +93,24 @@ class UpstreamApi:
     async def get(self, path: str, credentials: Credentials, **params: str) -> Any:
         """`GET path?params`, parsed."""
         return await self.call("GET", path, credentials, params=params)
+
+    async def answer(self, path: str, credentials: Credentials) -> Answer:
+        """`GET path`, whatever it answers (a body past 64 KiB is cut: an answer that long is not
+        the small JSON object asked for)."""
+        headers = {**credentials.headers, hdrs.ACCEPT_ENCODING: "identity"}
+        url = self._origin.with_path(path)
+        async with self._session.get(
+            url.with_query(credentials.params) if credentials.params else url,
+            headers=headers,
+            allow_redirects=False,
+            timeout=self._timeout,
+        ) as response:
+            return Answer(
+                response.status,
+                response.content_type,
+                await response.content.read(2**16),
+                response.headers.get(hdrs.RETRY_AFTER),
+            )
 
     async def dated_get(self, path: str, credentials: Credentials, **params: str) -> tuple[Any, str | None]:
         """`GET path?params`, parsed, with the answer's `Date` header (the server's clock)."""

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rules import V1, V2, Api, Runtime
+from rules import V1, V2, V2X, Api, Runtime
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,4 +50,6 @@ V2_HTTP = HttpRuntime(
     "/api/session",
     "/api/session/active",
 )
+V2X_HTTP = HttpRuntime(V2X, V2_HTTP.message_views, V2_HTTP.session_prefix, V2_HTTP.liveness_path)
+"""opencode 2.x: 1.18's v2 routes, settled in 2.x's shape."""
 HTTP_RUNTIMES: dict[Api, HttpRuntime] = {runtime.api: runtime for runtime in (V1_HTTP, V2_HTTP)}

@@ -1,0 +1,112 @@
+"""One dialect per opencode server line: what a range of versions serves, and how the proxy must
+speak to it. Every module asks the dialect of the server it talks to instead of branching on a
+version (`proxy.opencode.server_line` says which one that is).
+
+Two lines today. 1.18 serves two runtimes that share no session (v1 `/session/...`, v2
+`/api/session/...`), answers `/global/health`, carries liveness on `/global/event`, and can be
+written to (its part PATCH and `/sync/replay`, or its database). 2.x serves the `/api/...`
+family only, in 1.18's v2 layout but settled its own way (`rules.runtime_2x`), answers
+`/api/info` (early 2.0: `/api/health`), and carries liveness on `/api/event`; nothing but its own
+event bus writes its database, so no writer of the proxy exists for it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from proxy.opencode.runtimes import V1_HTTP, V2_HTTP, V2X_HTTP, HttpRuntime
+from rules import Api
+
+__all__ = [
+    "DIALECTS",
+    "HEALTH_PATHS",
+    "LINE_1_18",
+    "LINE_2X",
+    "Dialect",
+    "Version",
+    "nearest",
+    "parse_version",
+]
+
+Version = tuple[int, int, int]
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_version(text: str) -> Version | None:
+    """`1.18.33`, `v2.1.2`, `2.0.0-beta.3` → a comparable triple; None for what is not a version."""
+    found = _VERSION.match(text.strip())
+    if found is None:
+        return None
+    return int(found[1]), int(found[2]), int(found[3] or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """What one server line serves. `versions` is `[first, past)`: a patch release of a known line
+    is that line (1.18.34 behaves as 1.18.33, measured)."""
+
+    name: str
+    versions: tuple[Version, Version]
+    runtimes: Mapping[Api, HttpRuntime]
+    """The message views it serves, each in its own shape; a route family it does not serve is
+    absent (2.x has no `/session/...`)."""
+    health_paths: tuple[str, ...]
+    """What says it is up, and which version it is (`{"version": …}` in the answer): its own,
+    then what earlier builds of the line answer instead."""
+    events_path: str
+    """The event stream liveness comes from."""
+    writers: frozenset[str] = field(default_factory=frozenset)
+    """The write-back modes (`api`, `db`) that can make a settlement durable on it."""
+    durable_by: str = ""
+    """For people: what does make a settlement durable on it, when the proxy cannot."""
+    resumes: bool = False
+    """Whether `--resume` can continue an interrupted turn on it (1.18: a prompt, as a client would)."""
+
+    @property
+    def health_path(self) -> str:
+        return self.health_paths[0]
+
+    def serves(self, version: Version) -> bool:
+        first, past = self.versions
+        return first <= version < past
+
+    def runtime(self, api: Api) -> HttpRuntime | None:
+        """The shape its `api` message views are in, or None when it serves no such route."""
+        return self.runtimes.get(api)
+
+
+LINE_1_18 = Dialect(
+    "1.18",
+    ((1, 18, 0), (1, 19, 0)),
+    {Api.V1: V1_HTTP, Api.V2: V2_HTTP},
+    health_paths=("/global/health",),
+    events_path="/global/event",
+    writers=frozenset({"api", "db"}),
+    resumes=True,
+)
+LINE_2X = Dialect(
+    "2.x",
+    ((2, 0, 0), (3, 0, 0)),
+    {Api.V2: V2X_HTTP},
+    health_paths=("/api/info", "/api/health"),
+    events_path="/api/event",
+    durable_by=(
+        "2.x settles an interrupted call itself when the session's next turn starts (a prompt, or "
+        "`--resume`); no route settles one without running the model, and only its own event bus "
+        "writes its database"
+    ),
+)
+DIALECTS = (LINE_2X, LINE_1_18)
+
+
+def nearest(version: Version | None, health_path: str) -> tuple[Dialect, bool]:
+    """The dialect of a server of `version` that answered `health_path`, and whether it is known
+    (the version in the line's range); else the line whose health route it answered."""
+    answered = next(dialect for dialect in DIALECTS if health_path in dialect.health_paths)
+    return answered, version is not None and answered.serves(version)
+
+
+HEALTH_PATHS = tuple(path for dialect in DIALECTS for path in dialect.health_paths)
+"""Every route that says which server answers, in the order they are asked first."""
