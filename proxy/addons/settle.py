@@ -14,6 +14,7 @@ the upstream sent it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import ClassVar
@@ -25,6 +26,7 @@ from proxy.addons.context import SettleContext
 from proxy.addons.routing import route_of
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.routes import MessageRoute
+from proxy.opencode.server_line import TOLD_1_18, ServerLine
 from proxy.opencode.tracker import LivenessTracker
 from proxy.relay import codings
 from proxy.relay.bounded import Bounded
@@ -57,9 +59,15 @@ class Settle(Addon):
     name: ClassVar[str] = "settle"
 
     def __init__(
-        self, ctx: SettleContext, *, tracker: LivenessTracker, rules: Sequence[Rule] = DEFAULT_RULES
+        self,
+        ctx: SettleContext,
+        *,
+        tracker: LivenessTracker,
+        rules: Sequence[Rule] = DEFAULT_RULES,
+        server: ServerLine | None = None,
     ) -> None:
         self._source = LivenessSource(tracker, ctx.probe)
+        self._server = server or ServerLine.told(TOLD_1_18)
         self._views = ViewRewriter(rules)
         self._metrics = ctx.metrics
         self._write_back = ctx.write_back
@@ -100,7 +108,7 @@ class Settle(Addon):
         view = flow.request.raw_path
         kept = self._source.kept(route)
         body = None if self._source.known_unchanged(route, view, kept) else self._decoded(route, flow)
-        if body is None:
+        if body is None or (route := await self._in_dialect(route, flow.request)) is None:
             return
         scanned = self._views.scan(route, view, body)
         if isinstance(scanned, Unchanged):
@@ -120,6 +128,18 @@ class Settle(Addon):
         self._record(route, outcome, log_it=scanned.known is None)
         if not self._dry_run:
             self._deliver(flow, route, outcome)
+
+    async def _in_dialect(self, route: MessageRoute, request: web.Request) -> MessageRoute | None:
+        """The route in the shape of the server's line; None (the body goes out as sent) while the
+        server is not known (its line said so once), or for a route its line does not serve."""
+        known = self._server.current or await self._server.known(self._source.credentials(request))
+        if known is None:
+            return None
+        http = known.dialect.runtime(route.api)
+        if http is None:
+            self._report_once(route, f"the {known.dialect.name} line serves no {route.api} message views")
+            return None
+        return dataclasses.replace(route, runtime=http.rules)
 
     def _deliver(self, flow: Flow, route: MessageRoute, rewritten: Rewritten) -> None:
         """The settled body to the client, in the codings it takes and with the headers that say

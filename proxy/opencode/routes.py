@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
-from rules import Api
+from rules import Api, Runtime, runtime_of
 
 _MESSAGE_ROUTES = tuple((runtime.api, runtime.message_views) for runtime in (V2_HTTP, V1_HTTP))
 
@@ -25,6 +26,14 @@ class MessageRoute:
     api: Api
     session_id: str
     single: bool
+    runtime: Runtime[Any] | None = None
+    """The shape the server settles in, once the server's line says (`Settle` sets it): the
+    route alone cannot tell 1.18's v2 from 2.x."""
+
+    @property
+    def shape(self) -> Runtime[Any]:
+        """The runtime to settle the view in: the line's, else the one 1.18.33 serves `api` in."""
+        return self.runtime or runtime_of(self.api)
 
 
 def match_message_route(method: str, path: str) -> MessageRoute | None:

@@ -18,12 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
+from aiohttp import web
 
 from proxy.opencode import jsonio
 from proxy.opencode.client import Answer, Credentials, UpstreamApi
-from proxy.opencode.dialects import HEALTH_PATHS, Dialect, nearest, parse_version
+from proxy.opencode.dialects import HEALTH_PATHS, LINE_1_18, Dialect, nearest, parse_version
 
-__all__ = ["KnownServer", "ServerLine"]
+__all__ = ["SERVER_LINE", "TOLD_1_18", "KnownServer", "ServerLine"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,10 @@ class KnownServer:
         return None
 
 
+TOLD_1_18 = KnownServer("1.18.33", LINE_1_18, True, "(told)")
+"""The server every part of the proxy was built against, for a caller that names no other."""
+
+
 class _NotYet(Exception):
     """An answer that does not say which server this is (its text says why)."""
 
@@ -74,7 +79,7 @@ class ServerLine:
     another version or line than before (first of all, at start)."""
 
     def __init__(
-        self, upstream: UpstreamApi, credentials: Credentials, *, timeout: float = ASK_TIMEOUT_S
+        self, upstream: UpstreamApi | None, credentials: Credentials, *, timeout: float = ASK_TIMEOUT_S
     ) -> None:
         self._upstream = upstream
         self._credentials = credentials
@@ -87,6 +92,14 @@ class ServerLine:
         self.why_unknown: str | None = None
         """Why the server is not known, when it is not (for health)."""
         self.listeners: list[Callable[[KnownServer], None]] = []
+
+    @classmethod
+    def told(cls, server: KnownServer) -> ServerLine:
+        """A line that is not asked: the server is `server`, restarts or not (for a caller that
+        knows, and for tests of what does not depend on it)."""
+        line = cls(None, Credentials())
+        line.current = line._last = server
+        return line
 
     async def known(self, credentials: Credentials | None = None) -> KnownServer | None:
         """The server, asked now (once, however many wait) if it is not known; None while it cannot
@@ -108,7 +121,8 @@ class ServerLine:
 
     def forget(self) -> None:
         """The server restarted, or may have: it is asked again before it is next relied on."""
-        self.current = None
+        if self._upstream is not None:
+            self.current = None
 
     def _order(self) -> list[str]:
         """The routes to ask: the last known line's first (a restart seldom changes the line)."""
@@ -116,6 +130,7 @@ class ServerLine:
         return list(dict.fromkeys((*first, *HEALTH_PATHS)))
 
     async def _ask(self, credentials: Credentials) -> None:
+        assert self._upstream is not None, "a line told its server is never asked"
         reasons, self._pause = [], None
         for path in self._order():
             try:
@@ -194,3 +209,6 @@ class ServerLine:
             why,
             extra={"fields": {"why": why}},
         )
+
+
+SERVER_LINE = web.AppKey("server_line", ServerLine)

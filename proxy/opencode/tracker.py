@@ -23,14 +23,12 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Protocol
 
 import aiohttp
 from aiohttp import hdrs, web
-from prometheus_client import CollectorRegistry, Counter
 from yarl import URL
 
+from proxy.opencode.following import StreamListener, StreamMetrics, StreamState
 from proxy.opencode.global_events import (
     GlobalEvent,
     SessionEvent,
@@ -42,6 +40,7 @@ from proxy.opencode.global_events import (
 )
 from proxy.opencode.routes import STREAM_START_TIMEOUT_S
 from proxy.opencode.server_clock import ServerClock
+from proxy.opencode.server_line import TOLD_1_18, KnownServer, ServerLine
 from proxy.relay.bounded import Bounded
 from rules import Api, Liveness
 
@@ -71,45 +70,8 @@ a client that busts caches with a new query string each time gets a scan each ti
 nothing more is kept."""
 _RETRY_SECONDS = (0.0, 0.25, 1.0, 2.0, 5.0)
 _RESTART_PAUSE_S = 1.0
-
-
-class StreamState(StrEnum):
-    CONNECTING = "connecting"
-    FOLLOWING = "following"
-    REFUSED = "refused"
-    """The upstream refused the subscription (HTTP error, e.g. 401 without credentials)."""
-    FAILED = "failed"
-    """Following failed in the proxy itself; it starts again in a moment."""
-
-
-@dataclass(frozen=True, slots=True)
-class StreamMetrics:
-    """What the tracker counts: events skipped as unreadable (by reason), listeners that
-    raised (by listener and hook), and restarts of following after it failed."""
-
-    unreadable_events: Counter
-    listener_errors: Counter
-    restarts: Counter
-
-    @classmethod
-    def unregistered(cls) -> StreamMetrics:
-        """Counters nobody serves, for a tracker built without an application."""
-        registry = CollectorRegistry()
-        return cls(
-            Counter("unreadable_events", "", ("reason",), registry=registry),
-            Counter("listener_errors", "", ("listener", "hook"), registry=registry),
-            Counter("restarts", "", registry=registry),
-        )
-
-
-class StreamListener(Protocol):
-    """Something else that wants the stream's events (after the tracker has applied them)."""
-
-    def following(self) -> None:
-        """The stream has (re)connected: whatever happened while it was down was not seen."""
-
-    def event(self, event: GlobalEvent) -> None:
-        """One event, in stream order."""
+REDETECT_S = 30.0
+"""How often a server whose stream is not followed is asked again which server it is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +87,9 @@ class LivenessTracker:
     """Keeps readings fresh from the event stream of the server at `origin`; `run()` follows it
     until cancelled. The stream is asked with `authorization` (the proxy's own credentials, if
     any), and must start answering within `connect_timeout` (at most STREAM_START_TIMEOUT_S).
-    An event line longer than `line_limit` bytes is skipped without being held whole."""
+    An event line longer than `line_limit` bytes is skipped without being held whole. Nothing is
+    followed before `server` says which server this is (given none, it is told 1.18.33), and it
+    is asked again each time the stream is lost: the server may have restarted as another."""
 
     def __init__(
         self,
@@ -137,8 +101,10 @@ class LivenessTracker:
         clock: ServerClock | None = None,
         metrics: StreamMetrics | None = None,
         line_limit: int = EVENT_LINE_LIMIT,
+        server: ServerLine | None = None,
     ) -> None:
         self._session = session
+        self._server = server or ServerLine.told(TOLD_1_18)
         self._url = origin.origin().with_path(EVENTS_PATH)
         self._authorization = authorization
         self._connect_timeout = connect_timeout
@@ -149,6 +115,7 @@ class LivenessTracker:
         self._clean: Bounded[str, Bounded[str, None]] = Bounded(CLEAN_SESSIONS)
         """Per session, the views (path and query) last seen without an open tool."""
         self._said: set[str] = set()
+        self._unread_said: KnownServer | None = None
         self.state = StreamState.CONNECTING
         self.restarts = 0
         self.last_failure: str | None = None
@@ -207,6 +174,10 @@ class LivenessTracker:
         said only of a stream that was being followed."""
         failures, waiting_said = 0, False
         while True:
+            server = await self._server.detected()
+            if (unread := self._unread(server)) is not None:
+                await self._not_followed(server, unread)
+                continue
             why = "the server ended it"
             try:
                 async for event in self._follow():
@@ -220,8 +191,27 @@ class LivenessTracker:
                 waiting_said = True
                 log.info("waiting for the server to answer %s (%s)", EVENTS_PATH, why)
             self._forget()
+            self._server.forget()
             await asyncio.sleep(_RETRY_SECONDS[min(failures, len(_RETRY_SECONDS) - 1)])
             failures += 1
+
+    @staticmethod
+    def _unread(server: KnownServer) -> str | None:
+        """Why the stream of `server` is not followed, if it is not."""
+        if (refused := server.refusal("follow")) is not None:
+            return refused
+        if server.dialect.events_path != EVENTS_PATH:
+            return f"its stream, {server.dialect.events_path}, is not read by this proxy yet"
+        return None
+
+    async def _not_followed(self, server: KnownServer, why: str) -> None:
+        """Say once per server that liveness is asked on every fetch, and why; ask again in a while
+        which server it is (a restart as another version would go unseen otherwise)."""
+        if self.state is not StreamState.NOT_FOLLOWED or self._unread_said != server:
+            log.info("liveness is asked on every fetch: %s", why, extra={"fields": server.describe()})
+        self.state, self._unread_said = StreamState.NOT_FOLLOWED, server
+        await asyncio.sleep(REDETECT_S)
+        self._server.forget()
 
     def _take(self, event: GlobalEvent | UnreadableEvent) -> None:
         if isinstance(event, UnreadableEvent):

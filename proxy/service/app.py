@@ -8,7 +8,7 @@ import functools
 import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 
 from aiohttp import web
@@ -21,6 +21,7 @@ from proxy.addons.settle import Settle
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.other_processes import mark_this_process
+from proxy.opencode.server_line import SERVER_LINE, KnownServer, ServerLine
 from proxy.opencode.surveys import OTHER_PROCESSES, OtherProcesses
 from proxy.opencode.tracker import TRACKER, LivenessTracker
 from proxy.relay.departures import DEPARTURES, Departures
@@ -75,6 +76,7 @@ async def _addons(forwarder: Forwarder, app: web.Application) -> AsyncIterator[N
         elsewhere=elsewhere,
         lookups=metrics.liveness_requests,
     )
+    line = app[SERVER_LINE] = ServerLine(upstream, Credentials.configured(settings.authorization))
     background = app[BACKGROUND] = Background()
     metrics.background_busy.set_function(lambda: float(background.busy))
     background.add(elsewhere)
@@ -82,6 +84,7 @@ async def _addons(forwarder: Forwarder, app: web.Application) -> AsyncIterator[N
         stack.push_async_callback(elsewhere.close)
         writer = await _writer(settings, upstream, stack)
         write_back = _write_back(app, probe, writer, stack)
+        line.listeners.append(_what_each_mode_does(settings))
         tracker = app[TRACKER] = LivenessTracker(
             app[UPSTREAM],
             settings.upstream,
@@ -89,6 +92,7 @@ async def _addons(forwarder: Forwarder, app: web.Application) -> AsyncIterator[N
             connect_timeout=settings.connect_timeout,
             clock=probe.clock,
             metrics=metrics.stream,
+            server=line,
         )
         ctx = SettleContext(
             probe,
@@ -127,11 +131,32 @@ def _write_back(
     if writer is None or settings.dry_run:
         return None
     write_back = app[WRITE_BACK] = WriteBack(
-        probe, CountingWriter(writer, app[METRICS].write_backs), settings.grace
+        probe, CountingWriter(writer, app[METRICS].write_backs), settings.grace, server=app[SERVER_LINE]
     )
     stack.push_async_callback(write_back.close)
     app[BACKGROUND].add(write_back.tasks)
     return write_back
+
+
+def _what_each_mode_does(settings: Settings) -> Callable[[KnownServer], None]:
+    """What says, once per server that becomes known, what the modes asked for do not do on it."""
+    asked = [str(settings.write_back)] if settings.write_back is not WriteBackMode.OFF else []
+    asked += ["resume"] if settings.resume else []
+
+    def say(server: KnownServer) -> None:
+        for mode in asked:
+            if (refused := server.refusal(mode)) is not None:
+                flag = "--resume" if mode == "resume" else f"--write-back {mode}"
+                fields = server.describe() | {"mode": mode, "why": refused}
+                log.warning(
+                    "%s does nothing on opencode %s: %s",
+                    flag,
+                    server.version,
+                    refused,
+                    extra={"fields": fields},
+                )
+
+    return say
 
 
 def _dispatch(
@@ -146,7 +171,8 @@ def _dispatch(
     prefix = app.get(MOUNT_PREFIX, "")
     live, streams = LiveSettle(ctx), SessionStreamSettle(ctx)
     clients = ClientStreams() if app[SETTINGS].resume else None
-    addons, scopes = _in_order(Settle(ctx, tracker=tracker), live, streams, clients, prefix)
+    settle = Settle(ctx, tracker=tracker, server=app[SERVER_LINE])
+    addons, scopes = _in_order(settle, live, streams, clients, prefix)
     dispatcher = Addons(addons, app[METRICS].addon_errors, scopes=scopes)
     forwarder.start(dispatcher, prefix=prefix)
     stack.push_async_callback(forwarder.close)

@@ -15,6 +15,8 @@ import aiohttp
 from aiohttp import hdrs, web
 
 from proxy import __version__
+from proxy.opencode.dialects import HEALTH_PATHS
+from proxy.opencode.server_line import SERVER_LINE
 from proxy.opencode.surveys import OTHER_PROCESSES
 from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamState
 from proxy.relay.upstream import UPSTREAM
@@ -40,7 +42,7 @@ async def health(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     upstream = {"url": str(settings.upstream_origin)} | await _upstream_answer(request)
     body = {
-        "status": "ok" if upstream["reachable"] else "upstream unreachable",
+        "status": _status(upstream),
         "version": __version__,
         "upstream": upstream,
         "liveness": _liveness_source(request.app[TRACKER]),
@@ -69,11 +71,12 @@ async def _upstream_answer(request: web.Request) -> Answer:
 
 
 class UpstreamHealth:
-    """How the upstream's `/global/health` answers the proxy (with its configured credentials, if
-    any), shared by every asker: a reading at most `max_age_s` old is answered from, and askers
-    that come while one is taken wait for it. So a health checker polling `/_settle/up` (or any
-    `/_settle` route, which the guard checks by it when the proxy has no password) as hard as it
-    likes costs the server one request a second at most."""
+    """How the health route of the upstream's line answers the proxy (with its configured
+    credentials, if any), and which server it is (`_asking`), shared by every asker: a reading at
+    most `max_age_s` old is answered from, and askers that come while one is taken wait for it.
+    So a health checker polling `/_settle/up` (or any `/_settle` route, which the guard checks by
+    it when the proxy has no password) as hard as it likes costs the server one request a second
+    at most."""
 
     def __init__(self, ask: Callable[[], Awaitable[Answer]], *, max_age_s: float = 1.0) -> None:
         self._ask = ask
@@ -108,20 +111,38 @@ class UpstreamHealth:
 
 
 def _asking(app: web.Application) -> Callable[[], Awaitable[Answer]]:
+    """Which server the upstream is (asked now, if it is not known), or why that is not known, and
+    how its line's health route answers. Not known yet, the route of the newest line is asked,
+    for whether the upstream answers at all."""
+
     async def ask() -> Answer:
-        settings = app[SETTINGS]
+        settings, line = app[SETTINGS], app.get(SERVER_LINE)
+        known = await line.known() if line is not None else None
+        said = known.describe() if known is not None else {"not_known": line.why_unknown if line else None}
+        path = known.dialect.health_path if known is not None else HEALTH_PATHS[0]
         headers = {hdrs.AUTHORIZATION: settings.authorization} if settings.authorization else {}
         try:
             async with app[UPSTREAM].get(
-                settings.upstream_origin.with_path("/global/health"),
+                settings.upstream_origin.with_path(path),
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=settings.connect_timeout),
             ) as response:
-                return {"reachable": True, "status": response.status}
+                return {"reachable": True, "status": response.status, "route": path} | said
         except (aiohttp.ClientError, TimeoutError) as error:
-            return {"reachable": False, "error": str(error) or type(error).__name__}
+            return {"reachable": False, "error": str(error) or type(error).__name__} | said
 
     return ask
+
+
+def _status(upstream: Answer) -> str:
+    """`ok` only when the server is known and its own health route answered 200."""
+    if not upstream["reachable"]:
+        return "upstream unreachable"
+    if "dialect" not in upstream:
+        return "upstream not known yet"
+    if upstream.get("status") != 200:
+        return f"upstream answered HTTP {upstream.get('status')} on {upstream['route']}"
+    return "ok"
 
 
 async def _status_without_credentials(request: web.Request) -> int | None:

@@ -27,7 +27,6 @@ from proxy.views import scan
 from proxy.views.splice import compact_spans, raw_messages, splice
 from rules import (
     DEFAULT_RULES,
-    Api,
     Liveness,
     Rule,
     SettledMessages,
@@ -71,7 +70,7 @@ def rewrite(
         spans = compact_spans(scanned, raw)
         if spans is not None:
             positions = scan.found(body, route.api, rules) if found is None else found
-            return _rewrite_spans(body, raw, spans, positions, route.api, liveness=liveness, rules=rules)
+            return _rewrite_spans(body, raw, spans, positions, route, liveness=liveness, rules=rules)
     return _rewrite_document(body, route, liveness, rules)
 
 
@@ -80,7 +79,7 @@ def _rewrite_spans(
     raw: list[msgspec.Raw],
     starts: list[int],
     positions: Sequence[int],
-    api: Api,
+    route: MessageRoute,
     *,
     liveness: Liveness,
     rules: Sequence[Rule],
@@ -88,7 +87,8 @@ def _rewrite_spans(
     settled: list[tuple[int, Settlement]] = []
     for index in scan.candidates(starts, positions):
         start = starts[index]
-        found = settle(jsonio.loads(body[start : start + len(raw[index])]), api, liveness, rules)
+        message = jsonio.loads(body[start : start + len(raw[index])])
+        found = settle(message, route.api, liveness, rules, runtime=route.shape)
         if found is not None:
             settled.append((index, found))
     if not settled:
@@ -109,7 +109,7 @@ def _rewrite_document(
     except orjson.JSONDecodeError as error:
         raise UnexpectedShape(f"body is not JSON: {error}") from error
     originals = messages_of(document, route.api, single=route.single)
-    view = settle_view(document, route.api, liveness, single=route.single, rules=rules)
+    view = settle_view(document, route.api, liveness, single=route.single, rules=rules, runtime=route.shape)
     if view is None:
         return None
     changed = [(originals[index], found) for index, found in view.messages.settled]

@@ -29,6 +29,7 @@ from prometheus_client import Counter
 
 from proxy.opencode.client import Credentials
 from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
+from proxy.opencode.server_line import TOLD_1_18, ServerLine
 from proxy.relay.tasks import Idles, KeyedTasks
 from proxy.writeback.decisions import (
     BECAME_ACTIVE,
@@ -124,7 +125,10 @@ class WriteBack:
     task has a key of its own, so that a session named just as its task ends starts a new one.
     """
 
-    def __init__(self, probe: LivenessProbe, writer: Writer, grace: float) -> None:
+    def __init__(
+        self, probe: LivenessProbe, writer: Writer, grace: float, *, server: ServerLine | None = None
+    ) -> None:
+        self._server = server or ServerLine.told(TOLD_1_18)
         self._passing: KeyedTasks[tuple[Api, str, int]] = KeyedTasks("write-back")
         self._probe = probe
         self._writer = writer
@@ -137,7 +141,11 @@ class WriteBack:
 
     def schedule(self, api: Api, session_id: str, credentials: Credentials, targets: Iterable[str]) -> None:
         """Confirm and write the named settlements of the session later: with any named while a
-        pass of it is pending, or in a pass of their own after the one writing now."""
+        pass of it is pending, or in a pass of their own after the one writing now. Nothing is
+        scheduled on a server this mode does not write to (said once, when it became known)."""
+        known = self._server.current
+        if known is None or known.refusal(self._writer.mode) is not None:
+            return
         session = (api, session_id)
         self._pending.setdefault(session, _Batch(credentials)).targets.update(targets)
         if session not in self._running:
@@ -193,9 +201,20 @@ class WriteBack:
             left |= batch.targets
         self._decisions.skipped(session, left, "the proxy closed before writing it")
 
+    async def _refused(self, credentials: Credentials) -> str | None:
+        """Why nothing may be written now: the server restarted since the fetch, and is not known
+        again yet or is one this mode does not write to."""
+        known = await self._server.known(credentials)
+        return (
+            "which server the upstream is is not known" if known is None else known.refusal(self._writer.mode)
+        )
+
     async def _pass(self, session: Session, batch: _Batch) -> None:
         api, session_id = session
         became_active = False
+        if (refused := await self._refused(batch.credentials)) is not None:
+            self._decisions.skipped(session, batch.targets, refused)
+            return
 
         async def confirm() -> Liveness:
             nonlocal became_active

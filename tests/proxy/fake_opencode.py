@@ -55,6 +55,8 @@ class FakeOpencode:
     """The directory the "server" runs in: what `GET /path` names, and what plain `/event` follows."""
     path_fails: bool = False
     """When set, `GET /path` answers 503, as a server still starting may."""
+    version: str = "1.18.33"
+    """What `/global/health` names (the proxy asks it which server this is)."""
     on_serve: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
     """Per path, hooks for its next requests: the first runs just before the next one is answered."""
 
@@ -62,6 +64,7 @@ class FakeOpencode:
         app = web.Application()
         app.middlewares.append(self._record)
         app.on_response_prepare.append(self._date)
+        app.router.add_get("/global/health", self._health)
         app.router.add_get("/api/session/active", self._v2_active)
         app.router.add_get("/session/status", self._v1_status)
         app.router.add_get("/session/{session}", self._v1_session)
@@ -110,6 +113,9 @@ class FakeOpencode:
         self.liveness_requests += 1
         if self.liveness_fails:
             raise web.HTTPServiceUnavailable()
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.json_response({"healthy": True, "version": self.version})
 
     async def _v2_active(self, _: web.Request) -> web.Response:
         self._count_liveness()

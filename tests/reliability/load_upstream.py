@@ -80,7 +80,7 @@ class LoadUpstream:
         app.router.add_post("/echo", self._echo)
         app.router.add_get("/event", self._events)
         app.router.add_get("/global/event", self._global_events)
-        app.router.add_get("/global/health", self._small)
+        app.router.add_get("/global/health", self._health)
         app.router.add_get("/api/session/active", self._v2_active)
         app.router.add_get("/session/status", self._v1_status)
         app.router.add_get("/session/{session}/message", self._messages)
@@ -96,6 +96,9 @@ class LoadUpstream:
             return await handler(request)
         finally:
             self.in_flight -= counted
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.json_response({"healthy": True, "version": "1.18.33"})
 
     async def _small(self, _: web.Request) -> web.Response:
         return web.json_response({"healthy": True, "version": "1.18.33"})

@@ -172,7 +172,7 @@ def opencode_routes(messages: Responder, active: Set[str] = frozenset()) -> Resp
     """Answer the liveness look-ups as opencode would, with only the sessions in `active` running
     (read at each look-up, so a test may change it), and everything else with `messages`.
     `/global/event` is refused, so the proxy keeps no readings and asks on every fetch: each
-    answer is then decided afresh."""
+    answer is then decided afresh. `/global/health` names 1.18.33."""
 
     async def respond(request: Received) -> Reply:
         if request.path == "/api/session/active":
@@ -183,6 +183,8 @@ def opencode_routes(messages: Responder, active: Set[str] = frozenset()) -> Resp
             return json_reply({"id": found["session"], "directory": "/cwd"})
         if request.path == "/global/event":
             return json_reply({"name": "NotFound"}, status=404)
+        if request.path == "/global/health":
+            return json_reply({"healthy": True, "version": "1.18.33"})
         return await messages(request)
 
     return respond

@@ -32,10 +32,8 @@ async def test_mounted_under_a_prefix(
     assert await (await client.get("/hello")).text() == "mine"
     response = await client.get(f"/opencode/api/session/{V2}/message")
     assert orjson.loads(await response.read())["data"][0]["content"][0]["state"]["status"] == "error"
-    assert [request.path for request in fake.seen[-2:]] == [
-        f"/api/session/{V2}/message",
-        "/api/session/active",
-    ]
+    asked = [request.path for request in fake.seen if request.path.startswith("/api/session/")]
+    assert asked[-2:] == [f"/api/session/{V2}/message", "/api/session/active"]
     echoed = await (await client.get("/opencode/echo?x=1")).json()
     assert echoed["path_qs"] == "/echo?x=1"
     assert (await client.get("/opencode/_settle/health")).status == 200

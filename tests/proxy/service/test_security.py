@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from yarl import URL
 
+from proxy.opencode.dialects import HEALTH_PATHS
 from proxy.service.app import create_app
 from proxy.service.config import Settings, basic_authorization
 from tests.fixtures import compact
@@ -84,7 +85,8 @@ async def test_auth_guards_every_route_before_the_upstream(
         response = await self_guarded_proxy.get(path)
         assert response.status == 401, path
         assert response.headers["WWW-Authenticate"] == 'Basic realm="settle-proxy"'
-    own = ("/global/event", "/path")  # what the proxy asks on its own: its stream, the default directory
+    # What the proxy asks on its own: which server this is, its stream, the default directory.
+    own = (*HEALTH_PATHS, "/global/event", "/path")
     assert [r.path for r in fake.seen if r.path not in own] == []
 
 
