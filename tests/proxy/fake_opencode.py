@@ -18,6 +18,10 @@ from aiohttp import WSMsgType, web
 from tests.fixtures import js_json
 
 
+def _web_app() -> web.Response:
+    return web.Response(text="<!doctype html><title>opencode</title>", content_type="text/html")
+
+
 @dataclass
 class FakeOpencode:
     """State the tests set: message bodies per path, and what liveness says."""
@@ -56,7 +60,11 @@ class FakeOpencode:
     path_fails: bool = False
     """When set, `GET /path` answers 503, as a server still starting may."""
     version: str = "1.18.33"
-    """What `/global/health` names (the proxy asks it which server this is)."""
+    """Which server this is: 1.x names it on `/global/health`, 2.x on `/api/info` (and then has no
+    `/global/health`, and no `/global/event`)."""
+    web_app: bool = False
+    """When set, a route with nothing to serve answers a web app's HTML page (200), as a server
+    behind a web-app fallback does."""
     on_serve: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
     """Per path, hooks for its next requests: the first runs just before the next one is answered."""
 
@@ -65,6 +73,7 @@ class FakeOpencode:
         app.middlewares.append(self._record)
         app.on_response_prepare.append(self._date)
         app.router.add_get("/global/health", self._health)
+        app.router.add_get("/api/info", self._info)
         app.router.add_get("/api/session/active", self._v2_active)
         app.router.add_get("/session/status", self._v1_status)
         app.router.add_get("/session/{session}", self._v1_session)
@@ -114,8 +123,24 @@ class FakeOpencode:
         if self.liveness_fails:
             raise web.HTTPServiceUnavailable()
 
+    @property
+    def is_2x(self) -> bool:
+        return not self.version.startswith("1.")
+
     async def _health(self, _: web.Request) -> web.Response:
+        if self.web_app:
+            return _web_app()
+        if self.is_2x:
+            raise web.HTTPNotFound()
         return web.json_response({"healthy": True, "version": self.version})
+
+    async def _info(self, _: web.Request) -> web.Response:
+        """`ServerInfo` (packages/protocol/src/groups/server.ts @51819a10a412, anomalyco/opencode)."""
+        if self.web_app:
+            return _web_app()
+        if not self.is_2x:
+            raise web.HTTPNotFound()
+        return web.json_response({"version": self.version, "pid": 1, "urls": [], "paths": {"tmp": "/tmp"}})
 
     async def _v2_active(self, _: web.Request) -> web.Response:
         self._count_liveness()
@@ -163,6 +188,8 @@ class FakeOpencode:
         return response
 
     async def _global_events(self, request: web.Request) -> web.StreamResponse:
+        if self.is_2x:
+            raise web.HTTPNotFound()
         if self.events_refused:
             return web.json_response({"_tag": "UnauthorizedError"}, status=401)
         self.subscribers += 1
@@ -257,6 +284,8 @@ class FakeOpencode:
 
     async def _body(self, request: web.Request) -> web.Response:
         body = self.bodies.get(request.path)
+        if body is None and self.web_app:
+            return _web_app()
         if body is None:
             raise web.HTTPNotFound()
         return web.Response(
