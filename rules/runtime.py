@@ -59,6 +59,10 @@ class Runtime(ABC, Generic[M]):
         leaves (the server's own, or this proxy's: they are the same)."""
         return False
 
+    @abstractmethod
+    def chosen_model(self, header: Mapping[str, Any]) -> dict[str, str] | None:
+        """`{"providerID", "modelID"}` a message's header names, if it names both."""
+
     def failed_compaction(self, message: M) -> JSONObject | None:
         """The merge patch that fails `message`, a compaction a crash left running, as the server
         itself would (2.x's `settleStaleCompactions`); None where the server fails none."""

@@ -92,6 +92,9 @@ class _V1(Runtime[V1Message]):
             "state": {"status": "error", "error": V1_ERROR, "metadata": {"interrupted": True}, "time": time}
         }
 
+    def chosen_model(self, header: Mapping[str, Any]) -> dict[str, str] | None:
+        return _model(header.get("providerID"), header.get("modelID"))
+
     def settled_as_interrupted(self, state: Mapping[str, Any]) -> bool:
         metadata = state.get("metadata")
         interrupted = isinstance(metadata, dict) and metadata.get("interrupted") is True
@@ -162,12 +165,22 @@ class V2Shapes(Runtime[V2Message]):
         ended = self.tool_settled_at(message, index)
         return {"state": {"status": "error", "error": V2_ERROR}, "time": {"completed": ended}}
 
+    def chosen_model(self, header: Mapping[str, Any]) -> dict[str, str] | None:
+        chosen = header.get("model")
+        return _model(chosen.get("providerID"), chosen.get("id")) if isinstance(chosen, dict) else None
+
     def settled_as_interrupted(self, state: Mapping[str, Any]) -> bool:
         error = state.get("error")
         return isinstance(error, dict) and error.get("message") == V2_ERROR["message"]
 
     def finished(self, message: V2Message, last_alive: int) -> JSONObject:
         return {"time": {"completed": last_alive}}
+
+
+def _model(provider: Any, model: Any) -> dict[str, str] | None:
+    if isinstance(provider, str) and isinstance(model, str):
+        return {"providerID": provider, "modelID": model}
+    return None
 
 
 def _v1_start(message: V1Message, index: int) -> int | None:

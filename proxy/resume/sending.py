@@ -20,7 +20,7 @@ from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
 from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
-from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
+from proxy.opencode.runtimes import HTTP_RUNTIMES
 from proxy.resume.turns import InterruptedTurn, message_after
 from rules import Api
 
@@ -50,14 +50,11 @@ class Server:
         self._credentials = credentials
 
     async def messages(self, turn_api: Api, session_id: str) -> Any:
-        http = V1_HTTP if turn_api is Api.V1 else V2_HTTP
-        return await self._api.get(http.messages_path(session_id), self._credentials)
+        return await self._api.get(HTTP_RUNTIMES[turn_api].messages_path(session_id), self._credentials)
 
     async def session_info(self, turn_api: Api, session_id: str) -> dict[str, Any]:
-        path = f"/session/{session_id}" if turn_api is Api.V1 else f"/api/session/{session_id}"
-        info = await self._api.get(path, self._credentials)
-        if turn_api is Api.V2 and isinstance(info, dict) and isinstance(info.get("data"), dict):
-            info = info["data"]
+        http = HTTP_RUNTIMES[turn_api]
+        info = http.unwrapped(await self._api.get(http.session_path(session_id), self._credentials))
         return info if isinstance(info, dict) else {}
 
     async def ready(self, directory: str | None, provider: str | None) -> bool:
@@ -76,19 +73,12 @@ class Server:
         return False
 
     async def prompt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> None:
-        """Send the prompt (v1 `prompt_async` with the turn's own agent and model; v2 `prompt`)."""
-        if turn.api is Api.V1:
-            body: dict[str, Any] = {"messageID": prompt_id, "parts": [{"type": "text", "text": text}]}
-            if turn.agent is not None:
-                body["agent"] = turn.agent
-            if turn.model is not None:
-                body["model"] = turn.model
-            await self._request(
-                "POST", f"/session/{turn.session_id}/prompt_async", _directory_header(directory), body
-            )
-        else:
-            body = {"id": prompt_id, "prompt": {"text": text}}
-            await self._request("POST", f"/api/session/{turn.session_id}/prompt", {}, body)
+        """Send the prompt as the turn's runtime takes it (v1 `prompt_async` with the turn's own
+        agent and model, in its directory; v2 `prompt`)."""
+        http = HTTP_RUNTIMES[turn.api]
+        body = http.prompt_body(prompt_id, text, turn.agent, turn.model)
+        headers = _directory_header(directory) if http.directed else {}
+        await self._request("POST", http.prompt_path(turn.session_id), headers, body)
 
     async def started(self, turn: InterruptedTurn, prompt_id: str) -> str | None:
         """How the turn was seen to start (the session active, or an answer to the prompt), or

@@ -1,7 +1,9 @@
 """What a session's message view says about its last turn: was it cut off, and where.
 
-Pure: a parsed view in, an `InterruptedTurn` (or the reason there is none) out. Both runtimes
-give every message an ascending id (`msg_…`, sorted by creation), so the newest message is the
+Pure: a parsed view in, an `InterruptedTurn` (or the reason there is none) out. Where a view
+keeps what is asked here (headers, roles, tools, the settled shape) is its runtime's to say
+(`rules.runtime_of`): resuming is done on the 1.18 line only. Both runtimes give every message
+an ascending id (`msg_…`, sorted by creation), so the newest message is the
 one with the greatest id, whatever order the view lists them in (v1 oldest first, v2 newest).
 """
 
@@ -10,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.opencode.vocabulary import OPEN_STATUSES, V1_ERROR, V2_ERROR
-from rules import Api
+from rules import Api, UnexpectedShape, runtime_of
 
 __all__ = [
     "InterruptedCall",
@@ -87,7 +88,7 @@ def last_turn(view: Any, api: Api, session_id: str, *, cut_off: str | None = Non
         str(_id(newest, api)),
         calls,
         _text(header.get("agent") or header.get("mode")),
-        _model(header, api),
+        runtime_of(api).chosen_model(header),
         str(_id(users[-1], api)) if users else None,
     )
     return LastTurn(turn, newer)
@@ -109,13 +110,15 @@ def message_after(view: Any, api: Api, message_id: str, role: str) -> str | None
 
 
 def _messages(view: Any, api: Api) -> list[dict[str, Any]]:
-    if api is Api.V2 and isinstance(view, dict):
-        view = view.get("data")
-    return [m for m in view if isinstance(m, dict)] if isinstance(view, list) else []
+    try:
+        messages = runtime_of(api).messages_of(view, single=False)
+    except UnexpectedShape:
+        return []
+    return [m for m in messages if isinstance(m, dict)]
 
 
 def _header(message: dict[str, Any], api: Api) -> dict[str, Any]:
-    header = message.get("info") if api is Api.V1 else message
+    header = runtime_of(api).header(message)
     return header if isinstance(header, dict) else {}
 
 
@@ -124,12 +127,11 @@ def _id(message: dict[str, Any], api: Api) -> Any:
 
 
 def _role(message: dict[str, Any], api: Api) -> Any:
-    header = _header(message, api)
-    return header.get("role") if api is Api.V1 else header.get("type")
+    return _header(message, api).get(runtime_of(api).role_key)
 
 
 def _items(message: dict[str, Any], api: Api) -> list[dict[str, Any]]:
-    items = message.get("parts" if api is Api.V1 else "content")
+    items = message.get(runtime_of(api).item_key)
     return (
         [i for i in items if isinstance(i, dict) and i.get("type") == "tool"]
         if isinstance(items, list)
@@ -138,42 +140,22 @@ def _items(message: dict[str, Any], api: Api) -> list[dict[str, Any]]:
 
 
 def _interrupted(item: dict[str, Any], api: Api) -> InterruptedCall | None:
+    runtime = runtime_of(api)
     state = _dict(item.get("state"))
     status = state.get("status")
-    if status in OPEN_STATUSES[api]:
+    if status in runtime.open_statuses:
         still_open = True
-    elif status == "error" and _settled_as_interrupted(state, api):
+    elif status == "error" and runtime.settled_as_interrupted(state):
         still_open = False
     else:
         return None
-    tool = item.get("tool") if api is Api.V1 else item.get("name")
     given = state.get("input")
     return InterruptedCall(
-        str(item.get("id")), str(tool), given if isinstance(given, dict) else {}, still_open
+        str(item.get("id")),
+        str(item.get(runtime.tool_key)),
+        given if isinstance(given, dict) else {},
+        still_open,
     )
-
-
-def _settled_as_interrupted(state: dict[str, Any], api: Api) -> bool:
-    if api is Api.V1:
-        metadata = state.get("metadata")
-        return (
-            state.get("error") == V1_ERROR
-            and isinstance(metadata, dict)
-            and metadata.get("interrupted") is True
-        )
-    error = state.get("error")
-    return isinstance(error, dict) and error.get("message") == V2_ERROR["message"]
-
-
-def _model(header: dict[str, Any], api: Api) -> dict[str, str] | None:
-    if api is Api.V1:
-        provider, model = header.get("providerID"), header.get("modelID")
-    else:
-        chosen = _dict(header.get("model"))
-        provider, model = chosen.get("providerID"), chosen.get("id")
-    if isinstance(provider, str) and isinstance(model, str):
-        return {"providerID": provider, "modelID": model}
-    return None
 
 
 def _text(value: Any) -> str | None:
