@@ -187,3 +187,18 @@ async def test_a_server_that_cannot_tell_gets_its_bytes_back(
     said = [record for record in caplog.records if "is not known yet" in record.getMessage()]
     assert len(said) == 1
     assert "/global/health answered text/html, not JSON" in said[0].getMessage()
+
+
+async def test_resume_says_once_it_is_not_done_on_2x(
+    fake: FakeOpencode, start: Start, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.version = "2.1.2"
+    proxy = await start(
+        resume=True, write_back=WriteBackMode.API, lock_dir=tmp_path, state_db=tmp_path / "s.db"
+    )
+    health = await (await proxy.get("/_settle/health")).json()
+    assert health["upstream"]["dialect"] == "2.x"
+    said = [record.getMessage() for record in caplog.records if record.getMessage().startswith("--resume")]
+    assert said == ["--resume does nothing on opencode 2.1.2: resuming is not done on the 2.x line yet"]
+    never_asked_1x(fake)
+    no_traceback(caplog)
