@@ -102,10 +102,13 @@ DIALECTS = (LINE_2X, LINE_1_18)
 
 
 def nearest(version: Version | None, health_path: str) -> tuple[Dialect, bool]:
-    """The dialect of a server of `version` that answered `health_path`, and whether it is known
-    (the version in the line's range); else the line whose health route it answered."""
-    answered = next(dialect for dialect in DIALECTS if health_path in dialect.health_paths)
-    return answered, version is not None and answered.serves(version)
+    """The dialect of a server of `version` that answered `health_path`, and whether it is known:
+    the line whose range holds the version (whichever route said it), else the line whose
+    health route it answered."""
+    for dialect in DIALECTS:
+        if version is not None and dialect.serves(version):
+            return dialect, True
+    return next(dialect for dialect in DIALECTS if health_path in dialect.health_paths), False
 
 
 HEALTH_PATHS = tuple(path for dialect in DIALECTS for path in dialect.health_paths)

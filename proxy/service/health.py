@@ -66,27 +66,17 @@ async def up(request: web.Request) -> web.Response:
     return web.json_response({"status": "up" if reachable else "down"}, status=200 if reachable else 503)
 
 
-def _status(upstream: dict[str, object]) -> str:
-    """`ok` only when the server is known and its own health route answered 200."""
-    if not upstream["reachable"]:
-        return "upstream unreachable"
-    if "dialect" not in upstream:
-        return "upstream not known yet"
-    if upstream.get("status") != 200:
-        return f"upstream answered HTTP {upstream.get('status')} on {upstream['route']}"
-    return "ok"
-
-
 async def _upstream_answer(request: web.Request) -> Answer:
     return await request.app[UPSTREAM_HEALTH].answer()
 
 
 class UpstreamHealth:
     """How the health route of the upstream's line answers the proxy (with its configured
-    credentials, if any), shared by every asker: a reading at most `max_age_s` old is answered
-    from, and askers that come while one is taken wait for it. So a health checker polling
-    `/_settle/up` (or any `/_settle` route, which the guard checks by it when the proxy has no
-    password) as hard as it likes costs the server one request a second at most."""
+    credentials, if any), and which server it is (`_asking`), shared by every asker: a reading at
+    most `max_age_s` old is answered from, and askers that come while one is taken wait for it.
+    So a health checker polling `/_settle/up` (or any `/_settle` route, which the guard checks by
+    it when the proxy has no password) as hard as it likes costs the server one request a second
+    at most."""
 
     def __init__(self, ask: Callable[[], Awaitable[Answer]], *, max_age_s: float = 1.0) -> None:
         self._ask = ask
@@ -121,9 +111,9 @@ class UpstreamHealth:
 
 
 def _asking(app: web.Application) -> Callable[[], Awaitable[Answer]]:
-    """Which server it is (asked now, if it is not known), or why that is not known, and how the
-    health route of its line answers. Not known yet, the route of the newest line is asked (for
-    whether the upstream answers at all)."""
+    """Which server the upstream is (asked now, if it is not known), or why that is not known, and
+    how its line's health route answers. Not known yet, the route of the newest line is asked,
+    for whether the upstream answers at all."""
 
     async def ask() -> Answer:
         settings, line = app[SETTINGS], app.get(SERVER_LINE)
@@ -142,6 +132,17 @@ def _asking(app: web.Application) -> Callable[[], Awaitable[Answer]]:
             return {"reachable": False, "error": str(error) or type(error).__name__} | said
 
     return ask
+
+
+def _status(upstream: Answer) -> str:
+    """`ok` only when the server is known and its own health route answered 200."""
+    if not upstream["reachable"]:
+        return "upstream unreachable"
+    if "dialect" not in upstream:
+        return "upstream not known yet"
+    if upstream.get("status") != 200:
+        return f"upstream answered HTTP {upstream.get('status')} on {upstream['route']}"
+    return "ok"
 
 
 async def _status_without_credentials(request: web.Request) -> int | None:

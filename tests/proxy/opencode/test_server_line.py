@@ -179,4 +179,4 @@ def test_versions_and_lines() -> None:
     assert nearest((1, 19, 0), "/global/health") == (LINE_1_18, False)
     assert nearest((2, 0, 17), "/api/health") == (LINE_2X, True)
     assert nearest(None, "/api/info") == (LINE_2X, False)
-    assert nearest((1, 18, 33), "/api/info") == (LINE_2X, False)
+    assert nearest((1, 18, 33), "/api/info") == (LINE_1_18, True)  # the version says, whoever asks
