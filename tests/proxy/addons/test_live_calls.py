@@ -5,114 +5,14 @@ inactive, what 2.x would have said: `session.tool.failed` in 2.x's shape, then t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
-import orjson
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
-from yarl import URL
 
-from proxy.opencode.tracker import TRACKER, GlobalEvent, StreamState
-from proxy.service.app import create_app
-from proxy.service.config import Settings, basic_authorization
-from tests.opencode2.stand_in import RunningCall, StandIn
+from tests.opencode2.proxied import PASSWORD, Client, Said, call_opened, frames, proxied
+from tests.opencode2.stand_in import StandIn
 from tests.proxy.conftest import ProxyClient
-
-PASSWORD = "secret"
-Client = Callable[[web.Application], Awaitable[ProxyClient]]
-
-
-class Seen:
-    """What the proxy's own follower of the stream heard (a positive signal to wait on)."""
-
-    def __init__(self) -> None:
-        self.events: list[GlobalEvent] = []
-        self.followed = 0
-        self.changed = asyncio.Event()
-
-    def following(self) -> None:
-        self.followed += 1
-        self.changed.set()
-
-    def event(self, event: GlobalEvent) -> None:
-        self.events.append(event)
-        self.changed.set()
-
-    async def until(self, check: Callable[[], bool]) -> None:
-        async with asyncio.timeout(10):
-            while not check():
-                self.changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.05):
-                        await self.changed.wait()
-
-
-async def frames(response: Any) -> AsyncIterator[dict[str, Any]]:
-    async for line in response.content:
-        if line.startswith(b"data: "):
-            yield orjson.loads(line[6:])
-
-
-@asynccontextmanager
-async def proxied(server: StandIn, aiohttp_client: Client) -> AsyncIterator[tuple[ProxyClient, Seen]]:
-    settings = Settings(
-        upstream=URL(server.url), grace=0, authorization=basic_authorization("opencode", PASSWORD)
-    )
-    seen = Seen()
-    client: TestClient[web.Request, web.Application] = await aiohttp_client(create_app(settings))
-    tracker = client.app[TRACKER]
-    tracker.listeners.append(seen)
-    await seen.until(lambda: tracker.state is StreamState.FOLLOWING)
-    yield client, seen
-
-
-def a_minute_ago(server: StandIn, session_id: str) -> None:
-    """Every time of the session's messages a minute earlier: a reading taken within 2 s of a
-    call's last sign of life vouches for nothing (`rules.liveness`)."""
-
-    def earlier(value: Any) -> None:
-        if isinstance(value, dict):
-            for key, inner in value.items():
-                if key == "time" and isinstance(inner, dict):
-                    value[key] = {name: at - 60_000 for name, at in inner.items()}
-                else:
-                    earlier(inner)
-        elif isinstance(value, list):
-            for inner in value:
-                earlier(inner)
-
-    earlier(server.messages(session_id))
-
-
-class Said(logging.Handler):
-    """Watches the proxy's log for a line holding `text` (its decision: a positive signal)."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text, self.said = text, asyncio.Event()
-        logging.getLogger("proxy").addHandler(self)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.text in record.getMessage():
-            self.said.set()
-
-    async def wait(self) -> None:
-        try:
-            async with asyncio.timeout(10):
-                await self.said.wait()
-        finally:
-            logging.getLogger("proxy").removeHandler(self)
-
-
-def call_opened(server: StandIn, call: RunningCall, key: str = "id") -> None:
-    data = {"sessionID": call.session_id, "assistantMessageID": call.message_id, key: call.call_id}
-    server.publish("session.tool.called", data | {"name": "shell", "input": {}, "executed": False})
-    a_minute_ago(server, call.session_id)
 
 
 async def told(proxy: ProxyClient, server: StandIn, session_id: str) -> list[dict[str, Any]]:
