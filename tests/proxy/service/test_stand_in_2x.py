@@ -29,7 +29,10 @@ PASSWORD = "stand-in-password"
 def the_call(view: dict[str, Any], call_id: str) -> dict[str, Any]:
     (call,) = [item for m in view["data"] for item in m.get("content", []) if item.get("id") == call_id]
     # `time.completed`: 2.x's is when its settle ran; the proxy's the call's last sign of life.
-    return call | {"time": {key: value for key, value in call["time"].items() if key != "completed"}}
+    kept: dict[str, Any] = call | {
+        "time": {key: value for key, value in call["time"].items() if key != "completed"}
+    }
+    return kept
 
 
 async def test_the_orphaned_call_is_shown_as_2x_settles_it_and_nothing_is_written(
