@@ -114,8 +114,9 @@ class Runtime(ABC, Generic[M]):
         """The merge patch that settles the open tool at `index` as interrupted."""
 
     @abstractmethod
-    def finished(self, message: M, last_alive: int) -> JSONObject:
-        """The merge patch (on the header) that closes an unfinished message at `last_alive`."""
+    def finished(self, message: M, last_alive: int) -> JSONObject | None:
+        """The merge patch (on the header) that closes an unfinished message at `last_alive`; None
+        where the server's own settle leaves it open."""
 
     def open_tool_indexes(self, message: M) -> list[int]:
         """Positions of the tool items of `message` whose status is still open."""

@@ -86,6 +86,11 @@ class Runtime2x(V2Shapes):
             "time": {"completed": self.tool_settled_at(message, index)},
         }
 
+    def finished(self, message: V2Message, last_alive: int) -> JSONObject | None:
+        """None: `session.tool.failed` leaves the message's own `time.completed` alone (the next
+        step's `session.step.started` sets it), and so does the proxy."""
+        return None
+
     def settled_as_interrupted(self, state: Mapping[str, Any]) -> bool:
         error = state.get("error")
         message = error.get("message") if isinstance(error, dict) else None

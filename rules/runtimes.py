@@ -100,7 +100,7 @@ class _V1(Runtime[V1Message]):
         interrupted = isinstance(metadata, dict) and metadata.get("interrupted") is True
         return state.get("error") == V1_ERROR and interrupted
 
-    def finished(self, message: V1Message, last_alive: int) -> JSONObject:
+    def finished(self, message: V1Message, last_alive: int) -> JSONObject | None:
         patch: JSONObject = {"time": {"completed": last_alive}}
         if message.info.error is None:
             patch["error"] = V1_ABORTED
@@ -173,7 +173,7 @@ class V2Shapes(Runtime[V2Message]):
         error = state.get("error")
         return isinstance(error, dict) and error.get("message") == V2_ERROR["message"]
 
-    def finished(self, message: V2Message, last_alive: int) -> JSONObject:
+    def finished(self, message: V2Message, last_alive: int) -> JSONObject | None:
         return {"time": {"completed": last_alive}}
 
 

@@ -32,10 +32,10 @@ class UnfinishedMessage:
         if not runtime.is_assistant(message) or runtime.completed(message):
             return []
         last_alive = runtime.last_alive(message)
-        if not liveness.vouches_for(last_alive):
+        patch = runtime.finished(message, last_alive)
+        if patch is None or not liveness.vouches_for(last_alive):
             return []
         target = runtime.target(message)
-        patch = runtime.finished(message, last_alive)
         return [
             Change(self.name, target, patch, f"message {target.message} left unfinished", runtime.header_path)
         ]

@@ -67,10 +67,15 @@ TOLD_1_18 = KnownServer("1.18.33", LINE_1_18, True, "(told)")
 class _NotYet(Exception):
     """An answer that does not say which server this is (its text says why)."""
 
-    def __init__(self, why: str, *, booting: float | None = None) -> None:
+    def __init__(
+        self, why: str, *, booting: float | None = None, versionless: KnownServer | None = None
+    ) -> None:
         super().__init__(why)
         self.booting = booting
         """When the server said it is starting: how long it asked to be left (seconds)."""
+        self.versionless = versionless
+        """A server that said it is healthy but not which version: believed only when no route
+        names one (1.18.33 answers `/api/health` so, and names its version on `/global/health`)."""
 
 
 class ServerLine:
@@ -131,7 +136,7 @@ class ServerLine:
 
     async def _ask(self, credentials: Credentials) -> None:
         assert self._upstream is not None, "a line told its server is never asked"
-        reasons, self._pause = [], None
+        reasons, self._pause, versionless = [], None, None
         for path in self._order():
             try:
                 async with asyncio.timeout(self._timeout):
@@ -139,6 +144,7 @@ class ServerLine:
                 known = self._read(path, answer)
             except _NotYet as not_yet:
                 reasons.append(f"{path} {not_yet}")
+                versionless = versionless or not_yet.versionless
                 if not_yet.booting is not None:
                     self._pause = not_yet.booting
                     break
@@ -148,6 +154,9 @@ class ServerLine:
                 self._not_known(f"it cannot be reached: {why}", unreachable=True)
                 return
             self._found(known)
+            return
+        if versionless is not None and self._pause is None:
+            self._found(versionless)
             return
         self._not_known("; ".join(reasons), unreachable=False)
 
@@ -170,7 +179,9 @@ class ServerLine:
         if not isinstance(body, dict) or not ("version" in body or "healthy" in body):
             raise _NotYet("answered JSON that names no server")
         version = body.get("version")
-        version = version if isinstance(version, str) and version else UNKNOWN_VERSION
+        if not isinstance(version, str) or not version:
+            dialect, _ = nearest(None, path)
+            raise _NotYet("named no version", versionless=KnownServer(UNKNOWN_VERSION, dialect, False, path))
         dialect, known_line = nearest(parse_version(version), path)
         return KnownServer(version, dialect, known_line, path)
 

@@ -195,8 +195,9 @@ class LivenessTracker:
             elif self.state is not StreamState.REFUSED and not waiting_said:
                 waiting_said = True
                 log.info("waiting for the server to answer %s (%s)", self._path, why)
+            if self.state is not StreamState.REFUSED:  # lost, or not answered: it may have restarted
+                self._server.forget()
             self._forget()
-            self._server.forget()
             await asyncio.sleep(_RETRY_SECONDS[min(failures, len(_RETRY_SECONDS) - 1)])
             failures += 1
 

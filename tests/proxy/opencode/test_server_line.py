@@ -72,7 +72,7 @@ async def test_2x_names_itself_on_api_info(line: ServerLine, answers: Answers) -
     assert answers.asked == ["/api/info"]
     assert known.refusal("api") is not None
     assert "event bus" in str(known.refusal("db"))
-    assert known.refusal("resume") is not None
+    assert known.refusal("resume") is None  # continued through 2.x's own settle-then-continue
 
 
 async def test_early_2_0_names_itself_on_api_health(line: ServerLine, answers: Answers) -> None:
@@ -180,3 +180,15 @@ def test_versions_and_lines() -> None:
     assert nearest((2, 0, 17), "/api/health") == (LINE_2X, True)
     assert nearest(None, "/api/info") == (LINE_2X, False)
     assert nearest((1, 18, 33), "/api/info") == (LINE_1_18, True)  # the version says, whoever asks
+
+
+async def test_a_health_without_a_version_is_believed_only_when_no_route_names_one(
+    line: ServerLine, answers: Answers
+) -> None:
+    answers.routes["/api/health"] = json_answer({"healthy": True})  # as 1.18.33's v2 API answers it
+    answers.routes["/global/health"] = json_answer({"healthy": True, "version": "1.18.33"})
+    assert await line.known() == KnownServer("1.18.33", LINE_1_18, True, "/global/health")
+    del answers.routes["/global/health"]
+    line.forget()
+    known = await line.known()
+    assert known == KnownServer("unknown", LINE_2X, False, "/api/health")  # an early 2.0 that names none

@@ -3,6 +3,7 @@ that has none (2.x) or a version no line covers, with one line saying why and no
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
@@ -16,11 +17,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
 from proxy.opencode.dialects import LINE_1_18
+from proxy.opencode.server_line import SERVER_LINE, KnownServer
 from proxy.service.app import create_app
 from proxy.service.config import Settings
-from proxy.testing import idle
+from proxy.testing import WAIT_S, idle
 from proxy.writeback.scheduler import WriteBackMode
-from tests.proxy.conftest import ProxyClient
+from tests.proxy.conftest import ProxyClient, following
 from tests.proxy.fake_opencode import FakeOpencode
 
 SESSION = "ses_2x0000000000000000000000"
@@ -204,3 +206,19 @@ async def test_resume_on_2x_is_not_refused_and_asks_no_1x_route(
     )  # continued through 2.x's own settle-then-continue (tests/proxy/resume/test_resume_2x.py)
     never_asked_1x(fake)
     no_traceback(caplog)
+
+
+async def test_a_server_that_restarts_as_another_line_is_asked_again(
+    fake: FakeOpencode, start: Start
+) -> None:
+    fake.bodies[VIEW] = stale_2x_view()
+    proxy = await start()
+    await following(proxy)
+    line = proxy.app[SERVER_LINE]
+    told: asyncio.Queue[KnownServer] = asyncio.Queue()
+    line.listeners.append(told.put_nowait)
+    fake.version = "2.1.2"
+    fake.drop_streams()  # the 1.18 server went away; a 2.x one answers in its place
+    known = await asyncio.wait_for(told.get(), WAIT_S)
+    assert (known.version, known.dialect.name) == ("2.1.2", "2.x")
+    assert (await settled_call(proxy))["state"]["error"]["type"] == "aborted"
