@@ -18,6 +18,7 @@ from yarl import URL
 from proxy.opencode.tracker import TRACKER, GlobalEvent, StreamState
 from proxy.service.app import create_app
 from proxy.service.config import Settings, basic_authorization
+from tests.opencode2.shapes import earlier
 from tests.opencode2.stand_in import RunningCall, StandIn
 from tests.proxy.conftest import ProxyClient
 
@@ -75,19 +76,7 @@ async def proxied(
 def a_minute_ago(server: StandIn, session_id: str) -> None:
     """Every time of the session's messages a minute earlier: a reading taken within 2 s of a
     call's last sign of life vouches for nothing (`rules.liveness`)."""
-
-    def earlier(value: Any) -> None:
-        if isinstance(value, dict):
-            for key, inner in value.items():
-                if key == "time" and isinstance(inner, dict):
-                    value[key] = {name: at - 60_000 for name, at in inner.items()}
-                else:
-                    earlier(inner)
-        elif isinstance(value, list):
-            for inner in value:
-                earlier(inner)
-
-    earlier(server.messages(session_id))
+    earlier(server.messages(session_id), 60_000)
 
 
 class Said(logging.Handler):
