@@ -34,14 +34,37 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
 """The parser of each command, by the word that selects it (none for the proxy itself)."""
 
 
+SHUTDOWN_TIMEOUT_S = 0.5
+"""How long a stop waits for a request under way to end, and again once it is told to (aiohttp
+waits twice): about a second in all. Event streams and WebSockets are cut first, at once."""
+KEEPALIVE_TIMEOUT_S = 75.0
+"""How long an idle connection is kept, as nginx's `keepalive_timeout`; aiohttp's timer also runs
+while a request's head arrives, so a head must come whole within it (nginx's
+`client_header_timeout` is 60 s). It never runs while a request is being answered: a long
+synchronous prompt or an event stream is never cut by it."""
+
+
+def app_runner(app: web.Application) -> web.AppRunner:
+    """The runner `serve` runs `app` with. Handlers are cancelled when their client goes away,
+    which closes the matching upstream request (an abandoned event stream must not live on)."""
+    return web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+    )
+
+
 async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int:
     """Serve until SIGTERM or SIGINT (or, under `run`, until the server is gone for good); return
-    the exit code. Handlers are cancelled when their client goes away, which closes the matching
-    upstream request (an abandoned event stream must not live on)."""
+    the exit code. A stop stops accepting, cuts the open streams, gives requests under way about a
+    second, and only then stops a supervised server: its own clean end of a stream must not reach
+    a client as the end of it."""
     app = create_app(settings)
     if supervisor is not None:
         app[SUPERVISOR] = supervisor
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = app_runner(app)
     await runner.setup()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -58,9 +81,10 @@ async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int
         if supervisor is None:
             await stop.wait()
             return 0
-        return await supervised(supervisor, stop)
+        return await supervised(supervisor, stop, runner.cleanup)
     finally:
-        await runner.cleanup()
+        if runner.server is not None:  # not yet cleaned up by `supervised`
+            await runner.cleanup()
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

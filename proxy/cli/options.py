@@ -2,10 +2,9 @@
 the other commands share with them.
 
 With the parsers (`proxy.cli.arguments`, which apply every flag's `SETTLE_*` variable), this is
-the one module that reads the environment: opencode's own credentials (`OPENCODE_SERVER_PASSWORD`
-/ `OPENCODE_SERVER_USERNAME`) and the default locations (`XDG_*`); every other module is handed
-values. Each reader takes the environment as a mapping, `os.environ` unless a caller (a test)
-hands it another.
+the one module that reads the environment: opencode's own credentials (`OPENCODE_PASSWORD`,
+`OPENCODE_SERVER_*`) and the default locations (`XDG_*`); every other module is handed values,
+and each reader takes the environment as a mapping (a test's, or `os.environ`).
 """
 
 from __future__ import annotations
@@ -42,10 +41,9 @@ still "running" in a session the server says is not active -- left behind by a c
 server -- is shown settled, in the shape opencode writes for an interrupted tool.
 
 Every flag can also be set by the environment variable named in its help (a switch by 1,
-true, yes or on). For its own
-liveness look-ups the proxy uses the client's credentials; when a client sends none it uses
-OPENCODE_SERVER_PASSWORD (user OPENCODE_SERVER_USERNAME, default "opencode"). It never
-answers a client with data the upstream refused that client.
+true, yes or on). For its own liveness look-ups the proxy uses the client's credentials, else
+OPENCODE_PASSWORD or OPENCODE_SERVER_PASSWORD (user OPENCODE_SERVER_USERNAME, default
+"opencode"). It never answers a client with data the upstream refused that client.
 
 `settle-proxy settle --help` describes the offline command, which settles opencode.db
 directly while no server runs on it; `settle-proxy run --help` the supervising form, which
@@ -61,12 +59,21 @@ Environ = Mapping[str, str]
 """The environment the command line reads (`os.environ` unless a test hands it another)."""
 
 
-def opencode_authorization(environ: Environ = os.environ) -> str | None:
-    """The proxy's own `Authorization` for opencode: OPENCODE_SERVER_PASSWORD, as user
-    OPENCODE_SERVER_USERNAME (default "opencode"); None without a password."""
-    password = environ.get("OPENCODE_SERVER_PASSWORD")
+def opencode_password(environ: Environ = os.environ) -> str | None:
+    """OPENCODE_PASSWORD, else the older OPENCODE_SERVER_PASSWORD (2.x's order, in its `env.ts`)."""
+    return environ.get("OPENCODE_PASSWORD") or environ.get("OPENCODE_SERVER_PASSWORD") or None
+
+
+def opencode_authorization(environ: Environ = os.environ, password: str | None = None) -> str | None:
+    """`Authorization` for opencode: `password` or `opencode_password`, as OPENCODE_SERVER_USERNAME."""
+    password = password or opencode_password(environ)
     username = environ.get("OPENCODE_SERVER_USERNAME") or DEFAULT_USERNAME
     return basic_authorization(username, password) if password else None
+
+
+def with_password(password: str, environ: Environ = os.environ) -> dict[str, str]:
+    """The environment a supervised server is given: `environ`, with `password` under both names."""
+    return {**environ, "OPENCODE_PASSWORD": password, "OPENCODE_SERVER_PASSWORD": password}
 
 
 def state_path(environ: Environ = os.environ) -> Path:

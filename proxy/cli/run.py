@@ -15,9 +15,19 @@ from dataclasses import replace
 from yarl import URL
 
 from proxy.cli.arguments import OneLineParser
-from proxy.cli.options import DESCRIPTION, Environ, build_parser, settings_from
+from proxy.cli.options import (
+    DESCRIPTION,
+    Environ,
+    build_parser,
+    opencode_authorization,
+    opencode_password,
+    settings_from,
+    state_path,
+    with_password,
+)
 from proxy.service.config import Settings
 from proxy.supervision.server_command import LOOPBACK, ServerCommand, free_loopback_port
+from proxy.supervision.server_password import stable_password, wants_a_password
 from proxy.supervision.supervisor import Orphans, Restart, Supervisor
 
 USAGE = "settle-proxy run [options] -- opencode serve [server options]"
@@ -78,12 +88,17 @@ def parse(arguments: Sequence[str]) -> tuple[argparse.Namespace, Settings, Super
         host=command.hostname or args.host,
         port=command.port if command.port is not None else args.port,
     )
+    password = _server_password(command, settings)
+    if password is not None:
+        settings = replace(settings, authorization=opencode_authorization(password=password))
     supervisor = Supervisor(
         command,
         server_port,
         Restart(args.restart),
         Orphans(args.orphans),
         records=settings.state_db,
+        environment=None if password is None else with_password(password),
+        shown_password=password,
     )
     return args, settings, supervisor
 
@@ -105,3 +120,12 @@ def _refuse_an_address_that_does_nothing(
                 f"listens on the server command's {theirs} {value} and moves the server to a free "
                 "loopback port; give one of the two"
             )
+
+
+def _server_password(command: ServerCommand, settings: Settings) -> str | None:
+    """The password a server that always wants one (opencode 2.x) is given when none is set: the
+    same at every start, so that a restart locks no client out; None for a 1.x server, which runs
+    without one, and when a password is set (the server reads it itself)."""
+    if opencode_password() is not None or not wants_a_password(command.argv[0]):
+        return None
+    return stable_password((settings.state_db or state_path()).parent / "server-password")

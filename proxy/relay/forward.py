@@ -30,6 +30,7 @@ from proxy.relay.headers import (
 from proxy.relay.hooks import Addons, Flow
 from proxy.relay.options import RelayMetrics, RelayOptions
 from proxy.relay.sse import relay_with_injection
+from proxy.relay.stopping import OpenStreams
 from proxy.relay.transport import Transport
 from proxy.relay.websocket import is_websocket_upgrade, relay_websocket
 from proxy.relay.whole import Past, WholeBody
@@ -54,6 +55,8 @@ class Forwarder:
         self.metrics = metrics
         self.departures = departures
         self.transport = Transport(options.upstream_origin, options.connect_timeout)
+        self.streams = OpenStreams()
+        """The event streams and WebSockets it relays, which a stop cuts."""
         self._origin = str(options.upstream_origin)
         self._counters: dict[tuple[str, int], Counter] = {}
 
@@ -74,7 +77,8 @@ class Forwarder:
         if (codings := unsupported_transfer_coding(request)) is not None:
             return transfer_coding_refused(codings)
         if is_websocket_upgrade(request):
-            return await relay_websocket(request, self.upstream_url(request))
+            with self.streams.holding(request):
+                return await relay_websocket(request, self.upstream_url(request))
         options = self.options
         flow = Flow(request, upstream_request_headers(request), options.response_timeout, options.max_body)
         try:
@@ -130,7 +134,7 @@ class Forwarder:
         if flow.read_body:
             return await self._answer_whole(flow, upstream, max_wait)
         if is_event_stream(upstream):
-            with self.metrics.open_streams.track_inprogress():
+            with self.metrics.open_streams.track_inprogress(), self.streams.holding(flow.request):
                 # A quiet stream is not a stuck one.
                 return await _send_streamed(flow, upstream, _pieces(upstream, None))
         return await self._stream(flow, upstream, max_wait)

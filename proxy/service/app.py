@@ -251,6 +251,7 @@ def create_app(settings: Settings) -> web.Application:
     forwarder = Forwarder(app[RELAY], relay_metrics, departures)
     app.cleanup_ctx.extend((upstream_session, functools.partial(_addons, forwarder)))
     app.on_response_prepare.append(drop_invented_headers)
+    app.on_shutdown.append(forwarder.streams.cut)
     app[JOURNAL] = Journal(metrics.registry, enabled=settings.resume, dry_run=settings.dry_run)
     health.add_routes(app)
     # (?s): a path may hold an encoded line break, and the upstream must answer for it, not us.

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
 from enum import StrEnum
 from pathlib import Path
 
@@ -35,7 +36,12 @@ RESTARTS_PER_WINDOW = 5
 WINDOW_S = 60.0
 """More than `RESTARTS_PER_WINDOW` restarts within `WINDOW_S` seconds is a storm: give up."""
 STOP_GRACE_S = 10.0
-"""How long the server (and what it left running) may take to end after SIGTERM."""
+"""How long what a server left running may take to end after SIGTERM."""
+SERVER_STOP_GRACE_S = 5.0
+"""How long the server may take to end after SIGTERM. Its clients' streams are cut before it is
+asked, so this is the server's own clean-up time, not theirs: opencode 1.18.33 settles nothing on
+SIGTERM and ends in a quarter of a second, but 2.x records each execution it interrupts for a
+shutdown, which a SIGKILL would cut short. Five seconds stays well inside systemd's 90 s."""
 
 
 class Restart(StrEnum):
@@ -77,9 +83,16 @@ class Supervisor:
         port: int,
         restart: Restart = Restart.ON_FAILURE,
         orphans: Orphans = Orphans.REPORT,
+        *,
         records: Path | None = None,
+        environment: Mapping[str, str] | None = None,
+        shown_password: str | None = None,
     ) -> None:
         self._command = command.listening_on(port)
+        self._environment = environment
+        """The server's environment; None: the proxy's own."""
+        self._shown_password = shown_password
+        """The password the proxy gives the server, shown once in the log as 2.x shows its own."""
         self._restart = restart
         self._orphans = orphans
         self._records = records
@@ -135,6 +148,9 @@ class Supervisor:
         `settle-proxy orphans` can still name it after the proxy itself is gone.
         """
         self.subreaper = become_subreaper()
+        if self._shown_password is not None:
+            # The one secret the proxy logs, on purpose: 2.x prints the one it makes the same way.
+            log.info("server password %s", self._shown_password)
         if self._records is None:
             await self._supervise()
             return
@@ -176,15 +192,18 @@ class Supervisor:
         self.finished.set()
 
     async def stop(self) -> None:
-        """End the server (SIGTERM, then SIGKILL after `STOP_GRACE_S`) and what it left running."""
+        """End the server (SIGTERM, then SIGKILL after `SERVER_STOP_GRACE_S`) and what it left
+        running (SIGTERM, then SIGKILL after `STOP_GRACE_S`)."""
         self._stopping = True
         process = self._process
         if process is not None and process.returncode is None:
             process.terminate()
             try:
-                await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+                await asyncio.wait_for(process.wait(), SERVER_STOP_GRACE_S)
             except TimeoutError:
-                log.warning("server pid %d did not stop within %g s: SIGKILL", process.pid, STOP_GRACE_S)
+                log.warning(
+                    "server pid %d did not stop within %g s: SIGKILL", process.pid, SERVER_STOP_GRACE_S
+                )
                 process.kill()
                 await process.wait()
             self._set(ChildState.STOPPED, "server stopped with the proxy")
@@ -205,6 +224,7 @@ class Supervisor:
                 str(os.getpid()),
                 *self._command,
                 stdin=subprocess.DEVNULL,
+                env=self._environment,
             )
             keep(self._process.pid)
         self._set(ChildState.RUNNING, f"server running, pid {self._process.pid}")
@@ -253,8 +273,12 @@ class Supervisor:
 SUPERVISOR = web.AppKey("supervisor", Supervisor)
 
 
-async def supervised(supervisor: Supervisor, stop: asyncio.Event) -> int:
-    """Run the server until `stop` is set or the server is gone for good; the proxy's exit code."""
+async def supervised(
+    supervisor: Supervisor, stop: asyncio.Event, stop_serving: Callable[[], Awaitable[None]]
+) -> int:
+    """Run the server until `stop` is set or the server is gone for good; the proxy's exit code.
+    The proxy stops serving (`stop_serving`) before the server is stopped, so that the clients'
+    streams are cut as a crash cuts them, and the server's own clean end of them never reaches one."""
     running = asyncio.create_task(supervisor.run(), name="supervisor")
     stopping = asyncio.create_task(stop.wait())
     try:
@@ -264,5 +288,6 @@ async def supervised(supervisor: Supervisor, stop: asyncio.Event) -> int:
         running.cancel()  # a pause before a restart must not hold up the stop
         with contextlib.suppress(asyncio.CancelledError):
             await running
+        await stop_serving()
         await supervisor.stop()
     return 0 if stop.is_set() else supervisor.exit_code

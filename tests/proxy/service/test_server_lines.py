@@ -201,9 +201,8 @@ async def test_resume_on_2x_is_not_refused_and_asks_no_1x_route(
     health = await (await proxy.get("/_settle/health")).json()
     assert health["upstream"]["dialect"] == "2.x"
     said = [record.getMessage() for record in caplog.records if record.getMessage().startswith("--resume")]
-    assert (
-        said == []
-    )  # continued through 2.x's own settle-then-continue (tests/proxy/resume/test_resume_2x.py)
+    # Continued through 2.x's own settle-then-continue (tests/proxy/resume/test_resume_2x.py).
+    assert said == []
     never_asked_1x(fake)
     no_traceback(caplog)
 
