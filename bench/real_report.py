@@ -1,7 +1,8 @@
-"""The report of `python -m bench.real_server`: per scenario and target the median and range of
-each figure over the rounds, and each hop's ratio to direct per round (measured moments apart).
-nginx, a plain reverse proxy that inspects nothing, is the reference for what any hop costs
-against the real server.
+"""The report of `python -m bench.real_server`: first each list's paired latency (each path's p50
+and p99, what each hop adds over direct, the hops' CPU per request); then wrk's rounds, per
+scenario and target the median and range of each figure over the rounds, and each hop's ratio to
+direct per round (measured moments apart). nginx, a plain reverse proxy that inspects nothing, is
+the reference for what any hop costs against the real server.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.pairs import figures
+from bench.real_pairs import PairedRun
 from bench.report import fmt, markdown_table
 
 TARGETS = ("direct", "proxy", "nginx")
@@ -35,15 +38,60 @@ class Sample:
     """Through the proxy: upstream requests per client request (liveness look-ups included)."""
 
 
-def render(samples: list[Sample], meta: dict[str, str], notes: Sequence[str]) -> str:
+def render(
+    paired: dict[str, PairedRun], samples: list[Sample], meta: dict[str, str], notes: Sequence[str]
+) -> str:
     parts = ["# settle-proxy against the real opencode", "", *(f"- **{k}**: {v}" for k, v in meta.items())]
-    parts += ["", "## Message lists, direct and through the proxy (median, min-max over rounds)", ""]
-    parts.append(figures_table(samples))
-    parts += ["", "## Each hop's req/s over direct's, per round (below 1: slower than direct)", ""]
-    parts.append(ratio_table(samples))
+    if paired:
+        parts += ["", "## Latency in pairs: one request per path in turn (added: hop minus direct)", ""]
+        parts.append(pairs_table(paired))
+    if samples:
+        parts += ["", "## wrk: message lists through each path (median, min-max over rounds)", ""]
+        parts.append(figures_table(samples))
+        parts += ["", "## Each hop's req/s over direct's, per round (below 1: slower than direct)", ""]
+        parts.append(ratio_table(samples))
     if notes:
         parts += ["", "## Notes", "", *(f"- {note}" for note in notes)]
     return "\n".join(parts) + "\n"
+
+
+def pairs_table(paired: dict[str, PairedRun]) -> str:
+    """Per list and path: p50, p99, the median and p90 of what it adds over direct, its CPU per
+    request; on the proxy's line, how far its added median and p90 are from nginx's."""
+    lines = []
+    for scenario, run in paired.items():
+        found = {f.target: f for f in figures(run.times_ms, run.cpu_ms_per_request)}
+        nginx = found.get("nginx")
+        for target, own in found.items():
+            beyond = "-"
+            if target == "proxy" and nginx is not None:
+                beyond = " / ".join(
+                    _signed(a - b)
+                    for a, b in (
+                        (own.added_median_ms, nginx.added_median_ms),
+                        (own.added_p90_ms, nginx.added_p90_ms),
+                    )
+                    if a is not None and b is not None
+                )
+            added = (own.added_median_ms, own.added_p90_ms)
+            lines.append(
+                [
+                    scenario,
+                    target,
+                    str(len(run.times_ms[target])),
+                    fmt(own.p50_ms),
+                    fmt(own.p99_ms),
+                    *("-" if value is None else _signed(value) for value in added),
+                    beyond,
+                    fmt(own.cpu_ms_per_request),
+                ]
+            )
+    header = ["list", "path", "requests", "p50 ms", "p99 ms", "added median ms", "added p90 ms"]
+    return markdown_table([*header, "proxy - nginx (median / p90)", "CPU ms/req"], lines)
+
+
+def _signed(value: float) -> str:
+    return ("+" if value >= 0 else "") + fmt(value)
 
 
 def figures_table(samples: list[Sample]) -> str:
@@ -114,11 +162,18 @@ def _range(values: list[float]) -> str:
     return f"{fmt(min(values))}-{fmt(max(values))}"
 
 
-def publish(out: Path, samples: list[Sample], meta: dict[str, str], notes: list[str]) -> None:
+def publish(
+    out: Path, paired: dict[str, PairedRun], samples: list[Sample], meta: dict[str, str], notes: list[str]
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    text = render(samples, meta, notes)
+    text = render(paired, samples, meta, notes)
     print(text)
     (out / "real-latest.md").write_text(text)
-    payload = {"meta": meta, "notes": notes, "samples": [asdict(s) for s in samples]}
+    payload = {
+        "meta": meta,
+        "notes": notes,
+        "pairs": {scenario: asdict(run) for scenario, run in paired.items()},
+        "samples": [asdict(s) for s in samples],
+    }
     (out / "real-latest.json").write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {out / 'real-latest.md'} and real-latest.json", file=sys.stderr, flush=True)

@@ -1,10 +1,12 @@
-"""settle-proxy against the real `opencode serve`: message lists direct and through the proxy.
+"""settle-proxy against the real `opencode serve`: message lists direct, through nginx and the proxy.
 
-Run from the repository root: `python -m bench.real_server [--duration S] [--rounds N]`. The fake
+Run from the repository root: `python -m bench.real_server [--pairs N] [--rounds N]`. The fake
 upstream of `python -m bench` answers in microseconds, which makes the proxy's share look large;
 here opencode builds each list itself (tens of milliseconds for a few hundred KB), which is what
-a user waits for. Each round measures every scenario direct and through the proxy back to back
-(alternating which goes first), so the ratios compare figures taken moments apart.
+a user waits for. First, latency in pairs (`bench/real_pairs.py`): requests one at a time, one per
+path in turn, so each hop's added latency is read against a direct request taken moments before
+or after. Then wrk's throughput rounds: every scenario through every path back to back
+(alternating which goes first).
 
 The server, its turns and the crash come from the integration tests' harness
 (`tests/integration`), not a copy of it: it already knows opencode 1.18.33's quirks (the mock
@@ -29,6 +31,7 @@ from types import FrameType
 
 from bench import procs, wrk
 from bench.procs import Cpus
+from bench.real_pairs import PairedRun, measure_pairs
 from bench.real_report import TARGETS, Sample, publish
 from bench.real_sessions import NotMeasurable, Scenario, check, get, seed
 from bench.targets import (
@@ -47,6 +50,9 @@ RESULTS_DIR = Path(__file__).with_name("results")
 CONNECTIONS = 1
 LIST_BYTES = 444_000
 """The v1 list size the project's goal is stated for (opencode needs ~33 ms to build it)."""
+PAIRS = 400
+PAIR_WARMUP = 20
+"""Unmeasured rounds before the paired ones: connections opened, every path's code warm."""
 BUSY_LOAD = 0.5
 KIB_PER_MIB = 1024
 
@@ -56,17 +62,27 @@ class Settings:
     duration: int
     warmup: int
     rounds: int
+    pairs: int
     load: Cpus | None
     hop: Cpus | None
+    proxy_cmd: str = DEFAULT_PROXY_CMD
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.real_server", description=__doc__)
-    parser.add_argument("--duration", type=int, default=5, help="seconds per measurement (default 5)")
+    parser.add_argument(
+        "--pairs", type=int, default=PAIRS, help=f"paired rounds per list (default {PAIRS}; 0: none)"
+    )
+    parser.add_argument("--duration", type=int, default=5, help="seconds per wrk measurement (default 5)")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured wrk seconds before each one")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of every scenario (default 3)")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="wrk rounds of every scenario (default 3; 0: none)"
+    )
     parser.add_argument("--list-kb", type=int, default=LIST_BYTES // 1000, help="seeded list size")
     parser.add_argument("--pinning", choices=("split", "none"), default="split", help="as python -m bench")
+    parser.add_argument(
+        "--proxy-cmd", default=DEFAULT_PROXY_CMD, help="proxy command line template, as python -m bench"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where real-latest.{md,json} go")
     return parser.parse_args(argv)
 
@@ -76,8 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not wrk.available():
         print("wrk not found (Debian: apt-get install -y wrk)", file=sys.stderr)
         return 2
-    if args.duration < 1 or args.warmup < 0 or args.rounds < 1:
-        print("--duration and --rounds must be at least 1, --warmup at least 0", file=sys.stderr)
+    if args.duration < 1 or min(args.warmup, args.rounds, args.pairs) < 0 or args.rounds + args.pairs < 1:
+        print("--duration must be at least 1; --warmup, --rounds and --pairs at least 0,", file=sys.stderr)
+        print("and --rounds or --pairs above 0", file=sys.stderr)
         return 2
     settings = _settings(args)
     meta = metadata(settings)
@@ -85,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        samples, sizes, memory = run(settings, args.list_kb * 1000, notes)
+        paired, samples, sizes, memory = run(settings, args.list_kb * 1000, notes)
     except KeyboardInterrupt:
         print("interrupted: every process started was stopped", file=sys.stderr)
         return 130
@@ -95,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta["run time"] = f"{time.monotonic() - started:.0f} s, seeding and restarts included"
     meta["seeded lists"] = ", ".join(f"{name} {kb:.0f} KB" for name, kb in sizes.items())
     meta["proxy RSS"] = memory
-    publish(args.out, samples, meta, notes)
+    publish(args.out, paired, samples, meta, notes)
     return 0
 
 
@@ -114,11 +131,13 @@ def _settings(args: argparse.Namespace) -> Settings:
     cpus = sorted(os.sched_getaffinity(0))
     split = args.pinning == "split" and len(cpus) >= 2
     load, hop = (frozenset(cpus[:1]), frozenset(cpus[1:])) if split else (None, None)
-    return Settings(args.duration, args.warmup, args.rounds, load, hop)
+    return Settings(args.duration, args.warmup, args.rounds, args.pairs, load, hop, args.proxy_cmd)
 
 
-def run(settings: Settings, list_bytes: int, notes: list[str]) -> tuple[list[Sample], dict[str, float], str]:
-    """Seed on an unpinned server (faster), crash it, restart it pinned, measure through both paths."""
+def run(
+    settings: Settings, list_bytes: int, notes: list[str]
+) -> tuple[dict[str, PairedRun], list[Sample], dict[str, float], str]:
+    """Seed on an unpinned server (faster), crash it, restart it pinned, measure through every path."""
     with tempfile.TemporaryDirectory(prefix="settle-real-bench-") as tmp, ExitStack() as stack:
         model = MockModel()
         model.start()
@@ -129,7 +148,7 @@ def run(settings: Settings, list_bytes: int, notes: list[str]) -> tuple[list[Sam
         if settings.load is not None:
             os.sched_setaffinity(0, settings.load)
         server.restart()
-        ctx = TargetContext(server.url, REPO, Path(tmp), settings.hop, DEFAULT_PROXY_CMD)
+        ctx = TargetContext(server.url, REPO, Path(tmp), settings.hop, settings.proxy_cmd)
         proxy = start_proxy(ctx, stack)
         endpoints = {"direct": Endpoint("direct", server.url), "proxy": proxy}
         try:
@@ -137,8 +156,30 @@ def run(settings: Settings, list_bytes: int, notes: list[str]) -> tuple[list[Sam
         except TargetUnavailable as missing:
             notes.append(f"nginx: {missing}")
         sizes = {s.name: len(get(server.url + s.path).body) / 1000 for s in scenarios}
+        paired = dict(_paired(scenarios, endpoints, settings, notes))
         samples = list(_rounds(scenarios, endpoints, settings, notes))
-        return samples, sizes, _memory(proxy)
+        return paired, samples, sizes, _memory(proxy)
+
+
+def _paired(
+    scenarios: list[Scenario], endpoints: dict[str, Endpoint], settings: Settings, notes: list[str]
+) -> Iterator[tuple[str, PairedRun]]:
+    """Each list checked, then measured in pairs: direct, nginx, the proxy, one request each in turn."""
+    if not settings.pairs:
+        return
+    order = [endpoints[name] for name in ("direct", "nginx", "proxy") if name in endpoints]
+    for scenario in scenarios:
+        note = _checked(scenario, endpoints)
+        notes.append(f"{scenario.name}: checked before the paired rounds, {note}")
+        run = measure_pairs(scenario.path, order, settings.pairs, PAIR_WARMUP)
+        medians = "  ".join(f"{name} {sorted(t)[len(t) // 2]:.2f} ms" for name, t in run.times_ms.items())
+        _log(f"pairs {scenario.name:<15} {settings.pairs} rounds, p50: {medians}")
+        yield scenario.name, run
+
+
+def _checked(scenario: Scenario, endpoints: dict[str, Endpoint]) -> str:
+    direct = get(endpoints["direct"].base_url + scenario.path)
+    return check(scenario, direct, get(endpoints["proxy"].base_url + scenario.path))
 
 
 def _rounds(
@@ -146,8 +187,7 @@ def _rounds(
 ) -> Iterator[Sample]:
     for number in range(1, settings.rounds + 1):
         for scenario in scenarios:
-            direct = get(endpoints["direct"].base_url + scenario.path)
-            note = check(scenario, direct, get(endpoints["proxy"].base_url + scenario.path))
+            note = _checked(scenario, endpoints)
             if number == 1:
                 notes.append(f"{scenario.name}: checked every round before measuring, {note}")
             present = [target for target in TARGETS if target in endpoints]
@@ -204,10 +244,12 @@ def metadata(settings: Settings) -> dict[str, str]:
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()) + " (should be near 0)",
         "pinning": pinning,
-        "per measurement": f"wrk, {CONNECTIONS} connection, {settings.duration} s after {settings.warmup} s"
+        "paired rounds": f"{settings.pairs} per list after {PAIR_WARMUP} unmeasured, one request per path"
+        " in turn, the order rotated, each path on its own kept-alive connection",
+        "per wrk measurement": f"{CONNECTIONS} connection, {settings.duration} s after {settings.warmup} s"
         " warm-up",
-        "rounds": f"{settings.rounds}; figures are the median (min-max) over them",
-        "proxy command": DEFAULT_PROXY_CMD,
+        "wrk rounds": f"{settings.rounds}; figures are the median (min-max) over them",
+        "proxy command": settings.proxy_cmd,
         "command": shlex.join(["python", "-m", "bench.real_server", *sys.argv[1:]]),
     }
 

@@ -83,6 +83,14 @@ def start_proxy(ctx: TargetContext, stack: ExitStack) -> Endpoint:
     return endpoint
 
 
+def start_relay(ctx: TargetContext, stack: ExitStack) -> Endpoint:
+    """The proxy's own stack with no addons (`bench/bare_relay.py`): the floor the proxy's figures
+    are read against, as direct is the floor of every hop's."""
+    port = procs.free_port()
+    argv = [sys.executable, "-m", "bench.bare_relay", "--upstream", ctx.upstream_url, "--port", str(port)]
+    return _serve(stack, "relay", procs.pinned(argv, ctx.cpus), ctx, port)
+
+
 def _await_event_liveness(base_url: str) -> None:
     """Measure the steady state: the proxy follows the upstream's events before the first request."""
     deadline = time.monotonic() + 10
@@ -257,6 +265,7 @@ def _serve(
 
 TARGETS: dict[str, TargetStarter] = {
     "direct": start_direct,
+    "relay": start_relay,
     "proxy": start_proxy,
     "nginx": start_nginx,
     "mitmproxy": start_mitmproxy,

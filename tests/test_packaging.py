@@ -30,3 +30,12 @@ def test_wheel_carries_packages_types_and_console_script(tmp_path: Path) -> None
     assert not [name for name in names if name.startswith(("tests/", "bench/"))]
     (entry_points,) = [name for name in names if name.endswith("entry_points.txt")]
     assert "settle-proxy = proxy.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    (metadata,) = [name for name in names if name.endswith(".dist-info/METADATA")]
+    requires = [
+        line.removeprefix("Requires-Dist: ")
+        for line in zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
+        if line.startswith("Requires-Dist: ")
+    ]
+    # The README's `pip install .` gets the smuggling fixes and, where it builds, uvloop: no extra.
+    assert "aiohttp>=3.14.3" in requires
+    assert 'uvloop>=0.19; sys_platform != "win32"' in requires

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 from pathlib import Path
+from types import ModuleType
+
+from pip._vendor.packaging.requirements import Requirement
 
 ROOT = Path(__file__).parent.parent
 
@@ -35,6 +39,25 @@ def test_a_second_run_installs_nothing() -> None:
         result = setup_step(step)
         assert result.returncode == 0, result.stderr
         assert result.stderr == "", f"{step} did something: {result.stderr}"
+
+
+def _installed_script() -> ModuleType:
+    """scripts/installed.py, which setup.sh runs as a script (scripts/ is no package)."""
+    spec = importlib.util.spec_from_file_location("installed", ROOT / "scripts" / "installed.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_requirement_whose_marker_excludes_this_platform_is_satisfied_without_it() -> None:
+    """uvloop is required only off Windows: a requirement for another platform needs nothing here,
+    so `scripts/setup.sh` does not call pip for it."""
+    installed = _installed_script()
+    absent = "no-such-package-here>=1"
+    assert not installed.satisfied(Requirement(absent))
+    assert installed.satisfied(Requirement(f"{absent}; sys_platform == 'no-such-platform'"))
 
 
 def test_missing_packages_without_root_or_sudo_stop_with_the_command_to_run(tmp_path: Path) -> None:

@@ -10,11 +10,11 @@ with a fresh reading and a fresh read of the message that the part is orphaned
 the session's directory) what the server would have sent had it settled the part itself:
 `message.part.updated` with the settled part, `message.updated` with the closed message, and
 `session.status` idle with `session.idle`. Streams that connect later get the state (all but
-`session.idle`, which clients take as "a turn just ended") right after they open, until the
-stream says anything newer about the session (a status, a new message or part): from then
-on the replayed state could be false, and a client that connects later reads the truth from
-the server itself (`live_clients`). The server's write-back of a replayed part (it settled,
-as replayed) is not newer, and the replay goes on.
+`session.idle`, which clients take as "a turn just ended") right after they open, each thing
+(a part, a message, the status) until the stream says something newer of that same thing: from
+then on its replayed state could be false (`live_replay`). The server's write-back of a replayed
+part (it settled, as replayed) agrees, and is replayed in its place; so is a user message the
+server announces afterwards (a resume's prompt), which a client back too late missed.
 
 A turn can also die before it calls a tool (the server killed while the model writes): the
 stream showed the session busy and its assistant message unfinished, and a client keeps its
@@ -61,11 +61,14 @@ class LiveSettle(Addon, StreamListener):
         self._parts = OpenParts(ctx, self._memory, self._clients)
         self._turns = DeadTurns(ctx, self._memory, self._clients)
         self._calls = OpenCalls(ctx, self._clients)
+        self._followed = False
         self.tasks = Together(self._default, self._parts.tasks, self._turns.tasks, self._calls.tasks)
 
     # What the followed stream says.
 
     def following(self) -> None:
+        self._clients.lost = self._followed
+        self._followed = True
         self._clients.default_directory = None  # a restarted server may run elsewhere: ask again
         self._default.learn(self._ctx.credentials)
         with_parts = self._memory.sessions_with_parts()

@@ -27,16 +27,10 @@ from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import REMEMBERED, Place
 from proxy.addons.live_watch import Confirmations, Ticket, says_idle
 from proxy.opencode.client import UpstreamRefused
+from proxy.opencode.events_2x import api_call_id, api_execution_interrupted, api_tool_failed
 from proxy.opencode.runtimes import V2X_HTTP
 from proxy.opencode.tracker import GlobalEvent
-from proxy.opencode.vocabulary import (
-    API_CALL_ENDED,
-    API_CALL_OPENING,
-    OPEN_STATUSES,
-    api_call_id,
-    api_execution_interrupted,
-    api_tool_failed,
-)
+from proxy.opencode.vocabulary import API_CALL_ENDED, API_CALL_OPENING, OPEN_STATUSES
 from proxy.relay.bounded import Bounded
 from rules import Api, Liveness, settle_view
 

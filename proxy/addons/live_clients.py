@@ -2,9 +2,9 @@
 
 Each client stream (`/global/event`, or `/event` of one directory) gets a queue the relay
 slips events from; what the addon announces goes to every open stream now and, as state,
-to streams that open later, until the stream says something newer about the session. The
-server's own write-back of a part the replay shows settled is not newer: it says the same, and
-a client that reconnects after it (the TUI never fetches again) still needs the replay.
+to streams that open later (`live_replay`: each thing's state until news of that same thing).
+A stream that opens after the followed stream was lost (a client coming back after a crash) is
+said in the log, with what it is replayed.
 
 A plain `/event` (no directory asked) is the stream of the server's default directory
 (`live_default`). One that opens while that directory is not known waits, told nothing, and
@@ -23,20 +23,19 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from proxy.addons.events import event_frame
-from proxy.addons.live_memory import REMEMBERED, Place
+from proxy.addons.live_memory import Place
+from proxy.addons.live_replay import Replayed, Replays
 from proxy.addons.routing import route_of
 from proxy.opencode.global_events import GlobalEvent
 from proxy.opencode.routes import EventStream
-from proxy.opencode.vocabulary import settled_part_id
-from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Flow, FlowKey
 from rules import OpenTool
 
 log = logging.getLogger(__name__)
 
 _DIRECTORY_HEADER = "x-opencode-directory"
-ORPHANS_PER_SESSION = 1_000
-"""Orphans kept per session to replay to streams that connect later; the oldest go first."""
+_SAID = 10
+"""Replayed events named in the log line of a stream that opens (the count is always given)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -74,15 +73,17 @@ class Orphan:
 
 
 class ClientStreams:
-    """Open client streams, and per session its orphans (by key) to replay to later ones."""
+    """Open client streams, and what to replay to later ones."""
 
     def __init__(self, injected: Counter) -> None:
         self._injected = injected
         self._subscribers: dict[Subscriber, None] = {}
         """An ordered set: each is also kept in its flow (`SUBSCRIBER`)."""
-        self._orphans: Bounded[str, Bounded[str, Orphan]] = Bounded(REMEMBERED)
+        self.replays = Replays()
         self.default_directory: str | None = None
         """The server's default directory, which plain `/event` streams follow; None: unknown."""
+        self.lost = False
+        """Whether the followed stream was ever lost: a stream opening since may be a client back."""
 
     def subscribe(self, flow: Flow, *, by: str) -> Subscriber | None:
         """Take `flow` as a client stream if it is one: replay the known state, then inject."""
@@ -105,7 +106,9 @@ class ClientStreams:
         else:
             return None
         flow.inject(subscriber.queue, by=by)
-        self._catch_up(subscriber)
+        replayed = self._catch_up(subscriber)
+        if self.lost:
+            _log_back(flow.request.path, subscriber, replayed)
         self._subscribers[subscriber] = None
         flow[SUBSCRIBER] = subscriber
         return subscriber
@@ -129,39 +132,56 @@ class ClientStreams:
             self._subscribers.pop(subscriber, None)
 
     def heard(self, event: GlobalEvent) -> None:
-        """Stop replaying a session's state once the stream says something newer about it."""
-        if (session_id := event.session_id) is None or (orphans := self._orphans.get(session_id)) is None:
-            return
-        if settled_part_id(event.kind, event.properties) not in orphans:
-            del self._orphans[session_id]
+        """What the stream says of a session ends (or renews) the replay of that same thing."""
+        self.replays.heard(event)
 
     def publish(self, key: str, orphan: Orphan) -> None:
-        """Send `orphan` to every open stream, and keep it (under `key` in its session) for later ones."""
-        session_id = orphan.place.session_id
-        self._orphans.setdefault(session_id, Bounded(ORPHANS_PER_SESSION))[key] = orphan
+        """Send `orphan` to every open stream, and keep its state (`key`: what it says) for later ones."""
+        self.replays.keep(key, orphan.place, orphan.state, api=orphan.api)
         for subscriber in self._subscribers:
-            self._send(subscriber, orphan, live=True)
+            self._send(subscriber, orphan.place, orphan.state + orphan.moment, api=orphan.api)
 
-    def _catch_up(self, subscriber: Subscriber) -> None:
-        for orphans in self._orphans.values():
-            for orphan in orphans.values():
-                self._send(subscriber, orphan, live=False)
+    def _catch_up(self, subscriber: Subscriber) -> list[Replayed]:
+        """Replay the kept state to a stream opening now; what it was replayed."""
+        return [r for r in self.replays.all() if self._send(subscriber, r.place, [r.event], api=r.api)]
 
-    def _send(self, subscriber: Subscriber, orphan: Orphan, *, live: bool) -> None:
-        place = orphan.place
-        events = orphan.state + orphan.moment if live else orphan.state
-        if subscriber.api or orphan.api:
-            frames = [event_frame(event) for event in events] if _interested(subscriber, orphan) else []
+    def _send(
+        self, subscriber: Subscriber, place: OpenTool | Place, events: list[dict[str, Any]], *, api: bool
+    ) -> bool:
+        """Queue `events` (of `place`; 2.x's with `api`) on the stream if it carries them; whether it does."""
+        if subscriber.api or api:
+            if not _interested(subscriber, place, api=api):
+                return False
+            frames = [event_frame(event) for event in events]
         elif subscriber.everywhere:
             envelope = {"directory": place.directory, **({"project": place.project} if place.project else {})}
             frames = [event_frame({**envelope, "payload": event}) for event in events]
         elif subscriber.directory is not None and subscriber.directory == place.directory:
             frames = [event_frame(event) for event in events]
         else:
-            return
+            return False
         for frame in frames:
             subscriber.queue.put_nowait(frame)
         self._injected.inc(len(frames))
+        return True
+
+
+def _log_back(route: str, subscriber: Subscriber, replayed: list[Replayed]) -> None:
+    said = [f"{r.event.get('type')} of {r.place.session_id}" for r in replayed[:_SAID]]
+    log.info(
+        "client stream %s opened after the server was lost: replayed %d event(s)%s",
+        route,
+        len(replayed),
+        f": {', '.join(said)}{', …' if len(replayed) > _SAID else ''}" if said else "",
+        extra={
+            "fields": {
+                "route": route,
+                "directory": "every" if subscriber.everywhere else subscriber.directory,
+                "replayed": len(replayed),
+                "decision": "replayed" if replayed else "nothing to replay",
+            }
+        },
+    )
 
 
 def _api_subscriber(request: web.Request) -> Subscriber:
@@ -170,11 +190,11 @@ def _api_subscriber(request: web.Request) -> Subscriber:
     return Subscriber(asyncio.Queue(), request.query.get("location[directory]"), api=True, sessions=sessions)
 
 
-def _interested(subscriber: Subscriber, orphan: Orphan) -> bool:
-    """Whether a 2.x orphan goes to `subscriber`: a stream of `/api/event` that asked for its
-    session (or for all) and for its directory (or for any, or the orphan's is not known)."""
-    place, asked = orphan.place, subscriber.directory
-    if not (subscriber.api and orphan.api):
+def _interested(subscriber: Subscriber, place: OpenTool | Place, *, api: bool) -> bool:
+    """Whether 2.x's news of `place` goes to `subscriber`: a stream of `/api/event` that asked for
+    its session (or for all) and for its directory (or for any, or the place's is not known)."""
+    asked = subscriber.directory
+    if not (subscriber.api and api):
         return False
     if subscriber.sessions and place.session_id not in subscriber.sessions:
         return False

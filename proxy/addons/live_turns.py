@@ -116,7 +116,7 @@ class DeadTurns:
 
     def _announce(self, place: Place, state: list[dict[str, Any]]) -> None:
         """Send `state` to every client stream now (with `session.idle` after an idle status),
-        and to streams that open later until the stream says something newer about the session."""
+        and to streams that open later until the stream says something newer of that same thing."""
         if self._ctx.dry_run:
             return
         idle = state[-1]["type"] == SESSION_STATUS

@@ -20,7 +20,8 @@ import aiohttp
 import orjson
 
 from proxy.opencode import jsonio
-from proxy.opencode.vocabulary import api_stated_liveness, stated_liveness
+from proxy.opencode.events_2x import api_stated_liveness
+from proxy.opencode.vocabulary import stated_liveness
 from rules import Api
 
 PIECE = 2**16

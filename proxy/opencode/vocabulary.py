@@ -26,6 +26,9 @@ __all__ = [
     "API_CONNECTED",
     "API_EXECUTION_ENDED",
     "API_EXECUTION_STARTED",
+    "API_INTERRUPTED",
+    "API_SESSION_PREFIX",
+    "API_SHUTDOWN",
     "API_TOOL_FAILED",
     "CALL_ENDED",
     "CALL_OPENING",
@@ -40,6 +43,7 @@ __all__ = [
     "SESSION_ERROR",
     "SESSION_IDLE",
     "SESSION_STATUS",
+    "STATUS_SUBJECT",
     "STEP_CALLS_TOOLS",
     "STEP_ENDED",
     "TOOL_FAILED",
@@ -48,18 +52,17 @@ __all__ = [
     "V1_STATUS_ACTIVE",
     "V2_ERROR",
     "V2_PREFIX",
-    "api_call_id",
-    "api_execution_interrupted",
-    "api_stated_liveness",
-    "api_tool_failed",
     "durable_type",
     "ends_turn",
     "event_name",
     "for_replay",
     "idle_status",
+    "message_subject",
     "message_updated",
+    "news_subjects",
     "opencode_event",
     "part_settled",
+    "part_subject",
     "session_idle",
     "settled_part_id",
     "stated_liveness",
@@ -108,6 +111,7 @@ API_CONNECTED = "server.connected"
 """The first frame of every 2.x stream (then `: heartbeat` comments every 15 s): no session's."""
 API_SESSION_PREFIX = "session."
 """Every 2.x session event starts so; any of them says the session did something."""
+API_EXECUTION, API_TOOL = "session.execution.", "session.tool."
 API_EXECUTION_STARTED = "session.execution.started"
 API_INTERRUPTED = "session.execution.interrupted"
 API_EXECUTION_ENDED = ("session.execution.succeeded", "session.execution.failed", API_INTERRUPTED)
@@ -172,6 +176,36 @@ def settled_part_id(kind: str, properties: Mapping[str, Any]) -> str | None:
     return part["id"] if isinstance(status, str) and status not in OPEN_STATUSES[Api.V1] else None
 
 
+STATUS_SUBJECT = "status"
+
+
+def news_subjects(kind: str, properties: Mapping[str, Any]) -> tuple[str, ...]:
+    """What a v1 (or 2.x) event is news of, of what a client can hold: a part (`part:<id>`), a message
+    (`message:<id>`: a part is news of its message too), the session's status (`status`); nothing
+    for news of the session as a whole (its title, its diff) or of nothing a client holds."""
+    if kind in (SESSION_STATUS, SESSION_IDLE, SESSION_ERROR) or kind.startswith(API_EXECUTION):
+        return (STATUS_SUBJECT,)
+    if kind.startswith(API_TOOL):  # 2.x: a call is news of itself only
+        call = properties.get("id") or properties.get("callID")
+        return (part_subject(call),) if isinstance(call, str) else ()
+    part = properties.get("part")
+    info = properties.get("info")
+    part_id = part.get("id") if isinstance(part, dict) else properties.get("partID")
+    message_id = part.get("messageID") if isinstance(part, dict) else properties.get("messageID")
+    if kind == MESSAGE_UPDATED and isinstance(info, dict):
+        message_id = info.get("id")
+    subjects = [part_subject(part_id)] if isinstance(part_id, str) else []
+    return (*subjects, message_subject(message_id)) if isinstance(message_id, str) else tuple(subjects)
+
+
+def part_subject(part_id: object) -> str:
+    return f"part:{part_id}"
+
+
+def message_subject(message_id: object) -> str:
+    return f"message:{message_id}"
+
+
 def stated_liveness(kind: str, properties: Mapping[str, Any]) -> tuple[Api, bool | None] | None:
     """What an event says of its session's liveness: its runtime, and whether a turn runs
     (None when it only says "something happened"); None for an event that says nothing."""
@@ -189,21 +223,6 @@ def ends_turn(kind: str, properties: Mapping[str, Any]) -> bool:
     if kind == SESSION_STATUS:
         return v1_status_active(properties.get("status")) is False
     return kind in (SESSION_IDLE, SESSION_ERROR, *API_EXECUTION_ENDED)
-
-
-def api_stated_liveness(kind: str, data: Mapping[str, Any]) -> tuple[Api, bool | None] | None:
-    """`stated_liveness` of a 2.x event (its sessions are the v2 family's)."""
-    if kind in API_EXECUTION_ENDED:
-        return Api.V2, False
-    return (Api.V2, None) if kind.startswith(API_SESSION_PREFIX) else None
-
-
-def api_call_id(data: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The call a 2.x tool event is about, and the key it came under (`id`, else `callID`)."""
-    for key in ("id", "callID"):
-        if isinstance(value := data.get(key), str):
-            return key, value
-    return None
 
 
 # The events that announce a settlement, as the server would have sent them.
@@ -255,38 +274,6 @@ def tool_failed(session_id: str, message_id: str, item: Mapping[str, Any]) -> di
     server's to give)."""
     data = tool_failed_data(session_id, message_id, item)
     return {"id": ascending_id("evt"), "type": TOOL_FAILED, "data": data}
-
-
-def _api_event(kind: str, data: Mapping[str, Any], created: Any, directory: str | None) -> dict[str, Any]:
-    """A 2.x event as `/api/event` frames one; no `durable`: its `seq` is the server's to give."""
-    where = {"location": {"directory": directory}} if directory is not None else {}
-    return {"id": ascending_id("evt"), "created": created, "type": kind, "data": dict(data)} | where
-
-
-def api_tool_failed(
-    session_id: str,
-    message_id: str,
-    item: Mapping[str, Any],
-    *,
-    key: str = "id",
-    directory: str | None = None,
-) -> dict[str, Any]:
-    """`session.tool.failed` for a call settled in 2.x's shape (`rules.runtime_2x`), as
-    `settleStaleToolCalls` publishes it: the error, `executed`, the metadata only when any, and
-    the call under the `key` the server used for it. `created` is the settled `time.completed`."""
-    state = item["state"]
-    data: dict[str, Any] = {"sessionID": session_id, "assistantMessageID": message_id, key: item["id"]}
-    data |= {"error": state["error"], "executed": item.get("executed") is True}
-    if state.get("metadata"):
-        data["metadata"] = state["metadata"]
-    return _api_event(API_TOOL_FAILED, data, item["time"]["completed"], directory)
-
-
-def api_execution_interrupted(session_id: str, created: int, directory: str | None = None) -> dict[str, Any]:
-    """How 2.x says an execution stopped because the server went away (reason `shutdown`): the
-    turn is over for a client, and no `idle` message is projected that the server would not hold."""
-    data = {"sessionID": session_id, "reason": API_SHUTDOWN}
-    return _api_event(API_INTERRUPTED, data, created, directory)
 
 
 def for_replay(event: Mapping[str, Any], session_id: str, seq: int) -> dict[str, Any]:

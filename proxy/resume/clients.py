@@ -5,7 +5,10 @@ while their stream is down (a crash cuts it; they reconnect by themselves, after
 their own) never reaches them, and they never fetch again. Measured with the 1.18.33 web UI: a
 resume sent 0.5 s after the restart reached the page only from its answer on, the call still
 drawn running and the resume's prompt missing. So the resume first waits until as many client
-streams are open as were open when the server was last heard from, for at most `CLIENTS_BACK_S`.
+streams are open as were open from when the server was last heard until the crash cut them, for at
+most `CLIENTS_BACK_S`. The server may say nothing for seconds (a tool runs quietly, heartbeats are
+10 s apart): a stream that opened after its last word was open at the crash all the same, and
+counted only at that last word, a resume went ahead before it was back (issue 28).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
+from itertools import islice
 from typing import ClassVar
 
 from proxy.opencode.routes import EventStream, match_route
@@ -54,10 +58,10 @@ class ClientStreams(Addon):
             flow[_COUNTED] = False
             self._count(-1)
 
-    def open_at(self, moment: float) -> int:
-        """How many client streams were open at `moment` (a `time.monotonic()` reading)."""
-        index = bisect_right([at for at, _ in self._history], moment) - 1
-        return self._history[max(index, 0)][1]
+    def most_open_since(self, moment: float) -> int:
+        """The most client streams open at any time from `moment` (a `time.monotonic()` reading) on."""
+        index = max(bisect_right([at for at, _ in self._history], moment) - 1, 0)
+        return max(count for _, count in islice(self._history, index, None))
 
     async def back(self, count: int) -> None:
         """Wait until at least `count` client streams are open (the caller bounds the wait)."""

@@ -1,13 +1,13 @@
 """Resuming the turns a crash interrupted: settle durably, decide, claim once, send, see it start.
 
-For each session the watch hands on: wait the grace period, and for the client streams that were
-open when the server was last heard to be back (bounded, `clients`); read the session and its messages
-and rule out what needs nothing settled (a child session, a newer message, a person waiting, too
-old); make the interrupted calls durable through the write-back and read the messages again;
-take a liveness reading after that read; decide on all of it; claim the turn in the ledger
-(committed) and record the prompt (committed); then wait for the server to be ready, send, and
-confirm the turn started, or count the attempt and try again after a pause, up to the budget
-(`prompting`).
+For each session the watch hands on: wait the grace period, and for the client streams open from
+when the server was last heard until the crash to be back (bounded, `clients`); read the session
+and its messages and rule out what needs nothing settled (a child session, a newer message, a
+person waiting, too old); make the interrupted calls durable through the write-back and read the
+messages again; take a liveness reading after that read; decide on all of it; claim the turn in
+the ledger (committed) and record the prompt (committed); then wait for the server to be ready,
+send, and confirm the turn started, or count the attempt and try again after a pause, up to the
+budget (`prompting`).
 Every decision is one line in the journal. With `dry_run` it decides and logs, and sends nothing.
 """
 
@@ -175,10 +175,12 @@ class Resumer:
         return await self._after(candidate, info, turn.message_id)
 
     async def _clients_back(self, candidate: Candidate) -> None:
-        """Wait (bounded) for the client streams that were open when the server was last heard."""
+        """Wait (bounded) for the client streams that were open from when the server was last
+        heard until the crash."""
         if self._clients is None:
             return
-        watching = self._clients.open_at(candidate.last_alive)
+        watching = self._clients.most_open_since(candidate.last_alive)
+        fields = {"session": candidate.session_id, "watching": watching}
         try:
             async with asyncio.timeout(CLIENTS_BACK_S):
                 await self._clients.back(watching)
@@ -189,8 +191,16 @@ class Resumer:
                 self._clients.open,
                 watching,
                 CLIENTS_BACK_S,
-                extra={"fields": {"session": candidate.session_id}},
+                extra={"fields": fields},
             )
+            return
+        log.info(
+            "resume of %s goes ahead: %d client stream(s) open, of %d open at the crash",
+            candidate.session_id,
+            self._clients.open,
+            watching,
+            extra={"fields": fields},
+        )
 
     async def _before(self, candidate: Candidate, info: dict[str, Any], cut_off: str | None = None) -> Before:
         view = await self._server.messages(candidate.api, candidate.session_id)

@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from yarl import URL
 
-from proxy.addons import live_clients, session_streams, settle
+from proxy.addons import live_replay, session_streams, settle
 from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import Place
@@ -17,28 +17,40 @@ from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.routes import MessageRoute
 from proxy.opencode.tracker import GlobalEvent, LivenessTracker
-from proxy.opencode.vocabulary import CALL_STARTED
+from proxy.opencode.vocabulary import CALL_STARTED, message_updated
 from proxy.service.metrics import Metrics
 from rules import Api
 
 
-def orphan(session_id: str) -> Orphan:
-    return Orphan(Place(session_id, "msg_1", "/cwd", None), state=[{"type": "message.updated"}])
+def orphan(session_id: str, message_id: str = "msg_1") -> Orphan:
+    return Orphan(
+        Place(session_id, message_id, "/cwd", None), state=[message_updated(session_id, {"id": message_id})]
+    )
 
 
 def test_replayed_orphans_are_kept_for_a_bounded_number_of_sessions_and_parts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(live_clients, "REMEMBERED", 3)
-    monkeypatch.setattr(live_clients, "ORPHANS_PER_SESSION", 2)
+    monkeypatch.setattr(live_replay, "REMEMBERED", 3)
+    monkeypatch.setattr(live_replay, "REPLAYED_PER_SESSION", 2)
     streams = ClientStreams(Counter("injected", "", registry=CollectorRegistry()))
     for number in range(10):
-        streams.publish(f"prt_{number}", orphan(f"ses_{number}"))
+        streams.publish(f"msg_{number}", orphan(f"ses_{number}"))
     for number in range(10):
-        streams.publish(f"prt_many_{number}", orphan("ses_9"))
-    kept = streams._orphans
+        streams.publish(f"msg_many_{number}", orphan("ses_9", f"msg_many_{number}"))
+    kept = streams.replays.sessions
     assert list(kept) == ["ses_7", "ses_8", "ses_9"]
-    assert list(kept["ses_9"]) == ["prt_many_8", "prt_many_9"]
+    assert list(kept["ses_9"]) == ["message:msg_many_8", "message:msg_many_9"]
+
+
+def test_user_messages_replayed_after_a_settlement_are_a_few_per_session() -> None:
+    streams = ClientStreams(Counter("injected", "", registry=CollectorRegistry()))
+    streams.publish("msg_1", orphan("ses_1"))
+    for number in range(6):
+        info = {"id": f"msg_user_{number}", "sessionID": "ses_1", "role": "user"}
+        streams.heard(GlobalEvent("/cwd", None, "message.updated", {"sessionID": "ses_1", "info": info}))
+    users = [subject for subject in streams.replays.sessions["ses_1"] if "user" in subject]
+    assert users == [f"message:msg_user_{number}" for number in range(live_replay.USER_MESSAGES_PER_SESSION)]
 
 
 async def test_calls_seen_open_are_kept_for_a_bounded_number_of_sessions_and_calls(

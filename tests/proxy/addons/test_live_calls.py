@@ -84,7 +84,7 @@ async def test_a_call_of_a_session_active_after_the_restart_is_left_alone(
     assert "orphaned call" not in caplog.text
 
 
-async def test_news_of_the_session_on_the_stream_stops_the_replay_to_later_clients(
+async def test_a_later_client_is_replayed_each_thing_until_news_of_that_same_thing(
     aiohttp_client: Client,
 ) -> None:
     async with StandIn(password=PASSWORD) as server:
@@ -95,15 +95,16 @@ async def test_news_of_the_session_on_the_stream_stops_the_replay_to_later_clien
             await seen.until(lambda: any(e.kind == "session.tool.called" for e in seen.events))
             await server.crash()
             await server.restart()
-            assert [e["type"] for e in await told(proxy, server, session)][
-                -1
-            ] == "session.execution.interrupted"
+            told_first = [e["type"] for e in await told(proxy, server, session)]
+            # News of the execution (a new turn) ends the replay of its end, not of the call's failure.
             server.publish("session.execution.started", {"sessionID": session})
             await seen.until(lambda: seen.events[-1].kind == "session.execution.started")
             response = await proxy.get("/api/event", headers=server.headers)
-            connected = await anext(frames(response))
+            later = frames(response)
+            replayed = [await anext(later), await anext(later)]
             server.publish("session.execution.succeeded", {"sessionID": session})
-            after = await anext(frames(response))
+            after = await anext(later)
             response.close()
-    assert connected["type"] == "server.connected"
+    assert told_first == ["session.tool.failed", "session.execution.interrupted"]
+    assert sorted(event["type"] for event in replayed) == ["server.connected", "session.tool.failed"]
     assert after["type"] == "session.execution.succeeded"

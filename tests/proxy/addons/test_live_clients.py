@@ -1,15 +1,18 @@
 """Client event streams for live settle: who is told what, now and when they connect later."""
 
 import asyncio
+import logging
 from typing import Any
 
 import orjson
+import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from proxy import testing
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import Place
 from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.vocabulary import idle_status
 
 SSE = {"Content-Type": "text/event-stream"}
 ORPHAN = Orphan(
@@ -60,15 +63,18 @@ async def test_an_instance_stream_gets_its_directorys_events_unwrapped() -> None
         assert drained(other.injected) == []
 
 
-async def test_newer_news_of_the_session_ends_the_replay() -> None:
+async def test_news_of_what_is_replayed_ends_its_replay() -> None:
     streams = clients()
     streams.publish("prt_1", ORPHAN)
+    streams.publish("status", Orphan(ORPHAN.place, state=[idle_status("ses_a")]))
     streams.heard(
         GlobalEvent("/cwd", "prj", "session.status", {"sessionID": "ses_a", "status": {"type": "busy"}})
     )
-    async with testing.streaming([], testing.flow("GET", "/global/event", response_headers=SSE)) as flow:
+    async with testing.streaming(
+        [], testing.flow("GET", "/event?directory=/cwd", response_headers=SSE)
+    ) as flow:
         streams.subscribe(flow, by="test")
-        assert drained(flow.injected) == []
+        assert drained(flow.injected) == ORPHAN.state  # the session busy ends its idle status, not the rest
 
 
 async def test_what_is_not_a_client_event_stream_is_not_taken() -> None:
@@ -114,3 +120,28 @@ async def test_a_plain_instance_stream_of_another_default_directory_is_not_told(
         streams.learned_default("/elsewhere")
         streams.publish("prt_2", ORPHAN)
         assert drained(plain.injected) == []
+
+
+async def test_a_stream_back_after_the_server_was_lost_is_said_with_what_it_is_replayed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    streams = clients()
+    streams.publish("prt_1", ORPHAN)
+    caplog.set_level(logging.INFO, logger="proxy.addons.live_clients")
+    async with testing.streaming([], testing.flow("GET", "/global/event", response_headers=SSE)) as first:
+        streams.subscribe(first, by="test")
+    assert not caplog.records, "a stream opening before any loss is no client coming back"
+    streams.lost = True
+    async with testing.streaming([], testing.flow("GET", "/global/event", response_headers=SSE)) as back:
+        streams.subscribe(back, by="test")
+    [record] = caplog.records
+    assert record.getMessage() == (
+        "client stream /global/event opened after the server was lost: "
+        "replayed 1 event(s): message.updated of ses_a"
+    )
+    assert record.fields == {  # type: ignore[attr-defined]
+        "route": "/global/event",
+        "directory": "every",
+        "replayed": 1,
+        "decision": "replayed",
+    }

@@ -157,34 +157,69 @@ async def test_a_part_cut_inside_an_emoji_is_settled_live(live: LiveSettle, fake
     assert settled["state"]["metadata"] == {"output": "hello \ud83d", "interrupted": True}
 
 
+def kinds(frames: list[bytes]) -> list[str]:
+    return [payload["type"] for payload in payloads(frames)]
+
+
+RUNNING_AGAIN = {**PART, "state": {**PART["state"], "status": "running"}}
+
+
 @pytest.mark.parametrize(
-    ("kind", "properties"),
+    ("kind", "properties", "still_replayed"),
     [
-        ("session.status", {"status": {"type": "busy"}}),
-        ("session.status", {"status": {"type": "idle"}}),
-        ("message.updated", {"info": {**MESSAGE["info"], "id": "msg_newer"}}),
+        ("session.status", {"status": {"type": "busy"}}, ["message.part.updated", "message.updated"]),
+        (
+            "session.status",
+            {"status": {"type": "idle"}},
+            ["message.part.updated", "message.updated", "session.status"],
+        ),
+        (
+            "message.updated",
+            {"info": {**MESSAGE["info"], "id": "msg_newer"}},
+            ["message.part.updated", "message.updated", "session.status"],
+        ),
+        (
+            "session.updated",
+            {"info": {"id": V1, "title": "renamed"}},
+            ["message.part.updated", "message.updated", "session.status"],
+        ),
+        ("message.updated", {"info": MESSAGE["info"]}, ["message.part.updated", "session.status"]),
+        ("message.part.updated", {"part": RUNNING_AGAIN, "time": 2}, ["session.status"]),
+        (
+            "message.part.updated",
+            {"part": {**MESSAGE["parts"][0], "id": "prt_new"}, "time": 2},
+            ["message.part.updated", "session.status"],
+        ),
     ],
 )
-async def test_the_replay_ends_when_the_stream_says_anything_newer_about_the_session(
-    live: LiveSettle, metrics: Metrics, kind: str, properties: dict[str, Any]
+async def test_news_of_a_thing_ends_only_its_own_replay(
+    live: LiveSettle, metrics: Metrics, kind: str, properties: dict[str, Any], still_replayed: list[str]
 ) -> None:
+    """Only news of a part, a message or the status ends the replay of that same thing: the
+    session busy ends the replayed idle status, the message written on (or its part open again)
+    ends the replayed message (and part); news of another message or of the session as a whole
+    (a resumed turn) says nothing of the settled call, and a client back after it still needs it.
+    Idle news agrees with the replayed status."""
     crash_with_part_open(live)
     await live.tasks.idle()
     assert metrics.injected_events._value.get() == 0  # no client stream yet: nothing sent
-    heard(live, kind, **properties)  # e.g. a new turn: the session is busy again
-    assert await told_a_new_stream(live) == []  # no settled part: the server has newer news
+    heard(live, kind, **properties)
+    assert kinds(await told_a_new_stream(live)) == still_replayed
 
 
 async def test_the_servers_write_back_of_the_settled_part_keeps_the_replay(live: LiveSettle) -> None:
     """Under write-back the server announces the part settled, as the replay shows it: a TUI that
-    reconnects after that (it never fetches again) must still be told."""
+    reconnects after that (it never fetches again) must still be told, as the server said it. A part
+    of the same message the server changes later is news of the message: its replay ends."""
     crash_with_part_open(live)
-    replayed = await told_a_new_stream(live)
-    part = orjson.loads(replayed[0].removeprefix(b"data: "))["payload"]["properties"]["part"]
+    replayed = payloads(await told_a_new_stream(live))
+    part = replayed[0]["properties"]["part"]
     heard(live, "message.part.updated", part=part, time=2)
-    assert await told_a_new_stream(live) == replayed
+    after = payloads(await told_a_new_stream(live))
+    assert [p["type"] for p in after] == ["message.updated", "session.status", "message.part.updated"]
+    assert after[2]["properties"] == {"sessionID": V1, "part": part, "time": 2}
     heard(live, "message.part.updated", part={**part, "id": "prt_other"}, time=3)
-    assert await told_a_new_stream(live) == []
+    assert kinds(await told_a_new_stream(live)) == ["session.status", "message.part.updated"]
 
 
 async def test_news_of_the_session_while_a_turn_is_confirmed_withdraws_it(

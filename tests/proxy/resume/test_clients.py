@@ -28,10 +28,31 @@ async def test_client_event_streams_are_counted_while_open_and_remembered_by_tim
     clock.now = 12.0
     await clients.response_headers(testing.flow("GET", "/api/event", response_headers=SSE))
     assert clients.open == 2
-    assert (clients.open_at(10.5), clients.open_at(11.5), clients.open_at(12.5)) == (0, 1, 2)
+    assert (clients.most_open_since(12.5), clients.most_open_since(11.5)) == (2, 2)
+    clock.now = 13.0
     await clients.done(flow)
     await clients.done(flow)
     assert clients.open == 1
+    assert (clients.most_open_since(9.0), clients.most_open_since(13.5)) == (2, 1)
+
+
+async def test_a_stream_opened_after_the_servers_last_word_is_waited_for() -> None:
+    """The server said nothing after a page opened its stream (its tool ran quietly); the crash cut
+    the stream. A resume counting from the server's last word still waits for the page (issue 28)."""
+    clock = Clock()
+    clients = ClientStreams(clock)
+    last_alive = clock.now
+    clock.now = 14.0
+    page = testing.flow("GET", "/global/event", response_headers=SSE)
+    await clients.response_headers(page)
+    clock.now = 18.0
+    await clients.done(page)  # the crash
+    assert clients.most_open_since(last_alive) == 1
+    waiting = asyncio.create_task(clients.back(clients.most_open_since(last_alive)))
+    await asyncio.sleep(0)
+    assert not waiting.done(), "the resume went ahead without the page"
+    await clients.response_headers(testing.flow("GET", "/global/event", response_headers=SSE))
+    await asyncio.wait_for(waiting, testing.WAIT_S)
 
 
 async def test_other_routes_and_failed_streams_are_not_client_streams() -> None:
