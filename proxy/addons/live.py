@@ -24,6 +24,9 @@ message afresh, takes a reading after that read, and if the session is inactive 
 message as the rules close it (`message.updated`) and `session.status` idle, framed and
 replayed as for a part (`live_turns`).
 
+On 2.x the stream followed is `/api/event`, and its calls are confirmed and told to the clients
+of `/api/event` in 2.x's shape (`live_calls`).
+
 A plain `/event` (no directory asked, as the official SDK's default client subscribes) is the
 stream of the server's default directory, which the proxy asks the server for each time the
 followed stream (re)connects (`live_default`).
@@ -34,6 +37,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from proxy.addons.context import SettleContext
+from proxy.addons.live_calls import OpenCalls
 from proxy.addons.live_clients import ClientStreams
 from proxy.addons.live_default import DefaultDirectory
 from proxy.addons.live_memory import StreamMemory
@@ -56,8 +60,9 @@ class LiveSettle(Addon, StreamListener):
         self._default = DefaultDirectory(ctx.upstream, self._clients.learned_default)
         self._parts = OpenParts(ctx, self._memory, self._clients)
         self._turns = DeadTurns(ctx, self._memory, self._clients)
+        self._calls = OpenCalls(ctx, self._clients)
         self._followed = False
-        self.tasks = Together(self._default, self._parts.tasks, self._turns.tasks)
+        self.tasks = Together(self._default, self._parts.tasks, self._turns.tasks, self._calls.tasks)
 
     # What the followed stream says.
 
@@ -71,11 +76,13 @@ class LiveSettle(Addon, StreamListener):
             self._parts.schedule(session_id)
         for session_id in self._memory.sessions_with_turns() - with_parts:
             self._turns.schedule(session_id)
+        self._calls.following()
 
     def event(self, event: GlobalEvent) -> None:
         self._clients.heard(event)
         self._parts.heard(event)
         self._turns.heard(event)
+        self._calls.heard(event)
         if (idle := self._memory.observe(event)) is not None:
             self._parts.schedule(idle)
 
@@ -83,8 +90,9 @@ class LiveSettle(Addon, StreamListener):
 
     async def response_headers(self, flow: Flow) -> None:
         subscriber = self._clients.subscribe(flow, by=self.name)
-        waiting = subscriber is not None and subscriber.directory is None and not subscriber.everywhere
-        if waiting and not self._default.busy:  # the proxy's attempts gave up: try the client's credentials
+        if subscriber is None or subscriber.directory is not None or subscriber.everywhere or subscriber.api:
+            return
+        if not self._default.busy:  # the proxy's attempts gave up: try the client's credentials
             self._default.learn(self._ctx.probe.credentials(flow.request))
 
     async def done(self, flow: Flow) -> None:

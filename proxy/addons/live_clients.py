@@ -47,6 +47,10 @@ class Subscriber:
     """None on the global stream, or on a plain `/event` while the default directory is unknown."""
     everywhere: bool = False
     """The global stream: every directory, events wrapped with their directory."""
+    api: bool = False
+    """2.x's `/api/event`: only 2.x's events, unwrapped, of the sessions and directory it asked
+    for (`session=…`, `location[directory]=…`; none asked: all)."""
+    sessions: frozenset[str] = frozenset()
 
 
 SUBSCRIBER = FlowKey[Subscriber]("live-settle subscriber")
@@ -64,6 +68,8 @@ class Orphan:
     place: OpenTool | Place
     state: list[dict[str, Any]] = field(default_factory=list)
     moment: list[dict[str, Any]] = field(default_factory=list)
+    api: bool = False
+    """2.x's events, for the clients of `/api/event` alone."""
 
 
 class ClientStreams:
@@ -95,6 +101,8 @@ class ClientStreams:
                     "it is told nothing until that is learned",
                     extra={"fields": {"route": "/event", "decision": "waits for the default directory"}},
                 )
+        elif stream is EventStream.V2:
+            subscriber = _api_subscriber(flow.request)
         else:
             return None
         flow.inject(subscriber.queue, by=by)
@@ -108,7 +116,7 @@ class ClientStreams:
     def learned_default(self, directory: str) -> None:
         """The server named its default directory: plain `/event` streams that waited for it
         are its streams from now on, caught up with its state."""
-        waiting = [s for s in self._subscribers if s.directory is None and not s.everywhere]
+        waiting = [s for s in self._subscribers if s.directory is None and not (s.everywhere or s.api)]
         self.default_directory = directory
         for subscriber in waiting:
             subscriber.directory = directory
@@ -129,17 +137,23 @@ class ClientStreams:
 
     def publish(self, key: str, orphan: Orphan) -> None:
         """Send `orphan` to every open stream, and keep its state (`key`: what it says) for later ones."""
-        self.replays.keep(key, orphan.place, orphan.state)
+        self.replays.keep(key, orphan.place, orphan.state, api=orphan.api)
         for subscriber in self._subscribers:
-            self._send(subscriber, orphan.place, orphan.state + orphan.moment)
+            self._send(subscriber, orphan.place, orphan.state + orphan.moment, api=orphan.api)
 
     def _catch_up(self, subscriber: Subscriber) -> list[Replayed]:
         """Replay the kept state to a stream opening now; what it was replayed."""
-        return [r for r in self.replays.all() if self._send(subscriber, r.place, [r.event])]
+        return [r for r in self.replays.all() if self._send(subscriber, r.place, [r.event], api=r.api)]
 
-    def _send(self, subscriber: Subscriber, place: OpenTool | Place, events: list[dict[str, Any]]) -> bool:
-        """Queue `events` (of `place`) on the stream if it carries them; whether it does."""
-        if subscriber.everywhere:
+    def _send(
+        self, subscriber: Subscriber, place: OpenTool | Place, events: list[dict[str, Any]], *, api: bool
+    ) -> bool:
+        """Queue `events` (of `place`; 2.x's with `api`) on the stream if it carries them; whether it does."""
+        if subscriber.api or api:
+            if not _interested(subscriber, place, api=api):
+                return False
+            frames = [event_frame(event) for event in events]
+        elif subscriber.everywhere:
             envelope = {"directory": place.directory, **({"project": place.project} if place.project else {})}
             frames = [event_frame({**envelope, "payload": event}) for event in events]
         elif subscriber.directory is not None and subscriber.directory == place.directory:
@@ -168,6 +182,23 @@ def _log_back(route: str, subscriber: Subscriber, replayed: list[Replayed]) -> N
             }
         },
     )
+
+
+def _api_subscriber(request: web.Request) -> Subscriber:
+    asked = request.query.get("session", "")
+    sessions = frozenset(session for session in asked.split(",") if session)
+    return Subscriber(asyncio.Queue(), request.query.get("location[directory]"), api=True, sessions=sessions)
+
+
+def _interested(subscriber: Subscriber, place: OpenTool | Place, *, api: bool) -> bool:
+    """Whether 2.x's news of `place` goes to `subscriber`: a stream of `/api/event` that asked for
+    its session (or for all) and for its directory (or for any, or the place's is not known)."""
+    asked = subscriber.directory
+    if not (subscriber.api and api):
+        return False
+    if subscriber.sessions and place.session_id not in subscriber.sessions:
+        return False
+    return asked is None or place.directory is None or asked == place.directory
 
 
 def _requested_directory(request: web.Request) -> str | None:

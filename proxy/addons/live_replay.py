@@ -17,12 +17,15 @@ answer without its question.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.addons.live_memory import REMEMBERED, Place
+from proxy.opencode.events_2x import api_event
 from proxy.opencode.global_events import GlobalEvent
 from proxy.opencode.vocabulary import (
+    API_TOOL_FAILED,
     MESSAGE_UPDATED,
     PART_UPDATED,
     STATUS_SUBJECT,
@@ -50,6 +53,8 @@ class Replayed:
 
     place: OpenTool | Place
     event: dict[str, Any]
+    api: bool = False
+    """A 2.x event, for the clients of `/api/event`."""
 
 
 class Replays:
@@ -58,12 +63,14 @@ class Replays:
     def __init__(self) -> None:
         self.sessions: Bounded[str, Bounded[str, Replayed]] = Bounded(REMEMBERED)
 
-    def keep(self, key: str, place: OpenTool | Place, state: list[dict[str, Any]]) -> None:
+    def keep(
+        self, key: str, place: OpenTool | Place, state: list[dict[str, Any]], *, api: bool = False
+    ) -> None:
         """Keep what `state` says (announced under `key`), each event under what it is news of."""
         kept = self.sessions.setdefault(place.session_id, Bounded(REPLAYED_PER_SESSION))
         for index, event in enumerate(state):
-            subjects = news_subjects(str(event.get("type")), event.get("properties") or {})
-            kept[subjects[0] if subjects else f"{key}#{index}"] = Replayed(place, event)
+            subjects = news_subjects(str(event.get("type")), event.get("data" if api else "properties") or {})
+            kept[subjects[0] if subjects else f"{key}#{index}"] = Replayed(place, event, api)
 
     def all(self) -> list[Replayed]:
         return [replayed for kept in self.sessions.values() for replayed in kept.values()]
@@ -74,6 +81,9 @@ class Replays:
         if session_id is None or (kept := self.sessions.get(session_id)) is None:
             return
         place = Place(session_id, "", event.directory, event.project)
+        if event.api:
+            _heard_2x(event, place, kept)
+            return
         if ends_turn(event.kind, event.properties):
             kept[STATUS_SUBJECT] = Replayed(place, idle_status(session_id))
             return
@@ -85,6 +95,22 @@ class Replays:
             return
         for subject in subjects:
             kept.pop(subject, None)
+
+
+def _heard_2x(event: GlobalEvent, place: Place, kept: Bounded[str, Replayed]) -> None:
+    """2.x: the server's end of an execution, or its failure of a replayed call, agrees and is kept
+    as the server said it; any other news of a call or of the execution ends that replay."""
+    subjects = news_subjects(event.kind, event.properties)
+    if not subjects:
+        return
+    agrees = ends_turn(event.kind, event.properties) or (
+        event.kind == API_TOOL_FAILED and subjects[0] in kept
+    )
+    if agrees:
+        said = api_event(event.kind, event.properties, int(time.time() * 1000), event.directory)
+        kept[subjects[0]] = Replayed(place, said, True)
+    else:
+        kept.pop(subjects[0], None)
 
 
 def _agrees(event: GlobalEvent, kept: Bounded[str, Replayed]) -> bool:

@@ -62,7 +62,8 @@ class Dialect:
     durable_by: str = ""
     """For people: what does make a settlement durable on it, when the proxy cannot."""
     resumes: bool = False
-    """Whether `--resume` can continue an interrupted turn on it (1.18: a prompt, as a client would)."""
+    """Whether `--resume` can continue an interrupted turn on it (1.18: a prompt, as a client would;
+    2.x: its own settle-then-continue, `proxy.resume.continuing`)."""
 
     @property
     def health_path(self) -> str:
@@ -92,6 +93,7 @@ LINE_2X = Dialect(
     {Api.V2: V2X_HTTP},
     health_paths=("/api/info", "/api/health"),
     events_path="/api/event",
+    resumes=True,
     durable_by=(
         "2.x settles an interrupted call itself when the session's next turn starts (a prompt, or "
         "`--resume`); no route settles one without running the model, and only its own event bus "

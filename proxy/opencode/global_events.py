@@ -1,5 +1,5 @@
-"""The events of `/global/event` as the proxy reads them: line by line, each line only up to
-a limit, and what a plain event says about its session's liveness.
+"""The events of `/global/event` (and 2.x's `/api/event`) as the proxy reads them: line by line,
+each line only up to a limit, and what a plain event says about its session's liveness.
 
 aiohttp's own `readline` gives up on a line past its buffer limit (512 KiB) with `LineTooLong`,
 having consumed an unknown part of it, so the stream cannot be read on; `readuntil` with a
@@ -12,7 +12,7 @@ than the limit (and one piece).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ import aiohttp
 import orjson
 
 from proxy.opencode import jsonio
+from proxy.opencode.events_2x import api_stated_liveness
 from proxy.opencode.vocabulary import stated_liveness
 from rules import Api
 
@@ -32,12 +33,15 @@ class UnreadableEvent(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GlobalEvent:
-    """One plain event of `/global/event`: `{"directory", "project"?, "payload": {type, properties}}`."""
+    """One plain event of `/global/event`: `{"directory", "project"?, "payload": {type, properties}}`;
+    or of 2.x's `/api/event` (`api`): `{"id", "type", "data", "location"?: {"directory"}, …}`, its
+    `data` as the properties."""
 
     directory: str | None
     project: str | None
     kind: str
     properties: dict[str, Any]
+    api: bool = False
 
     @property
     def session_id(self) -> str | None:
@@ -82,10 +86,12 @@ async def event_lines(
         pending += piece
 
 
-def read_event(data: bytes) -> GlobalEvent | UnreadableEvent | None:
-    """`parse_event`, with what it refuses as a value (the stream reads on)."""
+def read_event(
+    data: bytes, parse: Callable[[bytes], GlobalEvent | None] | None = None
+) -> GlobalEvent | UnreadableEvent | None:
+    """`parse` (default `parse_event`), with what it refuses as a value (the stream reads on)."""
     try:
-        return parse_event(data)
+        return (parse or parse_event)(data)
     except UnreadableEvent as error:
         return error
 
@@ -93,13 +99,8 @@ def read_event(data: bytes) -> GlobalEvent | UnreadableEvent | None:
 def parse_event(data: bytes) -> GlobalEvent | None:
     """One `/global/event` payload, or None for what is not a plain event (sync forms); raises
     `UnreadableEvent` for what the decoder refuses, whatever it raises (nested too deep, say)."""
-    try:
-        envelope = jsonio.loads(data)
-    except orjson.JSONDecodeError:
-        raise UnreadableEvent("not JSON") from None
-    except Exception as error:  # the fallback decoder: RecursionError past 1,000 levels, and the like
-        raise UnreadableEvent(type(error).__name__) from None
-    payload = envelope.get("payload") if isinstance(envelope, dict) else None
+    envelope = _loads(data)
+    payload = envelope.get("payload")
     if not isinstance(payload, dict):
         return None
     kind, properties = payload.get("type"), payload.get("properties")
@@ -114,10 +115,37 @@ def parse_event(data: bytes) -> GlobalEvent | None:
     )
 
 
+def parse_api_event(data: bytes) -> GlobalEvent | None:
+    """One `/api/event` frame of 2.x, as `parse_event` reads one of `/global/event`."""
+    envelope = _loads(data)
+    kind, properties = envelope.get("type"), envelope.get("data")
+    if not isinstance(kind, str) or not isinstance(properties, dict):
+        return None
+    location = envelope.get("location")
+    directory = location.get("directory") if isinstance(location, dict) else None
+    return GlobalEvent(directory if isinstance(directory, str) else None, None, kind, properties, api=True)
+
+
+def _loads(data: bytes) -> dict[str, Any]:
+    """`data` as a JSON object (anything else: an empty one); raises `UnreadableEvent` for what the
+    decoder refuses, whatever it raises (nested too deep, say)."""
+    try:
+        envelope = jsonio.loads(data)
+    except orjson.JSONDecodeError:
+        raise UnreadableEvent("not JSON") from None
+    except Exception as error:  # the fallback decoder: RecursionError past 1,000 levels, and the like
+        raise UnreadableEvent(type(error).__name__) from None
+    return envelope if isinstance(envelope, dict) else {}
+
+
+PARSERS = {"/global/event": parse_event, "/api/event": parse_api_event}
+"""The streams the proxy reads, each with the reader of its frames."""
+
+
 def liveness_meaning(event: GlobalEvent) -> SessionEvent | None:
     """What an event says about its session's liveness, if anything."""
     session_id = event.session_id
     if session_id is None:
         return None
-    stated = stated_liveness(event.kind, event.properties)
+    stated = (api_stated_liveness if event.api else stated_liveness)(event.kind, event.properties)
     return None if stated is None else SessionEvent(session_id, *stated)

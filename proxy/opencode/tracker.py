@@ -1,12 +1,14 @@
 """Liveness kept from the upstream's own event stream, so a message fetch needs no extra
 request in the steady state.
 
-The proxy follows `GET /global/event`, which carries every directory instance's events
-(v1 `session.status`/`session.idle`, v2 `session.next.*`). A reading (the upstream's
-answer to an on-demand look-up, or a v1 status event) is kept for a session until an
-event about that session arrives; v1 status events replace it, any other event about the
-session drops it, and the next fetch asks again. While the stream is down, or before it
-has (re)connected, nothing is kept: the proxy falls back to asking, never to guessing.
+The proxy follows the event stream of the server's line: 1.18's `GET /global/event`, which
+carries every directory instance's events (v1 `session.status`/`session.idle`, v2
+`session.next.*`), or 2.x's `GET /api/event` (`session.execution.*`, `session.tool.*`, …).
+A reading (the upstream's answer to an on-demand look-up, or a v1 status event, or 2.x's end of
+an execution) is kept for a session until an event about that session arrives; status events
+replace it, any other event about the session drops it, and the next fetch asks again. While the
+stream is down, or before it has (re)connected, nothing is kept: the proxy falls back to asking,
+never to guessing.
 
 No event may stop that: one that cannot be read (too long, too deep, not JSON) is skipped,
 logged once and counted, and since it may have been about any session every kept reading
@@ -30,6 +32,7 @@ from yarl import URL
 
 from proxy.opencode.following import StreamListener, StreamMetrics, StreamState
 from proxy.opencode.global_events import (
+    PARSERS,
     GlobalEvent,
     SessionEvent,
     UnreadableEvent,
@@ -105,7 +108,9 @@ class LivenessTracker:
     ) -> None:
         self._session = session
         self._server = server or ServerLine.told(TOLD_1_18)
-        self._url = origin.origin().with_path(EVENTS_PATH)
+        self._origin = origin.origin()
+        self._path = EVENTS_PATH
+        """The stream followed (or last followed): the detected line's."""
         self._authorization = authorization
         self._connect_timeout = connect_timeout
         self._clock = clock or ServerClock()
@@ -163,7 +168,7 @@ class LivenessTracker:
                 self.restarts += 1
                 self.last_failure = f"{type(error).__name__}: {error}"
                 self._metrics.restarts.inc()
-                log.exception("following %s failed: kept readings dropped, following again", EVENTS_PATH)
+                log.exception("following %s failed: kept readings dropped, following again", self._path)
             self._forget()
             self.state = StreamState.FAILED
             await asyncio.sleep(_RESTART_PAUSE_S)
@@ -178,7 +183,7 @@ class LivenessTracker:
             if (unread := self._unread(server)) is not None:
                 await self._not_followed(server, unread)
                 continue
-            why = "the server ended it"
+            why, self._path = "the server ended it", server.dialect.events_path
             try:
                 async for event in self._follow():
                     failures, waiting_said = 0, False
@@ -186,10 +191,10 @@ class LivenessTracker:
             except (aiohttp.ClientError, TimeoutError) as error:
                 why = str(error) or type(error).__name__
             if self.state is StreamState.FOLLOWING:
-                log.info("event stream %s lost: %s", EVENTS_PATH, why)
+                log.info("event stream %s lost: %s", self._path, why)
             elif self.state is not StreamState.REFUSED and not waiting_said:
                 waiting_said = True
-                log.info("waiting for the server to answer %s (%s)", EVENTS_PATH, why)
+                log.info("waiting for the server to answer %s (%s)", self._path, why)
             if self.state is not StreamState.REFUSED:  # lost, or not answered: it may have restarted
                 self._server.forget()
             self._forget()
@@ -201,7 +206,7 @@ class LivenessTracker:
         """Why the stream of `server` is not followed, if it is not."""
         if (refused := server.refusal("follow")) is not None:
             return refused
-        if server.dialect.events_path != EVENTS_PATH:
+        if server.dialect.events_path not in PARSERS:
             return f"its stream, {server.dialect.events_path}, is not read by this proxy yet"
         return None
 
@@ -234,7 +239,7 @@ class LivenessTracker:
             self._said.add(reason)
             log.warning(
                 "an event of %s was skipped (%s); kept readings dropped; further ones are only counted",
-                EVENTS_PATH,
+                self._path,
                 reason,
                 extra={"fields": {"reason": reason, "limit": self._line_limit}},
             )
@@ -263,25 +268,26 @@ class LivenessTracker:
         # 20 s and more): the answer must start within the connect timeout, or it is asked again.
         async with asyncio.timeout(min(self._connect_timeout, STREAM_START_TIMEOUT_S)):
             response = await self._session.get(
-                self._url, headers=headers, timeout=aiohttp.ClientTimeout(total=None)
+                self._origin.with_path(self._path), headers=headers, timeout=aiohttp.ClientTimeout(total=None)
             )
         async with response as stream:
             if stream.status != 200:
                 if self.state is not StreamState.REFUSED:
                     log.warning(
-                        "%s refused (HTTP %d): liveness is asked on every fetch", EVENTS_PATH, stream.status
+                        "%s refused (HTTP %d): liveness is asked on every fetch", self._path, stream.status
                     )
                 self.state = StreamState.REFUSED
                 return
             self._clock.observe(stream.headers.get(hdrs.DATE))
             self._readings.clear()
             self.state = StreamState.FOLLOWING
-            log.info("following %s: liveness now comes from events", EVENTS_PATH)
+            log.info("following %s: liveness now comes from events", self._path)
             self._tell("following", lambda listener: listener.following())
+            parse = PARSERS[self._path]
             async for line in event_lines(stream.content, self._line_limit, silence=SILENCE_LIMIT_S):
                 if line is None:
                     yield UnreadableEvent("too long")
-                elif line.startswith(b"data:") and (event := read_event(line[5:])) is not None:
+                elif line.startswith(b"data:") and (event := read_event(line[5:], parse)) is not None:
                     yield event
 
 

@@ -21,6 +21,15 @@ from rules import OPEN_STATUSES, V1_ERROR, V2_ERROR, Api
 
 __all__ = [
     "ANSWERED",
+    "API_CALL_ENDED",
+    "API_CALL_OPENING",
+    "API_CONNECTED",
+    "API_EXECUTION_ENDED",
+    "API_EXECUTION_STARTED",
+    "API_INTERRUPTED",
+    "API_SESSION_PREFIX",
+    "API_SHUTDOWN",
+    "API_TOOL_FAILED",
     "CALL_ENDED",
     "CALL_OPENING",
     "CALL_STARTED",
@@ -95,10 +104,30 @@ CALL_OPENING = ("session.next.tool.input.started", "session.next.tool.input.ende
 CALL_ENDED = frozenset({"session.next.tool.success", TOOL_FAILED, "session.next.tool.error"})
 """How a v2 call ends; `session.next.tool.progress` and the rest come while it still runs."""
 
+# 2.x: `/api/event`, `{"id", "type", "data", "location"?, "metadata"?, "created", "durable"?}`
+# (`packages/schema/src/event.ts` @162a75f99cc1, `session-event.ts` @03130971e20a; the projection
+# `message-updater.ts`, /work/notes/opencode2x-facts.md). A call is keyed `id` (newer) or `callID`.
+API_CONNECTED = "server.connected"
+"""The first frame of every 2.x stream (then `: heartbeat` comments every 15 s): no session's."""
+API_SESSION_PREFIX = "session."
+"""Every 2.x session event starts so; any of them says the session did something."""
+API_EXECUTION, API_TOOL = "session.execution.", "session.tool."
+API_EXECUTION_STARTED = "session.execution.started"
+API_INTERRUPTED = "session.execution.interrupted"
+API_EXECUTION_ENDED = ("session.execution.succeeded", "session.execution.failed", API_INTERRUPTED)
+"""How 2.x ends a whole execution (every step and queued input): the session's turn is over."""
+API_SHUTDOWN = "shutdown"
+"""A server going away: the projection appends no `idle` message ("the drain continues")."""
+API_TOOL_FAILED = "session.tool.failed"
+API_CALL_OPENING = ("session.tool.input.started", "session.tool.called")  # `streaming`, `running`
+API_CALL_ENDED = ("session.tool.success", API_TOOL_FAILED)
+"""How a 2.x call ends; `session.tool.progress` and `session.step.*` come while it still runs."""
+
 EVENT_TYPES = frozenset(
     {SESSION_STATUS, SESSION_IDLE, SESSION_ERROR, MESSAGE_UPDATED, PART_UPDATED, PROMPT_ADMITTED, STEP_ENDED}
     | set(CALL_OPENING)
     | CALL_ENDED
+    | {API_CONNECTED, API_EXECUTION_STARTED, *API_EXECUTION_ENDED, *API_CALL_OPENING, *API_CALL_ENDED}
 )
 """Every event type named here."""
 EVENT_PREFIXES = frozenset({V2_PREFIX, *PERSON_PREFIXES})
@@ -151,11 +180,14 @@ STATUS_SUBJECT = "status"
 
 
 def news_subjects(kind: str, properties: Mapping[str, Any]) -> tuple[str, ...]:
-    """What a v1 event is news of, of what a client can hold: a part (`part:<id>`), a message
+    """What a v1 (or 2.x) event is news of, of what a client can hold: a part (`part:<id>`), a message
     (`message:<id>`: a part is news of its message too), the session's status (`status`); nothing
     for news of the session as a whole (its title, its diff) or of nothing a client holds."""
-    if kind in (SESSION_STATUS, SESSION_IDLE, SESSION_ERROR):
+    if kind in (SESSION_STATUS, SESSION_IDLE, SESSION_ERROR) or kind.startswith(API_EXECUTION):
         return (STATUS_SUBJECT,)
+    if kind.startswith(API_TOOL):  # 2.x: a call is news of itself only
+        call = properties.get("id") or properties.get("callID")
+        return (part_subject(call),) if isinstance(call, str) else ()
     part = properties.get("part")
     info = properties.get("info")
     part_id = part.get("id") if isinstance(part, dict) else properties.get("partID")
@@ -190,7 +222,7 @@ def ends_turn(kind: str, properties: Mapping[str, Any]) -> bool:
     """Whether an event says its session's turn is over (a status unknown here does not)."""
     if kind == SESSION_STATUS:
         return v1_status_active(properties.get("status")) is False
-    return kind in (SESSION_IDLE, SESSION_ERROR)
+    return kind in (SESSION_IDLE, SESSION_ERROR, *API_EXECUTION_ENDED)
 
 
 # The events that announce a settlement, as the server would have sent them.

@@ -100,6 +100,9 @@ class After:
     """Another process on the server's database that could be running the session, described."""
     used: int
     """Prompts already sent for this person's turn (this and earlier interruptions of it)."""
+    settled_by: str | None = None
+    """What makes the settlement durable when the server does it itself before any model work
+    (2.x's drain), so a call still open in storage is no reason to wait; None: the proxy must."""
 
 
 def after_settling(facts: After, policy: Policy) -> Verdict:
@@ -112,7 +115,7 @@ def after_settling(facts: After, policy: Policy) -> Verdict:
         return Verdict("the session is running: the server did not lose the turn")
     if facts.elsewhere is not None:
         return Verdict(f"another process on the database may be running it: {facts.elsewhere}")
-    if still_open := [call.call_id for call in turn.calls if call.still_open]:
+    if (still_open := [call.call_id for call in turn.calls if call.still_open]) and facts.settled_by is None:
         return Verdict(
             f"not settled in the server's storage: {', '.join(still_open)} still open when re-read"
         )

@@ -44,16 +44,26 @@ class Try:
 
 class Prompting:
     """Claims a decided turn and prompts until it starts; `attempts` prompts in all for the
-    person's turn, `retry_pause` seconds apart."""
+    person's turn, `retry_pause` seconds apart. With `settled_by` (a server that settles the calls
+    itself, and refuses an id it admitted: 2.x), every try of one turn sends under one id, and
+    each decision line says what makes the settlement durable."""
 
     def __init__(
-        self, server: Prompted, ledger: Ledger, journal: Journal, *, attempts: int, retry_pause: float
+        self,
+        server: Prompted,
+        ledger: Ledger,
+        journal: Journal,
+        *,
+        attempts: int,
+        retry_pause: float,
+        settled_by: str | None = None,
     ) -> None:
         self._server = server
         self._ledger = ledger
         self._journal = journal
         self._attempts = attempts
         self._retry_pause = retry_pause
+        self._settled_by = settled_by
 
     async def resume(
         self, turn: InterruptedTurn, directory: str | None, text: str, calls: list[dict[str, str]]
@@ -69,9 +79,10 @@ class Prompting:
     ) -> None:
         """Prompt until the turn starts (`used` prompts spent already); a server never ready
         spends a try too, not a prompt."""
-        attempts = self._attempts
+        attempts, prompt_id = self._attempts, ascending_id("msg")
         for tries in range(1, attempts + 1):
-            prompt_id = ascending_id("msg")
+            if tries > 1 and self._settled_by is None:
+                prompt_id = ascending_id("msg")
             tried = await self._attempt(turn, directory, prompt_id, text)
             used += tried.sent
             why = tried.how
@@ -107,4 +118,6 @@ class Prompting:
         return Try(1, True, how)
 
     def _decide(self, outcome: Outcome, turn: InterruptedTurn, why: str, **more: Any) -> None:
+        if self._settled_by is not None:
+            more["durable"] = self._settled_by
         self._journal.decided(outcome, turn.api, turn.session_id, why, message=turn.message_id, **more)

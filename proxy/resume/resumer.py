@@ -56,6 +56,8 @@ class ResumeServer(Prompted, Protocol):
 
     async def session_info(self, turn_api: Api, session_id: str) -> dict[str, Any]: ...
 
+    async def waiting_on_person(self, session_id: str) -> str | None: ...
+
 
 Fates = Callable[[Sequence[str]], Awaitable[Mapping[str, ProcessFate]]]
 """What became of the processes of the named calls (by call id), as the proxy knows it."""
@@ -74,6 +76,9 @@ class ResumeOptions:
     """`--resume-text`: the prompt to send instead of the one that names the calls."""
     retry_pause: float = RETRY_PAUSE_S
     settle_pause: float = SETTLE_PAUSE_S
+    settled_by: str | None = None
+    """What makes the settlement durable when the server does it itself before any model work
+    (2.x); None: the write-back must, before anything is sent."""
 
 
 class Resumer:
@@ -105,7 +110,12 @@ class Resumer:
         self._clients = clients
         self._clock = clock
         self._prompting = Prompting(
-            server, ledger, journal, attempts=options.policy.attempts, retry_pause=options.retry_pause
+            server,
+            ledger,
+            journal,
+            attempts=options.policy.attempts,
+            retry_pause=options.retry_pause,
+            settled_by=options.settled_by,
         )
 
     def consider(self, candidate: Candidate) -> None:
@@ -144,7 +154,10 @@ class Resumer:
     async def _settled(self, candidate: Candidate, info: dict[str, Any], turn: InterruptedTurn) -> After:
         """The session re-read after its open calls were written back. A call last alive within
         the freshness margin of the reading is left open by the write-back (no reading vouches for
-        it yet): written again after a pause, a few times, before the turn is given up."""
+        it yet): written again after a pause, a few times, before the turn is given up. A server
+        that settles them itself before any model work (2.x) is only re-read."""
+        if self._options.settled_by is not None:
+            return await self._after(candidate, info, turn.message_id)
         for _ in range(SETTLE_ATTEMPTS - 1):
             after = await self._written_and_reread(candidate, info, turn)
             reread = after.before.last.turn
@@ -192,10 +205,11 @@ class Resumer:
     async def _before(self, candidate: Candidate, info: dict[str, Any], cut_off: str | None = None) -> Before:
         view = await self._server.messages(candidate.api, candidate.session_id)
         parent = info.get("parentID")
+        person = candidate.waiting_on_person or await self._server.waiting_on_person(candidate.session_id)
         return Before(
             last_turn(view, candidate.api, candidate.session_id, cut_off=cut_off),
             parent if isinstance(parent, str) and parent else None,
-            candidate.waiting_on_person,
+            person,
             self._clock() - candidate.last_alive,
         )
 
@@ -241,7 +255,7 @@ class Resumer:
         elsewhere = None
         if liveness.elsewhere_since is not None and liveness.elsewhere_since <= last_alive_ms:
             elsewhere = f"one running since {liveness.elsewhere_since} ms (epoch), before the turn ended"
-        return After(before, liveness.active, elsewhere, used)
+        return After(before, liveness.active, elsewhere, used, self._options.settled_by)
 
     async def _resume(self, candidate: Candidate, turn: InterruptedTurn, directory: str | None) -> None:
         fates = await self._fates([call.call_id for call in turn.calls])

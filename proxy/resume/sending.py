@@ -89,11 +89,21 @@ class Server:
                 if (await self._probe.read(turn.api, turn.session_id, self._credentials)).active:
                     return "the session went active"
                 view = await self.messages(turn.api, turn.session_id)
-                if message_after(view, turn.api, prompt_id, "assistant") is not None:
-                    return "an answer to the prompt is stored"
+                if (answered := self.answered(view, turn, prompt_id)) is not None:
+                    return answered
             except READ_ERRORS:
                 pass
             await asyncio.sleep(POLL_S)
+        return None
+
+    def answered(self, view: Any, turn: InterruptedTurn, prompt_id: str) -> str | None:
+        """How `view` shows the turn started, if it does: an answer newer than the prompt."""
+        found = message_after(view, turn.api, prompt_id, "assistant") is not None
+        return "an answer to the prompt is stored" if found else None
+
+    async def waiting_on_person(self, session_id: str) -> str | None:
+        """What the server lists a person must answer (1.18: nothing; the stream says it)."""
+        del session_id
         return None
 
     async def _request(self, method: str, path: str, headers: dict[str, str], body: Any = None) -> None:

@@ -30,8 +30,8 @@ class ProcessFate(StrEnum):
     """A call that runs no process of its own (read, edit, …)."""
 
 
-PROCESS_TOOLS = frozenset({"bash"})
-"""The tools that start a process of their own (opencode 1.18.33, both runtimes)."""
+PROCESS_TOOLS = frozenset({"bash", "shell"})
+"""The tools that start a process of their own (opencode 1.18.33's `bash`, 2.x's `shell`)."""
 
 
 def shortened(call: InterruptedCall, limit: int = SHORT_CHARS) -> str:

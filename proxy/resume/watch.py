@@ -4,10 +4,11 @@ Only a turn the proxy saw running can be one a crash interrupted: a stale sessio
 view later may be an old crash from before the proxy was watching. So the watch remembers the
 sessions the stream last showed busy (v1 `session.status` busy or retrying, or a tool part shown
 running, until idle; v2 any `session.next.*` event until a step ends with a finish other than
-`tool-calls`), and the
-permissions and questions asked and not yet answered (a person must answer those). When the
-stream comes back after a loss, each session still busy is handed on as a `Candidate`, with the
-moment the stream last spoke as its last sign of life.
+`tool-calls`; 2.x any `session.*` event of `/api/event` until its execution ends, a `shutdown`
+aside, which is the server going away mid-turn), and the permissions and questions asked and
+not yet answered (a person must answer those). When the stream comes back after a loss, each
+session still busy is handed on as a `Candidate`, with the moment the stream last spoke as its
+last sign of life.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from dataclasses import dataclass
 from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.opencode.vocabulary import (
     ANSWERED,
+    API_EXECUTION_ENDED,
+    API_SESSION_PREFIX,
+    API_SHUTDOWN,
     OPEN_STATUSES,
     PART_UPDATED,
     PERSON_PREFIXES,
@@ -48,6 +52,8 @@ class Candidate:
     last_alive: float
     """`time.monotonic()` when the stream last spoke before it was lost."""
     waiting_on_person: str | None
+    on_2x: bool = False
+    """Seen on 2.x's `/api/event`: it is continued through 2.x's own settle-then-continue."""
 
 
 class Watch(StreamListener):
@@ -58,7 +64,7 @@ class Watch(StreamListener):
     ) -> None:
         self._start = start
         self._clock = clock
-        self._busy: OrderedDict[str, tuple[Api, str | None]] = OrderedDict()
+        self._busy: OrderedDict[str, tuple[Api, str | None, bool]] = OrderedDict()
         self._asked: dict[str, dict[str, str]] = {}
         """Per session, the permission and question requests not yet answered, by id: their kind."""
         self._heard: float | None = None
@@ -72,10 +78,10 @@ class Watch(StreamListener):
         self._busy, self._asked = OrderedDict(), {}
         if heard is None:
             return
-        for session_id, (api, directory) in busy.items():
+        for session_id, (api, directory, on_2x) in busy.items():
             waiting = asked.get(session_id)
             person = f"a {next(iter(waiting.values()))} asked" if waiting else None
-            self._start(Candidate(session_id, api, directory, heard, person))
+            self._start(Candidate(session_id, api, directory, heard, person, on_2x))
 
     def event(self, event: GlobalEvent) -> None:
         self._heard = self._clock()
@@ -83,7 +89,9 @@ class Watch(StreamListener):
         if session_id is None:
             return
         kind = event.kind
-        if kind == SESSION_STATUS:
+        if event.api and kind.startswith(API_SESSION_PREFIX):
+            self._on_2x(session_id, event)
+        elif kind == SESSION_STATUS:
             if v1_status_active(event.properties.get("status")):
                 self._remember(session_id, Api.V1, event.directory)
             else:
@@ -100,14 +108,21 @@ class Watch(StreamListener):
         elif kind.startswith(PERSON_PREFIXES):
             self._person(session_id, event)
 
-    def _remember(self, session_id: str, api: Api, directory: str | None) -> None:
-        self._busy[session_id] = (api, directory)
+    def _on_2x(self, session_id: str, event: GlobalEvent) -> None:
+        if event.kind in API_EXECUTION_ENDED and event.properties.get("reason") != API_SHUTDOWN:
+            self._busy.pop(session_id, None)
+        else:
+            self._remember(session_id, Api.V2, event.directory, on_2x=True)
+
+    def _remember(self, session_id: str, api: Api, directory: str | None, *, on_2x: bool = False) -> None:
+        self._busy[session_id] = (api, directory, on_2x)
         self._busy.move_to_end(session_id)
         while len(self._busy) > REMEMBERED:
             self._busy.popitem(last=False)
 
     def _person(self, session_id: str, event: GlobalEvent) -> None:
-        subject, _, verb = event.kind.partition(".")
+        """1.18's `permission.asked`, 2.x's `permission.v2.replied`: the subject first, the verb last."""
+        subject, verb = event.kind.partition(".")[0], event.kind.rpartition(".")[2]
         request = (
             event.properties.get("id") or event.properties.get("requestID") or event.properties.get("callID")
         )

@@ -62,9 +62,9 @@ async def start_resume(
     if assembled is None:
         app[JOURNAL].enabled = False
         return
-    watch, resumer = assembled
+    watch, tasks = assembled
     tracker.listeners.append(watch)
-    background.add(resumer.tasks)
+    background.add(tasks)
 
 
 def _fates(app: web.Application) -> Fates:

@@ -7,7 +7,8 @@ else a new random one printed as `server password <pw>`; then `server listening 
 `--port` it takes the first free port from 4096 up (`packages/server/src/process.ts` `listen`
 @02ce4a330f33). The database file keeps sessions and messages across kills; nothing is settled at
 start. `--boot-seconds` answers 503 that long first; `--seed FILE` adds, on a fresh database, one
-session with a running `shell` call and writes its ids to FILE as JSON.
+session with a running `shell` call, writes its ids to FILE as JSON, and shows its execution to
+the first `/api/event` subscriber (as the live server that ran it would have).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import orjson
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.opencode2.stand_in import DEFAULT_VERSION, StandIn
+from tests.opencode2.shapes import earlier
+from tests.opencode2.stand_in import DEFAULT_VERSION, RunningCall, StandIn
 
 
 def _options(argv: list[str] | None) -> argparse.Namespace:
@@ -61,11 +63,23 @@ async def _listen(server: StandIn, port: int | None) -> None:
         return
 
 
-def _seed(server: StandIn, path: Path) -> None:
+def _seed(server: StandIn, path: Path) -> RunningCall:
     session = server.add_session()
     call = server.add_running_call(session, active=False)
+    earlier(server.messages(session), 60_000)  # started a minute ago: past any freshness margin
     server.save()
     path.write_bytes(orjson.dumps(dataclasses.asdict(call)))
+    return call
+
+
+async def _announce(server: StandIn, call: RunningCall) -> None:
+    """Show the seeded call's execution to the first stream that subscribes, as a live server shows
+    the call it runs (`session.execution.started`, `session.tool.called`), so that a follower of
+    `/api/event` knows it was running when this process is killed."""
+    await server.wait_for_subscribers(1)
+    server.publish("session.execution.started", {"sessionID": call.session_id})
+    data = {"sessionID": call.session_id, "assistantMessageID": call.message_id, "id": call.call_id}
+    server.publish("session.tool.called", data | {"name": "shell", "input": {}, "executed": False})
 
 
 async def serve(options: argparse.Namespace) -> None:
@@ -81,8 +95,9 @@ async def serve(options: argparse.Namespace) -> None:
         booting=options.boot_seconds > 0,
         database=options.database,
     )
+    announcing = None
     if options.seed is not None and fresh:
-        _seed(server, options.seed)
+        announcing = asyncio.create_task(_announce(server, _seed(server, options.seed)))
     await _listen(server, options.port)
     print(f"server listening on {server.url}", flush=True)
     if password is None:
@@ -92,6 +107,8 @@ async def serve(options: argparse.Namespace) -> None:
     try:
         await asyncio.Event().wait()
     finally:
+        if announcing is not None:
+            announcing.cancel()
         await server.stop()
 
 

@@ -175,3 +175,16 @@ def inbox_item(
         "payload": payload,
         "delivery": delivery,
     }
+
+
+def earlier(value: Any, ms: int) -> None:
+    """Every `time` object in `value` (messages, in place) `ms` milliseconds earlier."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if key == "time" and isinstance(inner, dict):
+                value[key] = {name: at - ms for name, at in inner.items()}
+            else:
+                earlier(inner, ms)
+    elif isinstance(value, list):
+        for inner in value:
+            earlier(inner, ms)

@@ -29,6 +29,7 @@ from proxy.opencode.vocabulary import (
 ROOT = Path(__file__).resolve().parents[3]
 PROXY = ROOT / "proxy"
 FIXTURES = ROOT / "tests" / "fixtures" / "opencode-1.18.33"
+FIXTURES_2X = ROOT / "tests" / "fixtures" / "opencode-2.x"
 OWN = Path(vocabulary.__file__).resolve()
 NOT_OPENCODE = ("relay", "system")
 """Layers that know nothing of opencode: a word such as "idle" there is their own."""
@@ -36,7 +37,7 @@ NOT_OPENCODE = ("relay", "system")
 
 def _captured_types() -> set[str]:
     found: set[str] = set()
-    for capture in FIXTURES.iterdir():
+    for capture in [*FIXTURES.iterdir(), *FIXTURES_2X.glob("*.json")]:
         for kind in re.findall(r'"type": ?"([a-z]+(?:\.[a-zA-Z0-9_]+)+)"', capture.read_text()):
             found.add(event_name(kind))
     return found

@@ -49,6 +49,9 @@ class FakeServer:
     async def session_info(self, turn_api: Api, session_id: str) -> dict[str, Any]:
         return self.info
 
+    async def waiting_on_person(self, session_id: str) -> str | None:
+        return None
+
     async def ready(self, directory: str | None, provider: str | None) -> bool:
         self._asked_ready += 1
         return self._asked_ready == 1 or self.ready_after_start

@@ -191,7 +191,7 @@ async def test_a_server_that_cannot_tell_gets_its_bytes_back(
     assert "/global/health answered text/html, not JSON" in said[0].getMessage()
 
 
-async def test_resume_says_once_it_is_not_done_on_2x(
+async def test_resume_on_2x_is_not_refused_and_asks_no_1x_route(
     fake: FakeOpencode, start: Start, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.version = "2.1.2"
@@ -201,7 +201,8 @@ async def test_resume_says_once_it_is_not_done_on_2x(
     health = await (await proxy.get("/_settle/health")).json()
     assert health["upstream"]["dialect"] == "2.x"
     said = [record.getMessage() for record in caplog.records if record.getMessage().startswith("--resume")]
-    assert said == ["--resume does nothing on opencode 2.1.2: resuming is not done on the 2.x line yet"]
+    # Continued through 2.x's own settle-then-continue (tests/proxy/resume/test_resume_2x.py).
+    assert said == []
     never_asked_1x(fake)
     no_traceback(caplog)
 

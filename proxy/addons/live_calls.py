@@ -1,0 +1,169 @@
+"""The calls 2.x's `/api/event` showed open, confirmed orphaned and told, for the live-settle addon.
+
+2.x settles a call a crash left open only when the session's next drain starts; until then a
+client of `/api/event` that saw `session.tool.called` shows it running, and the session's
+execution as never ended. So when the stream comes back after a loss, or an execution ends while
+one of its calls is open, the proxy waits the grace period, reads each message afresh, takes a
+reading after that read, and if the session is inactive tells every client of `/api/event` what
+2.x would have said: `session.tool.failed` per call, in the shape 2.x's own settle gives it
+(`rules.runtime_2x`), then `session.execution.interrupted` with reason `shutdown` (2.x ends an
+execution with one of `succeeded`, `failed`, `interrupted`; `shutdown` is the server going away,
+and the only one for which 2.x's projection appends no `idle` message the server would not hold).
+News of the session withdraws a confirmation under way (`live_watch`), and the state is replayed
+to streams that open later until the stream says anything newer of the session (`live_clients`),
+as for 1.18's parts (`live_parts`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from proxy.addons.after_grace import read_after_grace
+from proxy.addons.context import SettleContext
+from proxy.addons.live_clients import ClientStreams, Orphan
+from proxy.addons.live_memory import REMEMBERED, Place
+from proxy.addons.live_watch import Confirmations, Ticket, says_idle
+from proxy.opencode.client import UpstreamRefused
+from proxy.opencode.events_2x import api_call_id, api_execution_interrupted, api_tool_failed
+from proxy.opencode.runtimes import V2X_HTTP
+from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.vocabulary import API_CALL_ENDED, API_CALL_OPENING, OPEN_STATUSES
+from proxy.relay.bounded import Bounded
+from rules import Api, Liveness, settle_view
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenCall:
+    """A call the stream showed open: where it lives, and the key the server named it under."""
+
+    session_id: str
+    message_id: str
+    call_id: str
+    key: str
+    directory: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    calls: list[OpenCall]
+    messages: dict[str, Any]
+    liveness: Liveness
+
+
+class OpenCalls:
+    """One confirmation at a time per session, of the 2.x calls the stream last showed open."""
+
+    def __init__(self, ctx: SettleContext, clients: ClientStreams) -> None:
+        self._ctx = ctx
+        self._clients = clients
+        self._open: Bounded[str, OpenCall] = Bounded(REMEMBERED)
+        self._confirmations = Confirmations("live-settle", "open calls", ctx.metrics.withdrawn_confirmations)
+        self.tasks = self._confirmations.tasks
+
+    def following(self) -> None:
+        for session_id in dict.fromkeys(call.session_id for call in self._open.values()):
+            self._confirmations.schedule(session_id, self._confirm)
+
+    def heard(self, event: GlobalEvent) -> None:
+        """Withdraw on news; remember what opens and ends a call; an execution that ended with a
+        call open is confirmed."""
+        if not event.api or (session_id := event.session_id) is None:
+            return
+        self._confirmations.heard(event)
+        found = api_call_id(event.properties)
+        if event.kind in API_CALL_OPENING and found is not None:
+            message_id = event.properties.get("assistantMessageID")
+            key, call_id = found
+            self._open[call_id] = OpenCall(session_id, str(message_id), call_id, key, event.directory)
+        elif event.kind in API_CALL_ENDED and found is not None:
+            self._open.pop(found[1], None)
+        elif says_idle(event) and self._calls(session_id):
+            self._confirmations.schedule(session_id, self._confirm)
+
+    def _calls(self, session_id: str) -> list[OpenCall]:
+        return [call for call in self._open.values() if call.session_id == session_id]
+
+    async def _confirm(self, ticket: Ticket) -> None:
+        session_id = ticket.session_id
+        read = await read_after_grace(
+            partial(self._read, session_id), self._ctx.grace, "live settle", session_id
+        )
+        if read is None or not self._confirmations.vouches(ticket):
+            return
+        if read.liveness.active:
+            log.info(
+                "live settle of %s: nothing said, the session is active",
+                session_id,
+                extra={"fields": {"session": session_id, "decision": "active"}},
+            )
+            return
+        told = [self._settle(call, read) for call in read.calls]
+        settled = [event for event in told if event is not None]
+        if settled and not self._ctx.dry_run:
+            call = read.calls[-1]
+            place = Place(session_id, call.message_id, call.directory, None)
+            ended = api_execution_interrupted(session_id, settled[-1]["created"], call.directory)
+            self._clients.publish(f"execution {session_id}", Orphan(place, [ended], api=True))
+
+    async def _read(self, session_id: str) -> _Read | None:
+        calls = self._calls(session_id)
+        if not calls:
+            return None
+        messages = {}
+        for message_id in dict.fromkeys(call.message_id for call in calls):
+            try:
+                path = V2X_HTTP.messages_path(session_id, message_id)
+                messages[message_id] = await self._ctx.upstream.get(path, self._ctx.credentials)
+            except UpstreamRefused as refusal:
+                if refusal.status != 404:
+                    raise
+                for call in calls:
+                    if call.message_id == message_id:
+                        self._open.pop(call.call_id, None)
+        liveness = await self._ctx.probe.read(Api.V2, session_id, self._ctx.credentials)
+        return _Read(calls, messages, liveness)
+
+    def _settle(self, call: OpenCall, read: _Read) -> dict[str, Any] | None:
+        """Tell the clients a call the rules settled (or the server did, unseen); the event told."""
+        if (message := read.messages.get(call.message_id)) is None:
+            return None
+        view = settle_view(message, Api.V2, read.liveness, single=True, runtime=V2X_HTTP.rules)
+        document = view.document if view is not None else message
+        content = document.get("data", {}).get("content", []) if isinstance(document, dict) else []
+        item = next((i for i in content if isinstance(i, dict) and i.get("id") == call.call_id), None)
+        self._open.pop(call.call_id, None)
+        status = (item or {}).get("state", {}).get("status")
+        if (
+            item is None
+            or status in OPEN_STATUSES[Api.V2]
+            or not isinstance(item["state"].get("error"), dict)
+        ):
+            return None
+        event = api_tool_failed(
+            call.session_id, call.message_id, item, key=call.key, directory=call.directory
+        )
+        verb = "would settle" if self._ctx.dry_run else "settled"
+        log.info(
+            "%s orphaned call in client streams",
+            verb,
+            extra={
+                "fields": {
+                    "session": call.session_id,
+                    "message": call.message_id,
+                    "call": call.call_id,
+                    "tool": item.get("name"),
+                    "rule": "orphaned-tool",
+                    "api": "2.x",
+                    "why": "open when the server went away; inactive in two readings",
+                }
+            },
+        )
+        if not self._ctx.dry_run:
+            place = Place(call.session_id, call.message_id, call.directory, None)
+            self._clients.publish(call.call_id, Orphan(place, [event], api=True))
+        return event

@@ -1,0 +1,77 @@
+"""Continuing an interrupted turn on opencode 2.x, through the server's own settle-then-continue.
+
+2.x settles a call a crash left open only when the session's next drain starts
+(`settleStaleToolCalls`, before any model work: `packages/core/src/session/runner/llm.ts` `drain`,
+anomalyco/opencode @008d57153952), and both of its routes that start one do so. The resume takes
+`POST /api/session/{id}/synthetic` (`session.synthetic`, `protocol/src/groups/session.ts`
+@01fd0c8548b2): it admits the text naming the calls as a durable inbox item and wakes the drain,
+and it takes the item's `id`, which 2.x refuses to admit twice (409 `ConflictError`), so a send
+retried under the same id is admitted at most once. `POST …/resume` takes no id (a second call
+starts another execution) and holds the request until the execution settles. What a person
+asked and has not answered is listed by `GET …/permission` and `GET …/question`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from proxy.opencode.client import UpstreamRefused
+from proxy.opencode.dialects import LINE_2X
+from proxy.opencode.runtimes import V2X_HTTP
+from proxy.resume.sending import POLL_S, READ_ERRORS, READY_TIMEOUT_S, Server
+from proxy.resume.turns import InterruptedTurn, message_after
+
+__all__ = ["SETTLED_BY_2X", "Continuation"]
+
+SETTLED_BY_2X = (
+    "2.x's own drain: the continuation's drain fails every call left open (settleStaleToolCalls) "
+    "before any model work"
+)
+DESCRIPTION = "settle-proxy: the server went away mid-turn"
+CONFLICT = 409
+
+
+class Continuation(Server):
+    """The restarted 2.x server, as the resume sees it."""
+
+    async def ready(self, directory: str | None, provider: str | None) -> bool:
+        """Wait until the server answers its health route (2.x has no `/config`); False past the timeout."""
+        del directory, provider
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                await self._request("GET", LINE_2X.health_path, {})
+                return True
+            except READ_ERRORS:
+                await asyncio.sleep(POLL_S)
+        return False
+
+    async def prompt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> None:
+        """Admit `text` under `prompt_id`: a 409 says an earlier send under that id was admitted
+        (its answer lost), which is the one admission there will be."""
+        del directory
+        body = {"id": prompt_id, "text": text, "description": DESCRIPTION}
+        try:
+            await self._request("POST", f"/api/session/{turn.session_id}/synthetic", {}, body)
+        except UpstreamRefused as refusal:
+            if refusal.status != CONFLICT:
+                raise
+
+    def answered(self, view: Any, turn: InterruptedTurn, prompt_id: str) -> str | None:
+        """The continuation stored, and an assistant message newer than the interrupted one (ids
+        the server made, compared with each other only)."""
+        stored = prompt_id in {
+            message.get("id") for message in V2X_HTTP.rules.messages_of(view, single=False)
+        }
+        newer = message_after(view, turn.api, turn.message_id, "assistant")
+        return "the continuation is stored, and a step ran after it" if stored and newer else None
+
+    async def waiting_on_person(self, session_id: str) -> str | None:
+        for kind in ("permission", "question"):
+            listed = await self._api.get(f"/api/session/{session_id}/{kind}", self._credentials)
+            pending = listed.get("data") if isinstance(listed, dict) else None
+            if isinstance(pending, list) and pending:
+                return f"a {kind} asked"
+        return None
