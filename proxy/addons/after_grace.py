@@ -50,3 +50,15 @@ async def read_after_grace(
             )
         pause *= 2
     return None
+
+
+def found_active(session_id: str, active: bool) -> bool:
+    """Whether a confirmation's reading found the session active, in which case it tells nothing;
+    said in the log, as a client then hears only what the server itself says."""
+    if active:
+        log.info(
+            "live settle of %s: nothing said, the session is active",
+            session_id,
+            extra={"fields": {"session": session_id, "decision": "active"}},
+        )
+    return active

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from proxy.addons.after_grace import read_after_grace
+from proxy.addons.after_grace import found_active, read_after_grace
 from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import REMEMBERED, Place
@@ -95,12 +95,7 @@ class OpenCalls:
         )
         if read is None or not self._confirmations.vouches(ticket):
             return
-        if read.liveness.active:
-            log.info(
-                "live settle of %s: nothing said, the session is active",
-                session_id,
-                extra={"fields": {"session": session_id, "decision": "active"}},
-            )
+        if found_active(session_id, read.liveness.active):
             return
         told = [self._settle(call, read) for call in read.calls]
         settled = [event for event in told if event is not None]

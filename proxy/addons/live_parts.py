@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from proxy.addons.after_grace import read_after_grace
+from proxy.addons.after_grace import found_active, read_after_grace
 from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import StreamMemory
@@ -81,12 +81,7 @@ class OpenParts:
             self._settled_meanwhile.pop(session_id, None)
         if read is None or not self._confirmations.vouches(ticket):
             return
-        if read.liveness.active:
-            log.info(
-                "live settle of %s: nothing said, the session is active",
-                session_id,
-                extra={"fields": {"session": session_id, "decision": "active"}},
-            )
+        if found_active(session_id, read.liveness.active):
             return
         for message_id, message in read.messages.items():
             parts = [part for part in read.parts if part.message_id == message_id]
