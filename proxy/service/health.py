@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -76,30 +77,41 @@ class UpstreamHealth:
     most `max_age_s` old is answered from, and askers that come while one is taken wait for it.
     So a health checker polling `/_settle/up` (or any `/_settle` route, which the guard checks by
     it when the proxy has no password) as hard as it likes costs the server one request a second
-    at most."""
+    at most. A reading is of one server: once `server()` names another (the line forgot the one
+    it knew when its stream was lost, or knows a new one), it is taken afresh, so a server that
+    has just died or restarted is never answered for from a reading of the one before."""
 
-    def __init__(self, ask: Callable[[], Awaitable[Answer]], *, max_age_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        ask: Callable[[], Awaitable[Answer]],
+        *,
+        max_age_s: float = 1.0,
+        server: Callable[[], object] = lambda: None,
+    ) -> None:
         self._ask = ask
+        self._server = server
         self.max_age_s = max_age_s
         self.clock: Callable[[], float] = time.monotonic
-        self._reading: tuple[float, Answer] | None = None
+        self._reading: tuple[float, object, Answer] | None = None
         self._taking: asyncio.Task[Answer] | None = None
 
     async def answer(self) -> Answer:
-        if self._reading is not None and self.clock() - self._reading[0] <= self.max_age_s:
-            return self._reading[1]
+        if (reading := self._reading) is not None:
+            taken_at, server, answer = reading
+            if server == self._server() and self.clock() - taken_at <= self.max_age_s:
+                return answer
         if self._taking is None:
             self._taking = asyncio.create_task(self._take(), name="upstream health")
         # Shielded: an asker that goes away must not cancel the reading the others wait on.
         return await asyncio.shield(self._taking)
 
     async def _take(self) -> Answer:
-        taken_at = self.clock()
+        taken_at, server = self.clock(), self._server()
         try:
             answer = await self._ask()
         finally:
             self._taking = None
-        self._reading = (taken_at, answer)
+        self._reading = (taken_at, server, answer)
         return answer
 
     async def close(self) -> None:
@@ -187,6 +199,14 @@ async def not_found(_: web.Request) -> web.Response:
     )
 
 
+def _server_now(app: web.Application) -> object:
+    """Which server a reading is of: the one the line knows (none once its stream was lost), and
+    under `run` which start of it (a restart the supervisor saw before the stream said so)."""
+    line, supervisor = app.get(SERVER_LINE), app.get(SUPERVISOR)
+    known = line.current if line is not None else None
+    return (id(known) if known is not None else None, supervisor.restarts if supervisor is not None else 0)
+
+
 def add_routes(app: web.Application) -> None:
     """Register every route under the prefix, before the catch-all forwarder: the probe (`up`)
     open to anyone, each of `GUARDED` behind the `DetailsGuard`. This is the one place a
@@ -195,7 +215,7 @@ def add_routes(app: web.Application) -> None:
     details = app[DETAILS_GUARD] = DetailsGuard(
         settings.authorization, _status_without_credentials, behind_own_auth=settings.auth is not None
     )
-    reading = app[UPSTREAM_HEALTH] = UpstreamHealth(_asking(app))
+    reading = app[UPSTREAM_HEALTH] = UpstreamHealth(_asking(app), server=partial(_server_now, app))
     app.on_cleanup.append(lambda _: reading.close())
     app.router.add_get(f"{PREFIX}/up", up)
     for name, handler in GUARDED.items():

@@ -124,7 +124,8 @@ def test_only_a_proxy_given_the_password_follows_the_event_stream(
     guarded: Guarded, proxy: ProxyProcess
 ) -> None:
     """With its own credentials the proxy keeps liveness from `/global/event`; without, the server
-    refuses it the stream and it asks on every fetch, with the fetching client's credentials."""
+    refuses to tell it which server it is (so it follows no stream) and it asks on every fetch,
+    with the fetching client's credentials, which server it is and whether the session is live."""
     if _knows_the_password(proxy):
         health = with_credentials(proxy.url, "opencode", PASSWORD) + "/_settle/health"
         poll(
@@ -134,8 +135,8 @@ def test_only_a_proxy_given_the_password_follows_the_event_stream(
         )
     else:
         poll(
-            lambda: True if "/global/event refused (HTTP 401)" in proxy.log() else None,
-            what="the proxy's stream refused",
+            lambda: True if "/global/health answered HTTP 401" in proxy.log() else None,
+            what="the proxy refused its own look-up of which server this is",
             timeout=_EVENTS_TIMEOUT_S,
         )
         through = with_credentials(proxy.url, "opencode", PASSWORD)

@@ -93,3 +93,24 @@ async def test_an_asker_that_goes_away_does_not_cancel_the_others_reading() -> N
     ask.release.set()
     assert (await second)["nth"] == 1
     assert ask.asked == 1
+
+
+async def test_a_reading_is_not_answered_from_once_the_server_it_was_of_is_forgotten() -> None:
+    """A server that just died (its stream lost, the line forgot it) or restarted is never answered
+    for from a reading of the one before, however young that reading is."""
+    asked: list[int] = []
+
+    async def ask() -> Answer:
+        asked.append(1)
+        return {"reachable": True, "nth": len(asked)}
+
+    known: list[object] = [object()]
+    health = UpstreamHealth(ask, server=lambda: known[0])
+    health.clock = lambda: 0.0
+    assert (await health.answer())["nth"] == 1
+    assert (await health.answer())["nth"] == 1
+    known[0] = None
+    assert (await health.answer())["nth"] == 2
+    known[0] = object()
+    assert (await health.answer())["nth"] == 3
+    assert (await health.answer())["nth"] == 3
