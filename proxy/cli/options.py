@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ from proxy.service.config import (
     DEFAULT_PORT,
     DEFAULT_UPSTREAM,
     DEFAULT_USERNAME,
-    RESUME_NEEDS_WRITE_BACK,
     Settings,
     basic_authorization,
 )
@@ -237,9 +235,10 @@ def _resume_flags(parser: argparse.ArgumentParser, flags: _Flags) -> None:
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="start again, at most once, a turn the proxy saw running when the server died: after its "
-        "calls are written back settled, with a prompt naming them; never over a newer message, a pending "
-        "permission or question, a child session, or a turn older than --resume-within. Needs --write-back",
+        help="start again, at most once, a turn the proxy saw running when the server died, once its calls "
+        "are settled durably (opencode 1.18: written back, so only with --write-back; 2.x: by the server's "
+        "own drain), with a prompt naming them; never over a newer message, a pending permission or "
+        "question, a child session, or a turn older than --resume-within",
     )
     flags.add(
         "--resume-attempts",
@@ -286,15 +285,8 @@ def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Se
         lock_dir=default_lock_dir(environ),
         state_db=state_path(environ),
         auth=args.auth,
-        resume=_resume_from(args),
+        resume=bool(args.resume),
         resume_attempts=args.resume_attempts,
         resume_within=args.resume_within,
         resume_text=args.resume_text or None,
     )
-
-
-def _resume_from(args: argparse.Namespace) -> bool:
-    """--resume, refused without write-back: the model must never be shown a call still running."""
-    if args.resume and WriteBackMode(args.write_back) is WriteBackMode.OFF:
-        sys.exit(f"settle-proxy: error: {RESUME_NEEDS_WRITE_BACK}")
-    return bool(args.resume)

@@ -64,6 +64,10 @@ class Dialect:
     resumes: bool = False
     """Whether `--resume` can continue an interrupted turn on it (1.18: a prompt, as a client would;
     2.x: its own settle-then-continue, `proxy.resume.continuing`)."""
+    settles_before_resume: str | None = None
+    """What makes an interrupted call's settlement durable before a resumed turn's model work when
+    the server does it itself (2.x: the continuation's own drain); None when only a writer of the
+    proxy's can (1.18), so a turn is resumed there only through one of `writers`."""
 
     @property
     def health_path(self) -> str:
@@ -76,6 +80,19 @@ class Dialect:
     def runtime(self, api: Api) -> HttpRuntime | None:
         """The shape its `api` message views are in, or None when it serves no such route."""
         return self.runtimes.get(api)
+
+    def resume_refusal(self, writer: str | None) -> str | None:
+        """Why `--resume` does nothing on this line with the write-back mode `writer` (None: off),
+        or None when it resumes: a turn is resumed only after a durable settlement."""
+        if not self.resumes:
+            return f"resuming is not done on the {self.name} line yet"
+        if self.settles_before_resume is None and writer not in self.writers:
+            modes = " or ".join(f"`--write-back {mode}`" for mode in sorted(self.writers))
+            return (
+                f"on the {self.name} line a settlement is durable only through a write-back, and a turn is "
+                f"resumed only after a durable settlement: add {modes}"
+            )
+        return None
 
 
 LINE_1_18 = Dialect(
@@ -94,6 +111,10 @@ LINE_2X = Dialect(
     health_paths=("/api/info", "/api/health"),
     events_path="/api/event",
     resumes=True,
+    settles_before_resume=(
+        "2.x's own drain: the continuation's drain fails every call left open (settleStaleToolCalls) "
+        "before any model work"
+    ),
     durable_by=(
         "2.x settles an interrupted call itself when the session's next turn starts (a prompt, or "
         "`--resume`); no route settles one without running the model, and only its own event bus "

@@ -97,4 +97,3 @@ V2_HTTP = HttpRuntime(
 )
 V2X_HTTP = dataclasses.replace(V2_HTTP, rules=V2X)
 """opencode 2.x: 1.18's v2 routes, settled in 2.x's shape."""
-HTTP_RUNTIMES: dict[Api, HttpRuntime] = {runtime.api: runtime for runtime in (V1_HTTP, V2_HTTP)}

@@ -47,14 +47,15 @@ class KnownServer:
     def describe(self) -> dict[str, object]:
         return {"version": self.version, "dialect": self.dialect.name, "known_version": self.known_line}
 
-    def refusal(self, doing: str) -> str | None:
-        """Why the proxy must not do `doing` (a write-back mode, `resume`, `follow`) on this
-        server, or None when it may: a version no line covers gets views, nothing more."""
+    def refusal(self, doing: str, *, writer: str | None = None) -> str | None:
+        """Why the proxy must not do `doing` (a write-back mode, `resume` with the write-back mode
+        `writer`, `follow`) on this server, or None when it may: a version no line covers gets
+        views, nothing more."""
         line = self.dialect.name
         if not self.known_line:
             return f"opencode {self.version} is no version this proxy knows (nearest: the {line} line)"
-        if doing == "resume" and not self.dialect.resumes:
-            return f"resuming is not done on the {line} line yet"
+        if doing == "resume":
+            return self.dialect.resume_refusal(writer)
         if doing in ("api", "db") and doing not in self.dialect.writers:
             return f"no writer of the proxy's exists for the {line} line: {self.dialect.durable_by}"
         return None

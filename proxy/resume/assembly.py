@@ -1,26 +1,36 @@
-"""Putting `--resume` together for an application: its ledger, its server, its watch."""
+"""Putting `--resume` together for an application: its ledger, its server, its watch.
+
+A candidate is resumed as the line whose stream showed it resumes a turn: on 1.18 through a
+prompt, after the proxy's write-back settled its calls; on 2.x through the server's own
+settle-then-continue. A line on which the settlement cannot be made durable (1.18 without
+`--write-back`) resumes nothing, and says so of each candidate in the journal."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import sqlite3
+from collections.abc import Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi
+from proxy.opencode.dialects import LINE_1_18, LINE_2X
 from proxy.opencode.liveness import LivenessProbe
 from proxy.relay.tasks import Together
 from proxy.resume.clients import ClientStreams
-from proxy.resume.continuing import SETTLED_BY_2X, Continuation
+from proxy.resume.continuing import Continuation
+from proxy.resume.decision import Outcome
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import Fates, ResumeOptions, Resumer, no_fates
 from proxy.resume.sending import Server
-from proxy.resume.watch import Watch
+from proxy.resume.watch import Candidate, Watch
 from proxy.writeback.scheduler import Writer
 
 __all__ = ["resuming"]
@@ -54,32 +64,64 @@ async def resuming(
         log.warning("--resume is off: the state database %s cannot be used: %s", state_db, error)
         return None
     api = UpstreamApi(session, origin)
-
-    def resumer_of(server: Server, writer: Writer | None, options: ResumeOptions) -> Resumer:
-        resumer = Resumer(
-            server,
-            probe,
-            writer=writer,
-            ledger=ledger,
-            journal=journal,
-            options=options,
-            credentials=credentials,
-            fates=fates,
-            clients=clients,
-        )
+    resumers = functools.partial(
+        Resumer,
+        probe=probe,
+        ledger=ledger,
+        journal=journal,
+        credentials=credentials,
+        fates=fates,
+        clients=clients,
+    )
+    servers = (
+        Server(session, api, probe, origin, credentials, dialect=LINE_1_18),
+        Continuation(session, api, probe, origin, credentials, dialect=LINE_2X),
+    )
+    by_line = {
+        server.dialect.name: _on_line(server, writer, options, journal, resumers) for server in servers
+    }
+    running = [resumer for resumer in by_line.values() if isinstance(resumer, Resumer)]
+    for resumer in running:
         stack.push_async_callback(resumer.tasks.close)
-        return resumer
-
-    resumer = resumer_of(Server(session, api, probe, origin, credentials), writer, options)
-    # 2.x settles the calls itself when the continuation's drain starts: no writer, and it says so.
-    continuation = Continuation(session, api, probe, origin, credentials)
-    continuing = resumer_of(continuation, None, dataclasses.replace(options, settled_by=SETTLED_BY_2X))
     log.info(
         "resume is on%s: at most %d prompt(s) per interrupted turn, within %g s",
         " (dry run: nothing is sent)" if options.dry_run else "",
         options.policy.attempts,
         options.policy.within_s,
     )
-    watch = Watch(lambda candidate: (continuing if candidate.on_2x else resumer).consider(candidate))
+    watch = Watch(lambda candidate: by_line[candidate.dialect.name].consider(candidate))
     journal.running = watch.running
-    return watch, Together(resumer.tasks, continuing.tasks)
+    return watch, Together(*(resumer.tasks for resumer in running))
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """A line on which `--resume` does nothing: each of its candidates is skipped, said why."""
+
+    journal: Journal
+    why: str
+
+    def consider(self, candidate: Candidate) -> None:
+        why = f"--resume does nothing: {self.why}"
+        self.journal.decided(Outcome.SKIPPED, candidate.api, candidate.session_id, why)
+
+
+def _on_line(
+    server: Server,
+    writer: Writer | None,
+    options: ResumeOptions,
+    journal: Journal,
+    resumers: Callable[..., Resumer],
+) -> Resumer | _Refused:
+    """What considers a candidate of `server`'s line: a resumer that settles through the
+    write-back, or, on a line that settles by itself before any model work, only re-reads; or,
+    where no settlement can be made durable (1.18 without a writer), nothing but a skip."""
+    line = server.dialect
+    if (refused := line.resume_refusal(writer.mode if writer is not None else None)) is not None:
+        return _Refused(journal, refused)
+    settled_by = line.settles_before_resume
+    return resumers(
+        server,
+        writer=writer if settled_by is None else None,
+        options=dataclasses.replace(options, settled_by=settled_by),
+    )

@@ -18,23 +18,17 @@ import time
 from typing import Any
 
 from proxy.opencode.client import UpstreamRefused
-from proxy.opencode.dialects import LINE_2X
-from proxy.opencode.runtimes import V2X_HTTP
 from proxy.resume.sending import POLL_S, READ_ERRORS, READY_TIMEOUT_S, Server
 from proxy.resume.turns import InterruptedTurn, message_after
 
-__all__ = ["SETTLED_BY_2X", "Continuation"]
+__all__ = ["Continuation"]
 
-SETTLED_BY_2X = (
-    "2.x's own drain: the continuation's drain fails every call left open (settleStaleToolCalls) "
-    "before any model work"
-)
 DESCRIPTION = "settle-proxy: the server went away mid-turn"
 CONFLICT = 409
 
 
 class Continuation(Server):
-    """The restarted 2.x server, as the resume sees it."""
+    """The restarted 2.x server, as the resume sees it (built with its line's dialect)."""
 
     async def ready(self, directory: str | None, provider: str | None) -> bool:
         """Wait until the server answers its health route (2.x has no `/config`); False past the timeout."""
@@ -42,7 +36,7 @@ class Continuation(Server):
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
-                await self._request("GET", LINE_2X.health_path, {})
+                await self._request("GET", self.dialect.health_path, {})
                 return True
             except READ_ERRORS:
                 await asyncio.sleep(POLL_S)
@@ -62,10 +56,9 @@ class Continuation(Server):
     def answered(self, view: Any, turn: InterruptedTurn, prompt_id: str) -> str | None:
         """The continuation stored, and an assistant message newer than the interrupted one (ids
         the server made, compared with each other only)."""
-        stored = prompt_id in {
-            message.get("id") for message in V2X_HTTP.rules.messages_of(view, single=False)
-        }
-        newer = message_after(view, turn.api, turn.message_id, "assistant")
+        rules = self.rules(turn.api)
+        stored = prompt_id in {message.get("id") for message in rules.messages_of(view, single=False)}
+        newer = message_after(view, rules, turn.message_id, "assistant")
         return "the continuation is stored, and a step ran after it" if stored and newer else None
 
     async def waiting_on_person(self, session_id: str) -> str | None:

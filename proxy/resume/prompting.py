@@ -14,13 +14,15 @@ from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.sending import READ_ERRORS
 from proxy.resume.turns import InterruptedTurn, user_message_after
-from rules import Api
+from rules import Api, Runtime
 
 __all__ = ["Prompted", "Prompting"]
 
 
 class Prompted(Protocol):
     """The restarted server as a prompt is sent to it (`proxy.resume.sending.Server`)."""
+
+    def rules(self, turn_api: Api) -> Runtime[Any]: ...
 
     async def messages(self, turn_api: Api, session_id: str) -> Any: ...
 
@@ -97,7 +99,7 @@ class Prompting:
             self._decide(Outcome.NOT_STARTED, turn, f"{why}; trying again in {self._retry_pause:g} s")
             await asyncio.sleep(self._retry_pause)
             view = await self._server.messages(turn.api, turn.session_id)
-            if (person := user_message_after(view, turn.api, prompt_id)) is not None:
+            if (person := user_message_after(view, self._server.rules(turn.api), prompt_id)) is not None:
                 await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.SKIPPED))
                 why = f"a person wrote ({person}) after the prompt that did not start"
                 self._decide(Outcome.SKIPPED, turn, why)

@@ -19,10 +19,11 @@ from aiohttp import hdrs
 from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
+from proxy.opencode.dialects import LINE_1_18, Dialect
 from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
-from proxy.opencode.runtimes import HTTP_RUNTIMES
+from proxy.opencode.runtimes import HttpRuntime
 from proxy.resume.turns import InterruptedTurn, message_after
-from rules import Api
+from rules import Api, Runtime
 
 __all__ = ["READ_ERRORS", "Server"]
 
@@ -33,7 +34,7 @@ READ_ERRORS = (aiohttp.ClientError, TimeoutError, UpstreamRefused, LivenessUnkno
 
 
 class Server:
-    """The restarted server, as the resume sees it."""
+    """The restarted server, as the resume sees it: its routes and shapes are its `dialect`'s."""
 
     def __init__(
         self,
@@ -42,18 +43,33 @@ class Server:
         probe: LivenessProbe,
         origin: URL,
         credentials: Credentials,
+        *,
+        dialect: Dialect = LINE_1_18,
     ) -> None:
         self._session = session
         self._api = api
         self._probe = probe
         self._origin = origin.origin()
         self._credentials = credentials
+        self.dialect = dialect
+
+    def http(self, turn_api: Api) -> HttpRuntime:
+        """The routes and the shape of its `turn_api` views; a ValueError (the server cannot be
+        read) when its line serves none."""
+        http = self.dialect.runtime(turn_api)
+        if http is None:
+            raise ValueError(f"the {self.dialect.name} line serves no {turn_api} message views")
+        return http
+
+    def rules(self, turn_api: Api) -> Runtime[Any]:
+        """How its `turn_api` views are read: where they keep what, and how a call is settled."""
+        return self.http(turn_api).rules
 
     async def messages(self, turn_api: Api, session_id: str) -> Any:
-        return await self._api.get(HTTP_RUNTIMES[turn_api].messages_path(session_id), self._credentials)
+        return await self._api.get(self.http(turn_api).messages_path(session_id), self._credentials)
 
     async def session_info(self, turn_api: Api, session_id: str) -> dict[str, Any]:
-        http = HTTP_RUNTIMES[turn_api]
+        http = self.http(turn_api)
         info = http.unwrapped(await self._api.get(http.session_path(session_id), self._credentials))
         return info if isinstance(info, dict) else {}
 
@@ -75,7 +91,7 @@ class Server:
     async def prompt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> None:
         """Send the prompt as the turn's runtime takes it (v1 `prompt_async` with the turn's own
         agent and model, in its directory; v2 `prompt`)."""
-        http = HTTP_RUNTIMES[turn.api]
+        http = self.http(turn.api)
         body = http.prompt_body(prompt_id, text, turn.agent, turn.model)
         headers = _directory_header(directory) if http.directed else {}
         await self._request("POST", http.prompt_path(turn.session_id), headers, body)
@@ -98,7 +114,7 @@ class Server:
 
     def answered(self, view: Any, turn: InterruptedTurn, prompt_id: str) -> str | None:
         """How `view` shows the turn started, if it does: an answer newer than the prompt."""
-        found = message_after(view, turn.api, prompt_id, "assistant") is not None
+        found = message_after(view, self.rules(turn.api), prompt_id, "assistant") is not None
         return "an answer to the prompt is stored" if found else None
 
     async def waiting_on_person(self, session_id: str) -> str | None:

@@ -1,10 +1,11 @@
 """What a session's message view says about its last turn: was it cut off, and where.
 
 Pure: a parsed view in, an `InterruptedTurn` (or the reason there is none) out. Where a view
-keeps what is asked here (headers, roles, tools, the settled shape) is its runtime's to say
-(`rules.runtime_of`): resuming is done on the 1.18 line only. Both runtimes give every message
-an ascending id (`msg_…`, sorted by creation), so the newest message is the
-one with the greatest id, whatever order the view lists them in (v1 oldest first, v2 newest).
+keeps what is asked here (headers, roles, tools, the settled shape) is the runtime's to say that
+the server's dialect reads it with (`proxy.resume.sending.Server.rules`): 2.x settles a call
+otherwise than 1.18's v2 does, in the same layout. Every runtime gives every message an ascending
+id (`msg_…`, sorted by creation), so the newest message is the one with the greatest id, whatever
+order the view lists them in (v1 oldest first, v2 newest).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rules import Api, UnexpectedShape, runtime_of
+from rules import Api, Runtime, UnexpectedShape
 
 __all__ = [
     "InterruptedCall",
@@ -62,76 +63,78 @@ class LastTurn:
     was already sent), else None."""
 
 
-def last_turn(view: Any, api: Api, session_id: str, *, cut_off: str | None = None) -> LastTurn:
-    """The session's last turn as `view` (a parsed message list of runtime `api`) shows it.
+def last_turn(view: Any, rules: Runtime[Any], session_id: str, *, cut_off: str | None = None) -> LastTurn:
+    """The session's last turn as `view` (a parsed message list, read with `rules`) shows it.
 
     `cut_off` names a message an earlier read already showed cut off: a write-back may since have
     closed it (v1 `db` and v2 set `time.completed` on an unfinished message), and it stays cut off.
     """
-    messages = _messages(view, api)
-    ordered = sorted((m for m in messages if isinstance(_id(m, api), str)), key=lambda m: str(_id(m, api)))
-    assistants = [index for index, m in enumerate(ordered) if _role(m, api) == "assistant"]
+    messages = _messages(view, rules)
+    ordered = sorted(
+        (m for m in messages if isinstance(_id(m, rules), str)), key=lambda m: str(_id(m, rules))
+    )
+    assistants = [index for index, m in enumerate(ordered) if _role(m, rules) == "assistant"]
     if not assistants:
         return LastTurn(None, None)
     index = assistants[-1]
     newest = ordered[index]
-    newer = str(_id(ordered[-1], api)) if index < len(ordered) - 1 else None
-    users = [m for m in ordered[:index] if _role(m, api) == "user"]
-    calls = tuple(call for item in _items(newest, api) if (call := _interrupted(item, api)) is not None)
-    header = _header(newest, api)
-    unfinished = "completed" not in (header.get("time") or {}) or cut_off == _id(newest, api)
+    newer = str(_id(ordered[-1], rules)) if index < len(ordered) - 1 else None
+    users = [m for m in ordered[:index] if _role(m, rules) == "user"]
+    calls = tuple(call for item in _items(newest, rules) if (call := _interrupted(item, rules)) is not None)
+    header = _header(newest, rules)
+    unfinished = "completed" not in (header.get("time") or {}) or cut_off == _id(newest, rules)
     if not calls and not unfinished:
         return LastTurn(None, newer)
     turn = InterruptedTurn(
         session_id,
-        api,
-        str(_id(newest, api)),
+        rules.api,
+        str(_id(newest, rules)),
         calls,
         _text(header.get("agent") or header.get("mode")),
-        runtime_of(api).chosen_model(header),
-        str(_id(users[-1], api)) if users else None,
+        rules.chosen_model(header),
+        str(_id(users[-1], rules)) if users else None,
     )
     return LastTurn(turn, newer)
 
 
-def user_message_after(view: Any, api: Api, message_id: str) -> str | None:
+def user_message_after(view: Any, rules: Runtime[Any], message_id: str) -> str | None:
     """The id of the newest user message newer than `message_id` in `view`, if there is one."""
-    return message_after(view, api, message_id, "user")
+    return message_after(view, rules, message_id, "user")
 
 
-def message_after(view: Any, api: Api, message_id: str, role: str) -> str | None:
+def message_after(view: Any, rules: Runtime[Any], message_id: str, role: str) -> str | None:
     """The id of the newest message of `role` ("user", "assistant") newer than `message_id`."""
     newer = [
-        str(_id(m, api))
-        for m in _messages(view, api)
-        if _role(m, api) == role and isinstance(_id(m, api), str) and str(_id(m, api)) > message_id
+        str(_id(m, rules))
+        for m in _messages(view, rules)
+        if _role(m, rules) == role and isinstance(_id(m, rules), str) and str(_id(m, rules)) > message_id
     ]
     return max(newer, default=None)
 
 
-def _messages(view: Any, api: Api) -> list[dict[str, Any]]:
+def _messages(view: Any, rules: Runtime[Any]) -> list[dict[str, Any]]:
     try:
-        messages = runtime_of(api).messages_of(view, single=False)
+        messages = rules.messages_of(view, single=False)
     except UnexpectedShape:
         return []
     return [m for m in messages if isinstance(m, dict)]
 
 
-def _header(message: dict[str, Any], api: Api) -> dict[str, Any]:
-    header = runtime_of(api).header(message)
+def _header(message: dict[str, Any], rules: Runtime[Any]) -> dict[str, Any]:
+    header = rules.header(message)
     return header if isinstance(header, dict) else {}
 
 
-def _id(message: dict[str, Any], api: Api) -> Any:
-    return _header(message, api).get("id")
+def _id(message: dict[str, Any], rules: Runtime[Any]) -> Any:
+    return _header(message, rules).get("id")
 
 
-def _role(message: dict[str, Any], api: Api) -> Any:
-    return _header(message, api).get(runtime_of(api).role_key)
+def _role(message: dict[str, Any], rules: Runtime[Any]) -> Any:
+    return _header(message, rules).get(rules.role_key)
 
 
-def _items(message: dict[str, Any], api: Api) -> list[dict[str, Any]]:
-    items = message.get(runtime_of(api).item_key)
+def _items(message: dict[str, Any], rules: Runtime[Any]) -> list[dict[str, Any]]:
+    items = message.get(rules.item_key)
     return (
         [i for i in items if isinstance(i, dict) and i.get("type") == "tool"]
         if isinstance(items, list)
@@ -139,20 +142,19 @@ def _items(message: dict[str, Any], api: Api) -> list[dict[str, Any]]:
     )
 
 
-def _interrupted(item: dict[str, Any], api: Api) -> InterruptedCall | None:
-    runtime = runtime_of(api)
+def _interrupted(item: dict[str, Any], rules: Runtime[Any]) -> InterruptedCall | None:
     state = _dict(item.get("state"))
     status = state.get("status")
-    if status in runtime.open_statuses:
+    if status in rules.open_statuses:
         still_open = True
-    elif status == "error" and runtime.settled_as_interrupted(state):
+    elif status == "error" and rules.settled_as_interrupted(state):
         still_open = False
     else:
         return None
     given = state.get("input")
     return InterruptedCall(
         str(item.get("id")),
-        str(item.get(runtime.tool_key)),
+        str(item.get(rules.tool_key)),
         given if isinstance(given, dict) else {},
         still_open,
     )

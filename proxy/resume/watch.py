@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from proxy.opencode.dialects import LINE_1_18, LINE_2X, Dialect
 from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.opencode.vocabulary import (
     ANSWERED,
@@ -52,8 +53,8 @@ class Candidate:
     last_alive: float
     """`time.monotonic()` when the stream last spoke before it was lost."""
     waiting_on_person: str | None
-    on_2x: bool = False
-    """Seen on 2.x's `/api/event`: it is continued through 2.x's own settle-then-continue."""
+    dialect: Dialect = LINE_1_18
+    """The line whose stream showed it (2.x's `/api/event`, else 1.18's): how it is resumed."""
 
 
 class Watch(StreamListener):
@@ -64,7 +65,7 @@ class Watch(StreamListener):
     ) -> None:
         self._start = start
         self._clock = clock
-        self._busy: OrderedDict[str, tuple[Api, str | None, bool]] = OrderedDict()
+        self._busy: OrderedDict[str, tuple[Api, str | None, Dialect]] = OrderedDict()
         self._asked: dict[str, dict[str, str]] = {}
         """Per session, the permission and question requests not yet answered, by id: their kind."""
         self._heard: float | None = None
@@ -78,10 +79,10 @@ class Watch(StreamListener):
         self._busy, self._asked = OrderedDict(), {}
         if heard is None:
             return
-        for session_id, (api, directory, on_2x) in busy.items():
+        for session_id, (api, directory, dialect) in busy.items():
             waiting = asked.get(session_id)
             person = f"a {next(iter(waiting.values()))} asked" if waiting else None
-            self._start(Candidate(session_id, api, directory, heard, person, on_2x))
+            self._start(Candidate(session_id, api, directory, heard, person, dialect))
 
     def event(self, event: GlobalEvent) -> None:
         self._heard = self._clock()
@@ -112,10 +113,12 @@ class Watch(StreamListener):
         if event.kind in API_EXECUTION_ENDED and event.properties.get("reason") != API_SHUTDOWN:
             self._busy.pop(session_id, None)
         else:
-            self._remember(session_id, Api.V2, event.directory, on_2x=True)
+            self._remember(session_id, Api.V2, event.directory, LINE_2X)
 
-    def _remember(self, session_id: str, api: Api, directory: str | None, *, on_2x: bool = False) -> None:
-        self._busy[session_id] = (api, directory, on_2x)
+    def _remember(
+        self, session_id: str, api: Api, directory: str | None, dialect: Dialect = LINE_1_18
+    ) -> None:
+        self._busy[session_id] = (api, directory, dialect)
         self._busy.move_to_end(session_id)
         while len(self._busy) > REMEMBERED:
             self._busy.popitem(last=False)

@@ -140,12 +140,13 @@ def _write_back(
 
 def _what_each_mode_does(settings: Settings) -> Callable[[KnownServer], None]:
     """What says, once per server that becomes known, what the modes asked for do not do on it."""
-    asked = [str(settings.write_back)] if settings.write_back is not WriteBackMode.OFF else []
+    writer = str(settings.write_back) if settings.write_back is not WriteBackMode.OFF else None
+    asked = [writer] if writer is not None else []
     asked += ["resume"] if settings.resume else []
 
     def say(server: KnownServer) -> None:
         for mode in asked:
-            if (refused := server.refusal(mode)) is not None:
+            if (refused := server.refusal(mode, writer=writer)) is not None:
                 flag = "--resume" if mode == "resume" else f"--write-back {mode}"
                 fields = server.describe() | {"mode": mode, "why": refused}
                 log.warning(

@@ -18,7 +18,6 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_UPSTREAM",
     "DEFAULT_USERNAME",
-    "RESUME_NEEDS_WRITE_BACK",
     "SETTINGS",
     "Settings",
     "WriteBackMode",
@@ -29,10 +28,6 @@ DEFAULT_UPSTREAM = "http://127.0.0.1:4096"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4097
 DEFAULT_USERNAME = "opencode"
-RESUME_NEEDS_WRITE_BACK = (
-    "--resume needs --write-back api or db: the model must see the interrupted calls settled in the "
-    "server's own storage"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +70,9 @@ class Settings:
     auth: tuple[str, str] | None = field(default=None, repr=False)
     """(user, password) of the proxy's own Basic auth in front of every route; None for none."""
     resume: bool = False
-    """Start again, once, a turn the proxy saw running when the server died (needs write-back and
-    a state database; see `proxy.resume`)."""
+    """Start again, once, a turn the proxy saw running when the server died (needs a state
+    database, and on a line where only the proxy can make a settlement durable, 1.18, write-back;
+    see `proxy.resume`)."""
     resume_attempts: int = 3
     """Prompts sent at most for one person's turn, across its interruptions and failed starts."""
     resume_within: float = 300.0
@@ -89,8 +85,6 @@ class Settings:
             raise ValueError(f"max_body must be a positive number of bytes, got {self.max_body}")
         if self.upstream.scheme not in ("http", "https") or not self.upstream.host:
             raise ValueError(f"upstream must be an http(s) URL with a host, got {self.upstream}")
-        if self.resume and self.write_back is WriteBackMode.OFF:
-            raise ValueError(RESUME_NEEDS_WRITE_BACK)
 
     @property
     def upstream_origin(self) -> URL:

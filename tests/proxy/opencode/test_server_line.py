@@ -72,7 +72,8 @@ async def test_2x_names_itself_on_api_info(line: ServerLine, answers: Answers) -
     assert answers.asked == ["/api/info"]
     assert known.refusal("api") is not None
     assert "event bus" in str(known.refusal("db"))
-    assert known.refusal("resume") is None  # continued through 2.x's own settle-then-continue
+    # Continued through 2.x's own settle-then-continue, which makes the settlement durable itself.
+    assert known.refusal("resume") is None
 
 
 async def test_early_2_0_names_itself_on_api_health(line: ServerLine, answers: Answers) -> None:
@@ -91,7 +92,9 @@ async def test_1x_behind_a_web_app_fallback_is_known_by_global_health(
         known = await line.known()
     assert known == KnownServer("1.18.34", LINE_1_18, True, "/global/health")  # a patch release: the line
     assert known.refusal("api") is None
-    assert known.refusal("resume") is None
+    assert known.refusal("resume", writer="db") is None
+    # Only a writer makes a settlement durable on 1.18, and a turn is resumed only after one.
+    assert "add `--write-back api` or `--write-back db`" in str(known.refusal("resume"))
     assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
 
 

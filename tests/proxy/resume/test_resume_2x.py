@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from proxy.writeback.scheduler import WriteBackMode
 from tests.opencode2.proxied import PASSWORD, Client, Said, call_opened, proxied
+from tests.opencode2.settle import Settle, project_tool_failed, tool_failures
 from tests.opencode2.stand_in import RunningCall, StandIn
 
 pytestmark = pytest.mark.usefixtures("caplog")
@@ -22,8 +22,8 @@ async def crashed_mid_call(
     """Run the proxy with `--resume`; the stream shows the call's execution; the server is killed
     and restarted; the proxy's decision line, once said."""
     decided = Said("resume ", f": session {call.session_id}: ")
-    # --resume wants a write-back mode (1.18's settlement); on 2.x it writes nothing and says so.
-    settings = {"resume": True, "write_back": WriteBackMode.API, "state_db": tmp_path / "state.db"}
+    # No --write-back: on 2.x the server's own drain makes the settlement durable.
+    settings = {"resume": True, "state_db": tmp_path / "state.db"}
     async with proxied(server, aiohttp_client, lock_dir=tmp_path, **settings) as (_, seen):
         server.publish("session.execution.started", {"sessionID": call.session_id})
         call_opened(server, call)
@@ -55,6 +55,27 @@ async def test_a_crashed_turn_is_continued_once_through_synthetic_naming_the_cal
     assert "Their outcome is unknown" in body["text"]
     # 2.x's drain settled the call before the continuation ran (its own settle-then-continue).
     assert settled["error"] == {"type": "aborted", "message": "Tool execution interrupted: shell"}
+
+
+async def test_a_call_2x_settled_itself_is_read_settled_and_named(
+    aiohttp_client: Client, tmp_path: Path
+) -> None:
+    """A drain that settled the call (`POST …/resume` by another client) and died before the model
+    wrote: the view holds the call in 2.x's settled shape, read as 2.x's dialect reads it."""
+    async with StandIn(password=PASSWORD) as server:
+        session = server.add_session()
+        call = server.add_running_call(session, "shell", {"command": "make test"})
+
+        def settled_by_2x() -> None:
+            messages = server.messages(session)
+            for failed in tool_failures(session, messages, Settle.CHILD):
+                project_tool_failed(messages, failed.data, created=1)
+
+        decided = await crashed_mid_call(server, aiohttp_client, tmp_path, call, settled_by_2x)
+        body = server.calls[0].body
+    assert decided.line.startswith(f"resume resumed: session {session}")
+    assert body is not None
+    assert "- shell: `make test` (whether its process still runs is not known)" in body["text"]
 
 
 def _later(server: StandIn, session: str, message: dict[str, Any]) -> None:

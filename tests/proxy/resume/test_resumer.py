@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.opencode.client import Credentials, UpstreamRefused
+from proxy.opencode.dialects import LINE_1_18
 from proxy.resume.decision import Policy
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
@@ -18,7 +19,7 @@ from proxy.resume.resumer import SETTLE_ATTEMPTS, ResumeOptions, Resumer
 from proxy.resume.turns import InterruptedTurn
 from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Confirm, WriteBackMode, Written
-from rules import Api, Liveness
+from rules import Api, Liveness, Runtime
 from tests.proxy.resume.views import v1_settled, v1_tool, v1_user, v1_view
 
 NOW = 1000.0
@@ -37,6 +38,9 @@ class FakeServer:
         self.then: Any = None
         """The view every read after the next one gets (another writer changed the session)."""
         self._asked_ready = 0
+
+    def rules(self, turn_api: Api) -> Runtime[Any]:
+        return LINE_1_18.runtimes[turn_api].rules
 
     async def messages(self, turn_api: Api, session_id: str) -> Any:
         if self.unreadable:

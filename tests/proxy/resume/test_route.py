@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
 from proxy.service.app import create_app
-from proxy.service.config import RESUME_NEEDS_WRITE_BACK, Settings
+from proxy.service.config import Settings
 from proxy.writeback.scheduler import WriteBackMode
 
 Client = Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]]
@@ -46,7 +45,10 @@ async def test_resume_without_a_state_database_is_off_and_says_so(
     assert (await (await client.get("/_settle/resume")).json())["enabled"] is False
 
 
-def test_settings_refuse_resume_without_write_back() -> None:
-    with pytest.raises(ValueError, match="--resume needs --write-back") as refused:
-        Settings(upstream=URL("http://127.0.0.1:4096"), resume=True)
-    assert str(refused.value) == RESUME_NEEDS_WRITE_BACK
+async def test_resume_without_write_back_is_on(
+    upstream: TestServer, aiohttp_client: Client, tmp_path: Path
+) -> None:
+    """Whether a line can resume without a writer is said when the server is known (2.x can)."""
+    settings = Settings(upstream=URL(str(upstream.make_url("/"))), resume=True, state_db=tmp_path / "s.db")
+    client = await aiohttp_client(create_app(settings))
+    assert (await (await client.get("/_settle/resume")).json())["enabled"] is True

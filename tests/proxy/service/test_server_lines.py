@@ -20,7 +20,7 @@ from proxy.opencode.dialects import LINE_1_18
 from proxy.opencode.server_line import SERVER_LINE, KnownServer
 from proxy.service.app import create_app
 from proxy.service.config import Settings
-from proxy.testing import WAIT_S, idle
+from proxy.testing import WAIT_S, hearing, idle, refollowing
 from proxy.writeback.scheduler import WriteBackMode
 from tests.proxy.conftest import ProxyClient, following
 from tests.proxy.fake_opencode import FakeOpencode
@@ -191,13 +191,39 @@ async def test_a_server_that_cannot_tell_gets_its_bytes_back(
     assert "/global/health answered text/html, not JSON" in said[0].getMessage()
 
 
+async def test_resume_on_1_18_without_write_back_says_what_to_add_and_skips_each_turn(
+    fake: FakeOpencode, start: Start, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On 1.18 only a write-back makes a settlement durable: without one, one WARNING for the
+    server (not again for the same server after a restart), and each turn the crash interrupted
+    gets one decision line, never a prompt."""
+    add_a_writer = (
+        "on the 1.18 line a settlement is durable only through a write-back, and a turn is resumed only "
+        "after a durable settlement: add `--write-back api` or `--write-back db`"
+    )
+    proxy = await start(resume=True, state_db=tmp_path / "s.db")
+    await following(proxy)
+    async with hearing(proxy.app, "session.status", "ses_busy"):
+        fake.publish("session.status", "ses_busy", status={"type": "busy"})
+    async with refollowing(proxy.app):
+        fake.drop_streams()  # the server died mid-turn, and is back as the same server
+    decisions = (await (await proxy.get("/_settle/resume")).json())["decisions"]
+    assert [(d["outcome"], d["session"], d["why"]) for d in decisions] == [
+        ("skipped", "ses_busy", f"--resume does nothing: {add_a_writer}")
+    ]
+    said = [record for record in caplog.records if record.getMessage().startswith("--resume")]
+    assert [(record.levelno, record.getMessage()) for record in said] == [
+        (logging.WARNING, f"--resume does nothing on opencode 1.18.33: {add_a_writer}")
+    ]
+    assert not [request for request in fake.seen if request.method == "POST"]
+    no_traceback(caplog)
+
+
 async def test_resume_on_2x_is_not_refused_and_asks_no_1x_route(
     fake: FakeOpencode, start: Start, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.version = "2.1.2"
-    proxy = await start(
-        resume=True, write_back=WriteBackMode.API, lock_dir=tmp_path, state_db=tmp_path / "s.db"
-    )
+    proxy = await start(resume=True, state_db=tmp_path / "s.db")  # no write-back: 2.x settles itself
     health = await (await proxy.get("/_settle/health")).json()
     assert health["upstream"]["dialect"] == "2.x"
     said = [record.getMessage() for record in caplog.records if record.getMessage().startswith("--resume")]
