@@ -28,11 +28,12 @@ from proxy.addons.live_memory import REMEMBERED, Place
 from proxy.addons.live_watch import Confirmations, Ticket, says_idle
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.events_2x import api_call_id, api_execution_interrupted, api_tool_failed
-from proxy.opencode.runtimes import V2X_HTTP
+from proxy.opencode.liveness import LivenessUnknown
+from proxy.opencode.server_line import ServerLine
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import API_CALL_ENDED, API_CALL_OPENING, OPEN_STATUSES
 from proxy.relay.bounded import Bounded
-from rules import Api, Liveness, settle_view
+from rules import Api, Liveness, Runtime, settle_view
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +54,18 @@ class _Read:
     calls: list[OpenCall]
     messages: dict[str, Any]
     liveness: Liveness
+    rules: Runtime[Any]
+    """The shape the server's dialect settles its calls in."""
 
 
 class OpenCalls:
-    """One confirmation at a time per session, of the 2.x calls the stream last showed open."""
+    """One confirmation at a time per session, of the 2.x calls the stream last showed open;
+    read and settled as the dialect of the server `server` says it is."""
 
-    def __init__(self, ctx: SettleContext, clients: ClientStreams) -> None:
+    def __init__(self, ctx: SettleContext, clients: ClientStreams, server: ServerLine) -> None:
         self._ctx = ctx
         self._clients = clients
+        self._server = server
         self._open: Bounded[str, OpenCall] = Bounded(REMEMBERED)
         self._confirmations = Confirmations("live-settle", "open calls", ctx.metrics.withdrawn_confirmations)
         self.tasks = self._confirmations.tasks
@@ -106,13 +111,19 @@ class OpenCalls:
             self._clients.publish(f"execution {session_id}", Orphan(place, [ended], api=True))
 
     async def _read(self, session_id: str) -> _Read | None:
-        calls = self._calls(session_id)
-        if not calls:
+        """The session's open calls, their messages read afresh, and a reading taken after them;
+        None when there is nothing to confirm, or the server's line serves no `/api` views. A
+        server that cannot say which it is is a failed try, asked again."""
+        if not (calls := self._calls(session_id)):
+            return None
+        if (known := await self._server.known(self._ctx.credentials)) is None:
+            raise LivenessUnknown(f"which server the upstream is is not known: {self._server.why_unknown}")
+        if (http := known.dialect.runtime(Api.V2)) is None:
             return None
         messages = {}
         for message_id in dict.fromkeys(call.message_id for call in calls):
             try:
-                path = V2X_HTTP.messages_path(session_id, message_id)
+                path = http.messages_path(session_id, message_id)
                 messages[message_id] = await self._ctx.upstream.get(path, self._ctx.credentials)
             except UpstreamRefused as refusal:
                 if refusal.status != 404:
@@ -121,13 +132,13 @@ class OpenCalls:
                     if call.message_id == message_id:
                         self._open.pop(call.call_id, None)
         liveness = await self._ctx.probe.read(Api.V2, session_id, self._ctx.credentials)
-        return _Read(calls, messages, liveness)
+        return _Read(calls, messages, liveness, http.rules)
 
     def _settle(self, call: OpenCall, read: _Read) -> dict[str, Any] | None:
         """Tell the clients a call the rules settled (or the server did, unseen); the event told."""
         if (message := read.messages.get(call.message_id)) is None:
             return None
-        view = settle_view(message, Api.V2, read.liveness, single=True, runtime=V2X_HTTP.rules)
+        view = settle_view(message, Api.V2, read.liveness, single=True, runtime=read.rules)
         document = view.document if view is not None else message
         content = document.get("data", {}).get("content", []) if isinstance(document, dict) else []
         item = next((i for i in content if isinstance(i, dict) and i.get("id") == call.call_id), None)

@@ -170,7 +170,7 @@ def _dispatch(
     """The addons, given to `forwarder` in order and to `tracker` if they follow the stream; the
     client streams a resume waits for, if `--resume` is on."""
     prefix = app.get(MOUNT_PREFIX, "")
-    live, streams = LiveSettle(ctx), SessionStreamSettle(ctx)
+    live, streams = LiveSettle(ctx, server=app[SERVER_LINE]), SessionStreamSettle(ctx)
     clients = ClientStreams() if app[SETTINGS].resume else None
     settle = Settle(ctx, tracker=tracker, server=app[SERVER_LINE])
     addons, scopes = _in_order(settle, live, streams, clients, prefix)

@@ -5,14 +5,29 @@ inactive, what 2.x would have said: `session.tool.failed` in 2.x's shape, then t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
+import orjson
 import pytest
 
+from proxy import testing
+from proxy.addons.context import SettleContext
+from proxy.addons.live import LiveSettle
+from proxy.opencode.client import Credentials, UpstreamApi
+from proxy.opencode.dialects import LINE_2X
+from proxy.opencode.liveness import LivenessProbe
+from proxy.opencode.runtimes import V2_HTTP
+from proxy.opencode.server_line import KnownServer, ServerLine
+from proxy.opencode.tracker import GlobalEvent
+from proxy.service.metrics import Metrics
+from rules import V2_ERROR, Api
+from tests.fixtures.opencode2 import load
 from tests.opencode2.proxied import PASSWORD, Client, Said, call_opened, frames, proxied
 from tests.opencode2.stand_in import StandIn
 from tests.proxy.conftest import ProxyClient
+from tests.proxy.fake_opencode import FakeOpencode
 
 
 async def told(proxy: ProxyClient, server: StandIn, session_id: str) -> list[dict[str, Any]]:
@@ -108,3 +123,47 @@ async def test_a_later_client_is_replayed_each_thing_until_news_of_that_same_thi
     assert told_first == ["session.tool.failed", "session.execution.interrupted"]
     assert sorted(event["type"] for event in replayed) == ["server.connected", "session.tool.failed"]
     assert after["type"] == "session.execution.succeeded"
+
+
+async def crashed_with_a_call_open(
+    upstream_api: UpstreamApi, fake: FakeOpencode, line: ServerLine
+) -> list[Any]:
+    """The live-settle addon in front of the server `line` says: the followed stream showed a 2.x
+    call open, then came back after a loss; what a client of `/api/event` opened after the
+    confirmation is told."""
+    context = SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0)
+    live = LiveSettle(context, server=line)
+    message = load("assistant-tool-running.json")
+    session, call = "ses_2x", message["content"][0]["id"]
+    fake.bodies[f"/api/session/{session}/message/{message['id']}"] = orjson.dumps({"data": message})
+    opened = {"sessionID": session, "assistantMessageID": message["id"], "id": call, "name": "shell"}
+    live.event(GlobalEvent(None, None, "session.tool.called", opened, api=True))
+    live.following()  # the followed stream is back after a loss
+    await live.tasks.idle()
+    sse = {"Content-Type": "text/event-stream"}
+    async with testing.streaming(live, testing.flow("GET", "/api/event", response_headers=sse)) as flow:
+        assert flow.injected is not None
+        frames = [flow.injected.get_nowait() for _ in range(flow.injected.qsize())]
+    return [orjson.loads(frame.removeprefix(b"data: ")) for frame in frames]
+
+
+async def test_a_call_is_read_and_settled_as_the_dialect_of_the_server_says(
+    upstream_api: UpstreamApi, fake: FakeOpencode
+) -> None:
+    """Where a call's message is and how its settle reads are the dialect's of the server the line
+    detected, not 2.x's newest assumed: here a line whose calls settle with 1.18's v2 `unknown`
+    error (as 2.x's source did before 2.0)."""
+    older = KnownServer("2.0.0", dataclasses.replace(LINE_2X, runtimes={Api.V2: V2_HTTP}), True, "(told)")
+    told = await crashed_with_a_call_open(upstream_api, fake, ServerLine.told(older))
+    assert [event["type"] for event in told] == ["session.tool.failed", "session.execution.interrupted"]
+    assert told[0]["data"]["error"] == V2_ERROR
+
+
+async def test_a_call_is_not_told_while_the_server_cannot_say_which_it_is(
+    upstream_api: UpstreamApi, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    fake.web_app = True  # its health routes answer HTML: which server it is stays unknown
+    told = await crashed_with_a_call_open(upstream_api, fake, ServerLine(upstream_api, Credentials()))
+    assert told == []
+    assert "live settle of ses_2x: not confirmed (which server the upstream is is not known: " in caplog.text
