@@ -4,6 +4,7 @@ that has none (2.x) or a version no line covers, with one line saying why and no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
@@ -122,7 +123,7 @@ async def test_write_back_is_refused_on_2x_with_one_line_and_writes_nothing(
     fake.version = "2.1.2"
     fake.bodies[VIEW] = stale_2x_view()
     database = tmp_path / "opencode.db"
-    with sqlite3.connect(database) as rows:  # 2.x's table, as its own bus writes it
+    with contextlib.closing(sqlite3.connect(database)) as rows, rows:  # 2.x's table, as its bus writes it
         rows.execute("CREATE TABLE session_message (id TEXT PRIMARY KEY, data TEXT)")
         rows.execute("INSERT INTO session_message VALUES ('msg_1', ?)", (stale_2x_view().decode(),))
     before = database.read_bytes()
