@@ -82,6 +82,9 @@ async def _addons(forwarder: Forwarder, app: web.Application) -> AsyncIterator[N
     background.add(elsewhere)
     async with AsyncExitStack() as stack:
         stack.push_async_callback(elsewhere.close)
+        if (supervisor := app.get(SUPERVISOR)) is not None:  # a server whose stream is not followed
+            supervisor.exited.append(line.forget)  # says by no lost stream that it restarted
+            stack.callback(supervisor.exited.remove, line.forget)
         writer = await _writer(settings, upstream, stack)
         write_back = _write_back(app, probe, writer, stack)
         line.listeners.append(_what_each_mode_does(settings))
