@@ -107,6 +107,11 @@ class Supervised:
 
         return poll(known, what=f"start {restarts} of the server known", timeout=60)
 
+    def following(self, password: str) -> bool | None:
+        """Whether the proxy follows the server's event stream."""
+        found = self.health(password)
+        return True if found is not None and found["liveness"]["source"] == "events" else None
+
 
 def _basic(password: str) -> dict[str, str]:
     return {"Authorization": basic(password)}
@@ -167,6 +172,7 @@ def test_health_follows_a_restart_from_an_unknown_version_back_to_2x(tmp_path: P
         os.kill(first["server"]["pid"], signal.SIGKILL)
         after = supervised.serving(password, 1)["upstream"]
         assert (after["version"], after["dialect"], after["known_version"]) == ("2.1.2", "2.x", True)
+        poll(lambda: supervised.following(password), what="the restarted 2.x followed", timeout=60)
 
 
 def test_a_password_the_user_sets_is_the_servers_and_nothing_is_made(tmp_path: Path) -> None:
