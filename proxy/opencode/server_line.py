@@ -94,6 +94,7 @@ class ServerLine:
         self._last: KnownServer | None = None
         self._pause: float | None = None
         self._said_unknown = False
+        self._forgotten = asyncio.Event()
         self.current: KnownServer | None = None
         self.why_unknown: str | None = None
         """Why the server is not known, when it is not (for health)."""
@@ -129,6 +130,16 @@ class ServerLine:
         """The server restarted, or may have: it is asked again before it is next relied on."""
         if self._upstream is not None:
             self.current = None
+            self._forgotten.set()
+
+    async def until_forgotten(self, known: KnownServer, within: float) -> None:
+        """Return once `known` is no longer the server known (it restarted, or may have), or after
+        `within` seconds: how a follower of a server it does not follow learns of a restart."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                while self.current is known:
+                    self._forgotten.clear()
+                    await self._forgotten.wait()
 
     def _order(self) -> list[str]:
         """The routes to ask: the last known line's first (a restart seldom changes the line)."""

@@ -211,12 +211,12 @@ class LivenessTracker:
         return None
 
     async def _not_followed(self, server: KnownServer, why: str) -> None:
-        """Say once per server that liveness is asked on every fetch, and why; ask again in a while
-        which server it is (a restart as another version would go unseen otherwise)."""
+        """Say once per server that liveness is asked on every fetch, and why; ask again which server
+        it is once it restarted (`run` says so), or in a while (a restart could go unseen otherwise)."""
         if self.state is not StreamState.NOT_FOLLOWED or self._unread_said != server:
             log.info("liveness is asked on every fetch: %s", why, extra={"fields": server.describe()})
         self.state, self._unread_said = StreamState.NOT_FOLLOWED, server
-        await asyncio.sleep(REDETECT_S)
+        await self._server.until_forgotten(server, REDETECT_S)
         self._server.forget()
 
     def _take(self, event: GlobalEvent | UnreadableEvent) -> None:

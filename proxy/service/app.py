@@ -82,6 +82,7 @@ async def _addons(forwarder: Forwarder, app: web.Application) -> AsyncIterator[N
     background.add(elsewhere)
     async with AsyncExitStack() as stack:
         stack.push_async_callback(elsewhere.close)
+        _asked_again_after_each_exit(app, line, stack)
         writer = await _writer(settings, upstream, stack)
         write_back = _write_back(app, probe, writer, stack)
         line.listeners.append(_what_each_mode_does(settings))
@@ -121,6 +122,14 @@ async def _addons(forwarder: Forwarder, app: web.Application) -> AsyncIterator[N
         following = asyncio.create_task(tracker.run(), name="liveness-tracker")
         stack.push_async_callback(_cancelled, following)
         yield
+
+
+def _asked_again_after_each_exit(app: web.Application, line: ServerLine, stack: AsyncExitStack) -> None:
+    """Under `run`, which server this is is asked again each time the server exits: one whose
+    stream is not followed says by no lost stream that it restarted, perhaps as another version."""
+    if (supervisor := app.get(SUPERVISOR)) is not None:
+        supervisor.exited.append(line.forget)
+        stack.callback(supervisor.exited.remove, line.forget)
 
 
 def _write_back(

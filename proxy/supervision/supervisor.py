@@ -108,6 +108,8 @@ class Supervisor:
         """Set when the proxy should stop with the server: it exited for good, or restarts gave up."""
         self.subreaper = False
         """Whether this process adopts what the server leaves behind (set once `run` starts)."""
+        self.exited: list[Callable[[], None]] = []
+        """Told each time the server exits, before any restart: what was known of it is of the past."""
         self._ending: asyncio.Task[None] | None = None
 
     @property
@@ -167,6 +169,8 @@ class Supervisor:
         while not self._stopping:
             started = time.monotonic()
             code = await self._run_once()
+            for told in self.exited:
+                told()
             if self._stopping:
                 break
             self.last_exit = code

@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
+from proxy.opencode import tracker
 from proxy.opencode.dialects import LINE_1_18
 from proxy.opencode.server_line import SERVER_LINE, KnownServer
 from proxy.service.app import create_app
@@ -25,6 +26,7 @@ from proxy.testing import WAIT_S, hearing, idle, refollowing
 from proxy.writeback.scheduler import WriteBackMode
 from tests.proxy.conftest import ProxyClient, following
 from tests.proxy.fake_opencode import FakeOpencode
+from tests.reliability.processes import eventually
 
 SESSION = "ses_2x0000000000000000000000"
 VIEW = f"/api/session/{SESSION}/message"
@@ -248,3 +250,22 @@ async def test_a_server_that_restarts_as_another_line_is_asked_again(
     known = await asyncio.wait_for(told.get(), WAIT_S)
     assert (known.version, known.dialect.name) == ("2.1.2", "2.x")
     assert (await settled_call(proxy))["state"]["error"]["type"] == "aborted"
+
+
+async def test_a_server_not_followed_is_asked_again_as_soon_as_it_restarted(
+    fake: FakeOpencode, start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No lost stream says that a server whose stream is not followed restarted; `run`'s supervisor
+    does (it forgets the line), and the server is asked again then, and its stream tried, not only
+    once a while has passed."""
+    monkeypatch.setattr(tracker, "REDETECT_S", 3600.0)
+    fake.version = "3.0.0"
+    proxy = await start()
+    line = proxy.app[SERVER_LINE]
+    told: asyncio.Queue[KnownServer] = asyncio.Queue()
+    line.listeners.append(told.put_nowait)
+    assert (await asyncio.wait_for(told.get(), WAIT_S)).version == "3.0.0"
+    fake.version = "2.1.2"
+    line.forget()  # what the supervisor does when the server exits
+    assert (await asyncio.wait_for(told.get(), WAIT_S)).version == "2.1.2"
+    assert await eventually(lambda: "/api/event" in {request.path for request in fake.seen})

@@ -132,9 +132,12 @@ async def test_a_restart_storm_is_given_up(
     monkeypatch.setattr(supervisor, "become_subreaper", lambda: False)  # not for the test runner itself
     command = ServerCommand.parse([sys.executable, FAKE_SERVER, "--exit", str(code)])
     child = Supervisor(command, free_loopback_port(), restart)
+    exits: list[int] = []
+    child.exited.append(lambda: exits.append(child.restarts))
     await child.run()
     assert child.state is ChildState.GAVE_UP
     assert (child.restarts, child.exit_code, child.health()["last_exit"]) == (3, 1, f"exit status {code}")
+    assert exits == [0, 1, 2, 3]  # each exit is told, before the restart that follows it
 
 
 @pytest.mark.parametrize(
