@@ -57,6 +57,7 @@ __all__ = [
     "event_name",
     "for_replay",
     "idle_status",
+    "mentioned_message",
     "message_subject",
     "message_updated",
     "news_subjects",
@@ -177,6 +178,18 @@ def settled_part_id(kind: str, properties: Mapping[str, Any]) -> str | None:
 
 
 STATUS_SUBJECT = "status"
+
+
+def mentioned_message(kind: str, properties: Mapping[str, Any]) -> str | None:
+    """The message an event speaks of: v1's `info.id` or part, v2's and 2.x's `assistantMessageID`."""
+    info, part = properties.get("info"), properties.get("part")
+    if kind == MESSAGE_UPDATED and isinstance(info, dict):
+        found = info.get("id")
+    elif isinstance(part, dict):
+        found = part.get("messageID")
+    else:
+        found = properties.get("assistantMessageID") or properties.get("messageID")
+    return found if isinstance(found, str) and found else None
 
 
 def news_subjects(kind: str, properties: Mapping[str, Any]) -> tuple[str, ...]:

@@ -207,7 +207,13 @@ class Resumer:
         parent = info.get("parentID")
         person = candidate.waiting_on_person or await self._server.waiting_on_person(candidate.session_id)
         return Before(
-            last_turn(view, self._server.rules(candidate.api), candidate.session_id, cut_off=cut_off),
+            last_turn(
+                view,
+                self._server.rules(candidate.api),
+                candidate.session_id,
+                seen=candidate.seen_message,
+                cut_off=cut_off,
+            ),
             parent if isinstance(parent, str) and parent else None,
             person,
             self._clock() - candidate.last_alive,

@@ -63,16 +63,24 @@ class LastTurn:
     was already sent), else None."""
 
 
-def last_turn(view: Any, rules: Runtime[Any], session_id: str, *, cut_off: str | None = None) -> LastTurn:
+def last_turn(
+    view: Any, rules: Runtime[Any], session_id: str, *, seen: str | None = None, cut_off: str | None = None
+) -> LastTurn:
     """The session's last turn as `view` (a parsed message list, read with `rules`) shows it.
 
-    `cut_off` names a message an earlier read already showed cut off: a write-back may since have
-    closed it (v1 `db` and v2 set `time.completed` on an unfinished message), and it stays cut off.
+    `seen` is the newest message the stream spoke of before the crash; `cut_off` names a message
+    an earlier read already showed cut off: a write-back may since have closed it (v1 `db` and v2
+    set `time.completed` on an unfinished message), and it stays cut off. A message newer than
+    either was made since (a person's turn, another proxy's resume, even one already over): it
+    is the `newer` one, and no turn of the crash is told.
     """
     messages = _messages(view, rules)
     ordered = sorted(
         (m for m in messages if isinstance(_id(m, rules), str)), key=lambda m: str(_id(m, rules))
     )
+    known = cut_off or seen
+    if known is not None and ordered and (newest_id := str(_id(ordered[-1], rules))) > known:
+        return LastTurn(None, newest_id)
     assistants = [index for index, m in enumerate(ordered) if _role(m, rules) == "assistant"]
     if not assistants:
         return LastTurn(None, None)

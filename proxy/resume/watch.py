@@ -34,8 +34,10 @@ from proxy.opencode.vocabulary import (
     STEP_CALLS_TOOLS,
     STEP_ENDED,
     V2_PREFIX,
+    mentioned_message,
     v1_status_active,
 )
+from proxy.relay.bounded import Bounded
 from rules import Api
 
 __all__ = ["Candidate", "Watch"]
@@ -55,6 +57,10 @@ class Candidate:
     waiting_on_person: str | None
     dialect: Dialect = LINE_1_18
     """The line whose stream showed it (2.x's `/api/event`, else 1.18's): how it is resumed."""
+    seen_message: str | None = None
+    """The newest message of the session the stream spoke of before it was lost: a message newer
+    than it was made after the crash (a person's turn, or another proxy's resume), and a turn the
+    crash cut off is never newer (ids ascend with creation)."""
 
 
 class Watch(StreamListener):
@@ -68,6 +74,8 @@ class Watch(StreamListener):
         self._busy: OrderedDict[str, tuple[Api, str | None, Dialect]] = OrderedDict()
         self._asked: dict[str, dict[str, str]] = {}
         """Per session, the permission and question requests not yet answered, by id: their kind."""
+        self._seen: Bounded[str, str] = Bounded(REMEMBERED)
+        """Per session, the newest message its events spoke of."""
         self._heard: float | None = None
 
     def running(self) -> list[str]:
@@ -82,7 +90,8 @@ class Watch(StreamListener):
         for session_id, (api, directory, dialect) in busy.items():
             waiting = asked.get(session_id)
             person = f"a {next(iter(waiting.values()))} asked" if waiting else None
-            self._start(Candidate(session_id, api, directory, heard, person, dialect))
+            seen = self._seen.get(session_id)
+            self._start(Candidate(session_id, api, directory, heard, person, dialect, seen))
 
     def event(self, event: GlobalEvent) -> None:
         self._heard = self._clock()
@@ -90,6 +99,7 @@ class Watch(StreamListener):
         if session_id is None:
             return
         kind = event.kind
+        self._saw(session_id, mentioned_message(kind, event.properties))
         if event.api and kind.startswith(API_SESSION_PREFIX):
             self._on_2x(session_id, event)
         elif kind == SESSION_STATUS:
@@ -114,6 +124,10 @@ class Watch(StreamListener):
             self._busy.pop(session_id, None)
         else:
             self._remember(session_id, Api.V2, event.directory, LINE_2X)
+
+    def _saw(self, session_id: str, message_id: str | None) -> None:
+        if message_id is not None and message_id > self._seen.get(session_id, ""):
+            self._seen[session_id] = message_id
 
     def _remember(
         self, session_id: str, api: Api, directory: str | None, dialect: Dialect = LINE_1_18

@@ -139,7 +139,9 @@ def test_an_interrupted_turn_is_resumed_once_by_one_of_two_proxies(
     assert sorted(decision["outcome"] for decision in made) == ["resumed", "skipped"]
     resumed = next(decision for decision in made if decision["outcome"] == "resumed")
     lost = next(decision for decision in made if decision["outcome"] == "skipped")
-    assert lost["why"].startswith("already claimed, by ")
+    # Lost to the other: at the claim, or (it waited on its clients' streams longer) on finding
+    # the other's continuation in the session, newer than anything it saw before the crash.
+    assert lost["why"].startswith(("already claimed, by ", "a newer message ")), lost
     messages = wait_turn_done(crash.server.url, turn, timeout=DECISION_TIMEOUT_S)
     assert not is_active(crash.server.url, turn)
     continued = continuations(mock_model, turn, crash.crashed_at)

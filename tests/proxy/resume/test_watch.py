@@ -80,3 +80,19 @@ def test_a_running_tool_shows_its_session_busy_to_a_proxy_that_started_during_th
     )
     watch.following()
     assert [(c.session_id, c.api) for c in found] == [("ses_1", Api.V1)]
+
+
+def test_the_newest_message_each_busy_session_spoke_of_is_handed_on_with_it() -> None:
+    """v1 names it in `message.updated` and in a part, 1.18's v2 and 2.x as `assistantMessageID`:
+    whatever the session shows newer than that was made after the crash."""
+    watch, found = watched(
+        event("message.updated", info={"id": "msg_003", "role": "user", "sessionID": "ses_1"}),
+        event("session.status", status={"type": "busy"}),
+        event("message.part.updated", part={"id": "prt_1", "messageID": "msg_004", "type": "step-start"}),
+        event("message.part.updated", part={"id": "prt_0", "messageID": "msg_002", "type": "text"}),
+        event("session.next.tool.called", "ses_2", assistantMessageID="msg_010"),
+        event("session.next.step.started", "ses_3", assistantMessageID="msg_020"),
+        event("session.next.step.ended", "ses_3", assistantMessageID="msg_020", finish="stop"),
+    )
+    watch.following()
+    assert [(c.session_id, c.seen_message) for c in found] == [("ses_1", "msg_004"), ("ses_2", "msg_010")]
