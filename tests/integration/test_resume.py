@@ -70,6 +70,7 @@ LATER_TEXT = "a person continues right after the restart"
 RESUMING = ("--resume", "--write-back", "api", "--log-format", "json")
 RESUMING_DB = ("--resume", "--write-back", "db", "--log-format", "json")
 DECISION_TIMEOUT_S = 90.0
+LOST_TO_THE_OTHER = ("already claimed, by ", "a newer message ", "the session is running")
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +140,10 @@ def test_an_interrupted_turn_is_resumed_once_by_one_of_two_proxies(
     assert sorted(decision["outcome"] for decision in made) == ["resumed", "skipped"]
     resumed = next(decision for decision in made if decision["outcome"] == "resumed")
     lost = next(decision for decision in made if decision["outcome"] == "skipped")
-    # Lost to the other: at the claim, or (it waited on its clients' streams longer) on finding
-    # the other's continuation in the session, newer than anything it saw before the crash.
-    assert lost["why"].startswith(("already claimed, by ", "a newer message ")), lost
+    # Lost to the other, wherever the other's continuation met it: at the claim, in the session
+    # re-read (newer than anything the stream showed before the crash), or in the reading after.
+    # Which one depends on how far apart the two decide (the db write-back is the slower one).
+    assert lost["why"].startswith(LOST_TO_THE_OTHER), lost
     messages = wait_turn_done(crash.server.url, turn, timeout=DECISION_TIMEOUT_S)
     assert not is_active(crash.server.url, turn)
     continued = continuations(mock_model, turn, crash.crashed_at)
