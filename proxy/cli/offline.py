@@ -189,7 +189,7 @@ def show(plan_: Plan, console: Console) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class RunReport:
     """What a run wrote, and how many sessions it left alone because they were live."""
 
     written: list[Written]
@@ -198,7 +198,7 @@ class Outcome:
 
 async def settle_all(
     database: OpencodeDatabase, tools: Sequence[OpenTool], read: Read, console: Console
-) -> Outcome:
+) -> RunReport:
     """Settle session by session: its rows re-read, then its reading taken, then only the tools
     found open before (still open) written. A turn that starts while an earlier session is
     settled is seen in this session's own reading."""
@@ -215,7 +215,7 @@ async def settle_all(
             written += await database.settle_session(api, session_id, targets, confirm)
             live += any(liveness.active for liveness in taken)
             progress.advance(task)
-    return Outcome(written, live)
+    return RunReport(written, live)
 
 
 def _recording(read: Read, api: Api, session_id: str, taken: list[Liveness]) -> Confirm:

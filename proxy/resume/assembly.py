@@ -25,7 +25,7 @@ from proxy.opencode.liveness import LivenessProbe
 from proxy.relay.tasks import Together
 from proxy.resume.clients import ClientStreams
 from proxy.resume.continuing import Continuation
-from proxy.resume.decision import Outcome
+from proxy.resume.decision import ResumeOutcome
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import Fates, ResumeOptions, Resumer, no_fates
@@ -103,7 +103,7 @@ class _Refused:
 
     def consider(self, candidate: Candidate) -> None:
         why = f"--resume does nothing: {self.why}"
-        self.journal.decided(Outcome.SKIPPED, candidate.api, candidate.session_id, why)
+        self.journal.decided(ResumeOutcome.SKIPPED, candidate.api, candidate.session_id, why)
 
 
 def _on_line(

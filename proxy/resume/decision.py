@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from proxy.resume.turns import InterruptedTurn, LastTurn
 
-__all__ = ["After", "Before", "Outcome", "Policy", "Verdict", "after_settling", "before_settling"]
+__all__ = ["After", "Before", "Policy", "ResumeOutcome", "Verdict", "after_settling", "before_settling"]
 
 DEFAULT_WITHIN_S = 300.0
 """`--resume-within`: a restart under `settle-proxy run` takes seconds (its pauses grow to 15 s,
@@ -25,7 +25,7 @@ DEFAULT_ATTEMPTS = 3
 interrupted and a prompt the server admitted but never ran."""
 
 
-class Outcome(StrEnum):
+class ResumeOutcome(StrEnum):
     """What became of one decision (the metric's label, the log line's `outcome`)."""
 
     RESUMED = "resumed"

@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from proxy.resume.decision import Outcome
+from proxy.resume.decision import ResumeOutcome
 from rules import Api
 
 __all__ = ["JOURNAL", "Journal", "resume_route"]
@@ -39,7 +39,7 @@ class Journal:
 
     def decided(
         self,
-        outcome: Outcome,
+        outcome: ResumeOutcome,
         api: Api,
         session_id: str,
         why: str,
@@ -57,7 +57,8 @@ class Journal:
         }
         self.resumes.labels(str(outcome)).inc()
         self._recent.append({"at": time.time(), **fields})
-        level = logging.WARNING if outcome in (Outcome.NOT_STARTED, Outcome.GAVE_UP) else logging.INFO
+        unsent = outcome in (ResumeOutcome.NOT_STARTED, ResumeOutcome.GAVE_UP)
+        level = logging.WARNING if unsent else logging.INFO
         log.log(level, "resume %s: session %s: %s", outcome, session_id, why, extra={"fields": fields})
 
     def recent(self) -> list[dict[str, Any]]:

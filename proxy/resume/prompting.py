@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from proxy.opencode.ids import ascending_id
-from proxy.resume.decision import Outcome
+from proxy.resume.decision import ResumeOutcome
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.sending import READ_ERRORS
@@ -72,7 +72,7 @@ class Prompting:
     ) -> None:
         claim = await self._ledger.claim(turn.session_id, turn.prompted_by, turn.message_id)
         if not claim.won:
-            self._decide(Outcome.SKIPPED, turn, f"already claimed, by {claim.owner} (state database)")
+            self._decide(ResumeOutcome.SKIPPED, turn, f"already claimed, by {claim.owner} (state database)")
             return
         await self._send(turn, directory, claim.used, text, calls)
 
@@ -89,20 +89,22 @@ class Prompting:
             used += tried.sent
             why = tried.how
             if tried.started:
-                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.RESUMED))
-                self._decide(Outcome.RESUMED, turn, why, prompt=prompt_id, attempt=used, calls=calls)
+                await self._ledger.finished(turn.session_id, turn.message_id, str(ResumeOutcome.RESUMED))
+                self._decide(ResumeOutcome.RESUMED, turn, why, prompt=prompt_id, attempt=used, calls=calls)
                 return
             if used >= attempts or tries >= attempts:
-                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.GAVE_UP))
-                self._decide(Outcome.GAVE_UP, turn, f"{why}; {used} of --resume-attempts {attempts} spent")
+                await self._ledger.finished(turn.session_id, turn.message_id, str(ResumeOutcome.GAVE_UP))
+                self._decide(
+                    ResumeOutcome.GAVE_UP, turn, f"{why}; {used} of --resume-attempts {attempts} spent"
+                )
                 return
-            self._decide(Outcome.NOT_STARTED, turn, f"{why}; trying again in {self._retry_pause:g} s")
+            self._decide(ResumeOutcome.NOT_STARTED, turn, f"{why}; trying again in {self._retry_pause:g} s")
             await asyncio.sleep(self._retry_pause)
             view = await self._server.messages(turn.api, turn.session_id)
             if (person := user_message_after(view, self._server.rules(turn.api), prompt_id)) is not None:
-                await self._ledger.finished(turn.session_id, turn.message_id, str(Outcome.SKIPPED))
+                await self._ledger.finished(turn.session_id, turn.message_id, str(ResumeOutcome.SKIPPED))
                 why = f"a person wrote ({person}) after the prompt that did not start"
-                self._decide(Outcome.SKIPPED, turn, why)
+                self._decide(ResumeOutcome.SKIPPED, turn, why)
                 return
 
     async def _attempt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> Try:
@@ -119,7 +121,7 @@ class Prompting:
             return Try(1, False, "the prompt was admitted, but the turn did not start")
         return Try(1, True, how)
 
-    def _decide(self, outcome: Outcome, turn: InterruptedTurn, why: str, **more: Any) -> None:
+    def _decide(self, outcome: ResumeOutcome, turn: InterruptedTurn, why: str, **more: Any) -> None:
         if self._settled_by is not None:
             more["durable"] = self._settled_by
         self._journal.decided(outcome, turn.api, turn.session_id, why, message=turn.message_id, **more)

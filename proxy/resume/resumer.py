@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from proxy.opencode.client import Credentials
 from proxy.relay.tasks import KeyedTasks
 from proxy.resume.clients import CLIENTS_BACK_S, ClientStreams
-from proxy.resume.decision import After, Before, Outcome, Policy, after_settling, before_settling
+from proxy.resume.decision import After, Before, Policy, ResumeOutcome, after_settling, before_settling
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.prompting import Prompted, Prompting
@@ -270,14 +270,21 @@ class Resumer:
         if self._options.dry_run:
             why = "--dry-run: nothing sent"
             self._journal.decided(
-                Outcome.WOULD_RESUME, turn.api, turn.session_id, why, message=turn.message_id, calls=calls
+                ResumeOutcome.WOULD_RESUME,
+                turn.api,
+                turn.session_id,
+                why,
+                message=turn.message_id,
+                calls=calls,
             )
             return
         await self._prompting.resume(turn, directory, text, calls)
 
     def _skip(self, candidate: Candidate, why: str, turn: InterruptedTurn | None = None) -> None:
         message = turn.message_id if turn is not None else None
-        self._journal.decided(Outcome.SKIPPED, candidate.api, candidate.session_id, why, message=message)
+        self._journal.decided(
+            ResumeOutcome.SKIPPED, candidate.api, candidate.session_id, why, message=message
+        )
 
 
 def _directory(info: dict[str, Any]) -> str | None:

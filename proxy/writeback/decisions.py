@@ -56,7 +56,7 @@ class Written:
         return self.part or self.message_id
 
 
-class Outcome(StrEnum):
+class WriteBackOutcome(StrEnum):
     """How the write-back of one named id ended."""
 
     WRITTEN = "written"
@@ -75,11 +75,11 @@ class Decisions:
 
     def __init__(self, mode: str) -> None:
         self._mode = mode
-        self._outcomes: OrderedDict[tuple[Api, str, str], Outcome] = OrderedDict()
+        self._outcomes: OrderedDict[tuple[Api, str, str], WriteBackOutcome] = OrderedDict()
         self._changed = asyncio.Event()
 
-    def outcome(self, api: Api, session_id: str, key: str) -> Outcome:
-        return self._outcomes.get((api, session_id, key), Outcome.UNKNOWN)
+    def outcome(self, api: Api, session_id: str, key: str) -> WriteBackOutcome:
+        return self._outcomes.get((api, session_id, key), WriteBackOutcome.UNKNOWN)
 
     async def changed(self) -> None:
         """Return at the next `announce()`."""
@@ -92,14 +92,14 @@ class Decisions:
 
     def written(self, written: Iterable[Written]) -> None:
         for item in written:
-            fields = self._decide(item.api, item.session_id, item.key, Outcome.WRITTEN, WRITTEN_WHY)
+            fields = self._decide(item.api, item.session_id, item.key, WriteBackOutcome.WRITTEN, WRITTEN_WHY)
             fields |= {"message": item.message_id, "part": item.part, "rule": item.rule}
             log.info("wrote back %s", item.rule, extra={"fields": fields})
 
     def skipped(self, session: tuple[Api, str], keys: Collection[str], why: str) -> None:
         api, session_id = session
         for key in sorted(keys):
-            fields = self._decide(api, session_id, key, Outcome.SKIPPED, why)
+            fields = self._decide(api, session_id, key, WriteBackOutcome.SKIPPED, why)
             log.info("write-back of %s skipped: %s", session_id, why, extra={"fields": fields})
         self.announce()
 
@@ -109,7 +109,7 @@ class Decisions:
         """One WARNING per id; the traceback of an unexpected error only once."""
         api, session_id = session
         for key in sorted(keys):
-            fields = self._decide(api, session_id, key, Outcome.FAILED, why)
+            fields = self._decide(api, session_id, key, WriteBackOutcome.FAILED, why)
             log.warning(
                 "write-back of %s failed (mode=%s); nothing half-written: %s",
                 session_id,
@@ -120,7 +120,9 @@ class Decisions:
             )
             error = None
 
-    def _decide(self, api: Api, session_id: str, key: str, outcome: Outcome, why: str) -> dict[str, Any]:
+    def _decide(
+        self, api: Api, session_id: str, key: str, outcome: WriteBackOutcome, why: str
+    ) -> dict[str, Any]:
         """Remember the outcome; the fields of its log line."""
         self._outcomes[(api, session_id, key)] = outcome
         self._outcomes.move_to_end((api, session_id, key))

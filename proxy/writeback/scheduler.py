@@ -36,7 +36,7 @@ from proxy.writeback.decisions import (
     NOT_VOUCHED,
     VIEW_ONLY,
     Decisions,
-    Outcome,
+    WriteBackOutcome,
     Written,
     is_message,
 )
@@ -45,9 +45,9 @@ from rules import Api, Change, Liveness
 __all__ = [
     "Confirm",
     "CountingWriter",
-    "Outcome",
     "WriteBack",
     "WriteBackMode",
+    "WriteBackOutcome",
     "Writer",
     "Written",
     "targeted",
@@ -152,7 +152,7 @@ class WriteBack:
             self._running.add(session)
             self._passing.start((api, session_id, next(self._serial)), lambda: self._passes(session))
 
-    async def settled(self, api: Api, session_id: str, ids: Collection[str]) -> dict[str, Outcome]:
+    async def settled(self, api: Api, session_id: str, ids: Collection[str]) -> dict[str, WriteBackOutcome]:
         """Wait until no pass is pending or writing for any of `ids` of the session, and say how
         each ended: `WRITTEN` is durable; anything else was not written by this proxy (re-read
         the session to see whether it is open). An id never named, or decided so long ago that

@@ -9,7 +9,7 @@ import pytest
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.writeback import decisions
-from proxy.writeback.scheduler import Confirm, Outcome, WriteBack, WriteBackMode, Written
+from proxy.writeback.scheduler import Confirm, WriteBack, WriteBackMode, WriteBackOutcome, Written
 from rules import Api, Liveness
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -121,7 +121,7 @@ async def test_ids_named_while_a_pass_writes_get_a_pass_of_their_own(probe: Live
     writer.release.set()
     outcomes = await asyncio.wait_for(write_back.settled(Api.V2, V2, {"call_1", "call_2"}), 5)
     assert [targets for _, targets, _ in writer.calls] == [{"call_1"}, {"call_2"}]
-    assert outcomes == {"call_1": Outcome.WRITTEN, "call_2": Outcome.WRITTEN}
+    assert outcomes == {"call_1": WriteBackOutcome.WRITTEN, "call_2": WriteBackOutcome.WRITTEN}
 
 
 async def test_settled_waits_for_the_pass_and_says_how_each_id_ended(
@@ -129,10 +129,10 @@ async def test_settled_waits_for_the_pass_and_says_how_each_id_ended(
 ) -> None:
     fake.v2_active.add(V2)
     write_back = WriteBack(probe, Recording(), grace=0.01)
-    assert await write_back.settled(Api.V2, V2, {"call_1"}) == {"call_1": Outcome.UNKNOWN}
+    assert await write_back.settled(Api.V2, V2, {"call_1"}) == {"call_1": WriteBackOutcome.UNKNOWN}
     write_back.schedule(Api.V2, V2, Credentials(), {"call_1"})
     assert await asyncio.wait_for(write_back.settled(Api.V2, V2, {"call_1"}), 5) == {
-        "call_1": Outcome.SKIPPED
+        "call_1": WriteBackOutcome.SKIPPED
     }
 
 
@@ -141,7 +141,7 @@ async def test_close_ends_a_wait_on_an_unwritten_id(probe: LivenessProbe) -> Non
     write_back.schedule(Api.V2, V2, Credentials(), {"call_1"})
     waiting = asyncio.create_task(write_back.settled(Api.V2, V2, {"call_1"}))
     await write_back.close()
-    assert await asyncio.wait_for(waiting, 5) == {"call_1": Outcome.SKIPPED}
+    assert await asyncio.wait_for(waiting, 5) == {"call_1": WriteBackOutcome.SKIPPED}
 
 
 async def test_only_the_latest_outcomes_are_remembered(
@@ -152,4 +152,6 @@ async def test_only_the_latest_outcomes_are_remembered(
     write_back.schedule(Api.V2, V2, Credentials(), {"call_1", "call_2", "call_3"})
     await write_back.tasks.idle()
     found = await write_back.settled(Api.V2, V2, {"call_1", "call_2", "call_3"})
-    assert sorted(found.values()) == sorted([Outcome.UNKNOWN, Outcome.WRITTEN, Outcome.WRITTEN])
+    assert sorted(found.values()) == sorted(
+        [WriteBackOutcome.UNKNOWN, WriteBackOutcome.WRITTEN, WriteBackOutcome.WRITTEN]
+    )
