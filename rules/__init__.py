@@ -16,7 +16,7 @@ from rules.runtimes import V1, V1_ABORTED, V1_ERROR, V2, V2_ERROR, Runtime, runt
 from rules.stale_compaction import StaleCompaction
 from rules.targets import OpenTool, Target
 from rules.tools import OPEN_STATUSES
-from rules.triggers import OPEN_TOOL, UNFINISHED_MESSAGE
+from rules.triggers import OPEN_TOOL_TRIGGER, UNFINISHED_ASSISTANT_TRIGGER
 from rules.unfinished_message import UnfinishedMessage
 from rules.views import SettledMessages, ViewSettlement, messages_of, settle_view, with_messages
 
@@ -24,9 +24,9 @@ __all__ = [
     "DEFAULT_RULES",
     "FRESH_MARGIN_MS",
     "OPEN_STATUSES",
-    "OPEN_TOOL",
+    "OPEN_TOOL_TRIGGER",
     "REGISTRY",
-    "UNFINISHED_MESSAGE",
+    "UNFINISHED_ASSISTANT_TRIGGER",
     "V1",
     "V1_ABORTED",
     "V1_ERROR",

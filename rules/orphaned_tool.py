@@ -16,7 +16,7 @@ from rules.liveness import Liveness
 from rules.models import Api, Message
 from rules.rule import Trigger
 from rules.runtimes import V1_ERROR, V2_ERROR, runtime_for
-from rules.triggers import OPEN_TOOL
+from rules.triggers import OPEN_TOOL_TRIGGER
 
 __all__ = ["V1_ERROR", "V2_ERROR", "OrphanedTool"]
 
@@ -24,12 +24,16 @@ __all__ = ["V1_ERROR", "V2_ERROR", "OrphanedTool"]
 class OrphanedTool:
     """Settle open tool parts of an inactive session as interrupted.
 
+    Open is what the trigger finds (`OPEN_TOOL_TRIGGER`, `has_open_tool`: a tool in one of its
+    runtime's open statuses, live or not); orphaned is what this rule decides: open, and in a
+    session whose reading vouches that nothing runs it.
+
     The whole message is judged by its latest sign of life: its tools ran in one turn, so a
     reading too close to any of them (or a process that may run that turn) vouches for none.
     """
 
     name: ClassVar[str] = "orphaned-tool"
-    trigger: ClassVar[Trigger] = OPEN_TOOL
+    trigger: ClassVar[Trigger] = OPEN_TOOL_TRIGGER
     durable: ClassVar[frozenset[Api]] = frozenset({Api.V1, Api.V2})
 
     def __call__(self, message: Message, liveness: Liveness) -> list[Change]:

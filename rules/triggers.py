@@ -16,13 +16,18 @@ from rules.models import Api
 from rules.runtimes import RUNTIMES
 from rules.tools import has_open_tool, is_unfinished_assistant
 
-__all__ = ["OPEN_TOOL", "UNFINISHED_MESSAGE", "OpenToolStatus", "UnfinishedAssistant"]
+__all__ = [
+    "OPEN_TOOL_TRIGGER",
+    "UNFINISHED_ASSISTANT_TRIGGER",
+    "OpenToolTrigger",
+    "UnfinishedAssistantTrigger",
+]
 
 _CREATED = b'"time":{"created":'
 _MAX_DIGITS = 20
 
 
-class OpenToolStatus:
+class OpenToolTrigger:
     """A tool item in one of its runtime's open statuses (`"running"`…, quoted)."""
 
     def __init__(self) -> None:
@@ -82,7 +87,7 @@ _UNFINISHED = {
 }
 
 
-class UnfinishedAssistant:
+class UnfinishedAssistantTrigger:
     """An assistant message whose `time` holds `created` and nothing else (a turn cut while the
     model was writing has no tool to find)."""
 
@@ -106,5 +111,5 @@ class UnfinishedAssistant:
         return is_unfinished_assistant(raw_message, api)
 
 
-OPEN_TOOL = OpenToolStatus()
-UNFINISHED_MESSAGE = UnfinishedAssistant()
+OPEN_TOOL_TRIGGER = OpenToolTrigger()
+UNFINISHED_ASSISTANT_TRIGGER = UnfinishedAssistantTrigger()

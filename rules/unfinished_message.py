@@ -14,7 +14,7 @@ from rules.liveness import Liveness
 from rules.models import Api, Message
 from rules.rule import Trigger
 from rules.runtimes import V1_ABORTED, runtime_for
-from rules.triggers import UNFINISHED_MESSAGE
+from rules.triggers import UNFINISHED_ASSISTANT_TRIGGER
 
 __all__ = ["V1_ABORTED", "UnfinishedMessage"]
 
@@ -24,7 +24,7 @@ class UnfinishedMessage:
     last moment it is known to have been alive."""
 
     name: ClassVar[str] = "unfinished-message"
-    trigger: ClassVar[Trigger] = UNFINISHED_MESSAGE
+    trigger: ClassVar[Trigger] = UNFINISHED_ASSISTANT_TRIGGER
     durable: ClassVar[frozenset[Api]] = frozenset({Api.V1})
 
     def __call__(self, message: Message, liveness: Liveness) -> list[Change]:
