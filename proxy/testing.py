@@ -80,7 +80,7 @@ async def cycle(addons: Addon | Sequence[Addon], flow: Flow) -> Flow:
     try:
         await dispatcher.trigger("request_headers", flow)
         await dispatcher.trigger("response_headers", flow)
-        if flow.read_body:
+        if flow.reads_whole:
             await dispatcher.trigger("response", flow)
     finally:
         await dispatcher.trigger("done", flow)

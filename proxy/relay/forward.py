@@ -131,7 +131,7 @@ class Forwarder:
         flow.content_length = upstream.content_length
         await self.addons.trigger("response_headers", flow)
         max_wait = self.options.response_timeout
-        if flow.read_body:
+        if flow.reads_whole:
             return await self._answer_whole(flow, upstream, max_wait)
         if is_event_stream(upstream):
             with self.metrics.open_streams.track_inprogress(), self.streams.holding(flow.request):

@@ -68,7 +68,7 @@ class Flow:
     content_length: int | None = None
     """The upstream body's announced length, if it announced one."""
     body: bytes = b""
-    readers: set[str] = field(default_factory=set)
+    read_whole_by: set[str] = field(default_factory=set)
     """The addons that asked, in `response_headers`, to receive the whole body in `response`."""
     metadata: dict[FlowKey[Any], Any] = field(default_factory=dict)
     _injected: asyncio.Queue[bytes] | None = field(default=None, init=False)
@@ -91,13 +91,13 @@ class Flow:
         return self.response_headers.get("Content-Type", "").startswith("text/event-stream")
 
     @property
-    def read_body(self) -> bool:
+    def reads_whole(self) -> bool:
         """Whether some addon asked for the whole body."""
-        return bool(self.readers)
+        return bool(self.read_whole_by)
 
     def read_whole(self, *, by: str) -> None:
         """Ask, in `response_headers`, for the whole body in `response` (several addons may)."""
-        self.readers.add(by)
+        self.read_whole_by.add(by)
 
     @property
     def injected(self) -> asyncio.Queue[bytes] | None:
@@ -153,7 +153,7 @@ class _Snapshot:
     start_timeout: float | None
     status: int
     body: bytes
-    readers: frozenset[str]
+    read_whole_by: frozenset[str]
     metadata: dict[FlowKey[Any], Any]
     injected: tuple[asyncio.Queue[bytes] | None, str | None]
 
@@ -166,7 +166,7 @@ class _Snapshot:
             flow.start_timeout,
             flow.status,
             flow.body,
-            frozenset(flow.readers),
+            frozenset(flow.read_whole_by),
             dict(flow.metadata),
             (flow._injected, flow._injector),
         )
@@ -177,7 +177,7 @@ class _Snapshot:
         else:
             flow.response_headers = self.headers
         flow.start_timeout, flow.status, flow.body = self.start_timeout, self.status, self.body
-        flow.readers, flow.metadata = set(self.readers), self.metadata
+        flow.read_whole_by, flow.metadata = set(self.read_whole_by), self.metadata
         flow._injected, flow._injector = self.injected
 
 

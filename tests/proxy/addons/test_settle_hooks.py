@@ -26,7 +26,7 @@ LONG_AFTER = 1_900_000_000_000
 
 async def test_a_stale_view_of_an_idle_session_is_settled(settle: Settle) -> None:
     flow = await testing.cycle(settle, testing.flow("GET", VIEW, body=STALE))
-    assert flow.read_body
+    assert flow.reads_whole
     assert flow.response_headers[SETTLED_HEADER] == "1"
     assert orjson.loads(flow.body)[1]["parts"][1]["state"]["status"] == "error"
 
@@ -37,7 +37,7 @@ async def test_a_message_view_is_asked_for_uncompressed(settle: Settle) -> None:
     assert flow.upstream_headers["Accept-Encoding"] == "identity"
     other = await testing.cycle(settle, testing.flow("GET", "/config", headers={"Accept-Encoding": "gzip"}))
     assert other.upstream_headers["Accept-Encoding"] == "gzip"
-    assert not other.read_body
+    assert not other.reads_whole
 
 
 async def test_a_busy_session_keeps_its_view(settle: Settle, fake: FakeOpencode) -> None:
@@ -62,7 +62,7 @@ async def test_only_a_json_answer_of_200_is_read(settle: Settle, status: int, co
         "GET", VIEW, status=status, response_headers={"Content-Type": content_type}, body=STALE
     )
     await testing.cycle(settle, flow)
-    assert not flow.read_body
+    assert not flow.reads_whole
     assert flow.body == STALE
 
 

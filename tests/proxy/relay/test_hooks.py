@@ -167,19 +167,19 @@ async def test_a_second_injector_is_refused_loudly_and_its_claims_undone(
     first = Claims()
     with caplog.at_level(logging.ERROR, logger="proxy.relay.hooks"):
         await Addons([first, ClaimsToo()], counter).trigger("response_headers", flow)
-    assert flow.readers == {"claims"}
+    assert flow.read_whole_by == {"claims"}
     assert flow.injected is not None
     assert counter.labels("claims-too", "response_headers")._value.get() == 1
     assert "claims-too cannot inject into /x: claims does" in caplog.text
 
 
-async def test_every_addon_that_asks_for_the_body_is_a_reader() -> None:
+async def test_every_addon_that_reads_the_body_whole_is_named() -> None:
     flow = Flow(request("/x"), CIMultiDict())
-    assert not flow.read_body
+    assert not flow.reads_whole
     flow.read_whole(by="one")
     flow.read_whole(by="two")
-    assert flow.read_body
-    assert flow.readers == {"one", "two"}
+    assert flow.reads_whole
+    assert flow.read_whole_by == {"one", "two"}
 
 
 def test_a_second_injector_is_an_error() -> None:

@@ -122,7 +122,7 @@ async def test_one_view_request_asks_for_the_kept_reading_once(
 ) -> None:
     settle, tracker = counted
     flow = await testing.cycle(settle, testing.flow("GET", VIEW, body=body))
-    assert flow.read_body
+    assert flow.reads_whole
     assert (SETTLED_HEADER in flow.response_headers) is (body is STALE)
     assert orjson.loads(flow.body)
     assert tracker.lookups == 1
