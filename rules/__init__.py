@@ -15,7 +15,7 @@ from rules.runtime_2x import V2X, Runtime2x
 from rules.runtimes import V1, V1_ABORTED, V1_ERROR, V2, V2_ERROR, Runtime, runtime_for, runtime_of
 from rules.stale_compaction import StaleCompaction
 from rules.targets import OpenTool, Target
-from rules.tools import OPEN_STATUSES
+from rules.tools import OPEN_STATUSES, is_open_tool, tool_status
 from rules.triggers import OPEN_TOOL_TRIGGER, UNFINISHED_ASSISTANT_TRIGGER
 from rules.unfinished_message import UnfinishedMessage
 from rules.views import SettledMessages, ViewSettlement, messages_of, settle_view, with_messages
@@ -57,6 +57,7 @@ __all__ = [
     "ViewSettlement",
     "apply_changes",
     "changed_object",
+    "is_open_tool",
     "merge_patch",
     "messages_of",
     "needs_settling",
@@ -64,6 +65,7 @@ __all__ = [
     "runtime_of",
     "settle",
     "settle_view",
+    "tool_status",
     "triggers_of",
     "with_messages",
 ]

@@ -2,6 +2,7 @@
 (the built-in triggers, `rules.triggers`, ask these).
 
 They run on every message of long histories: exact type checks on parsed JSON, no models.
+`tool_status` and `is_open_tool` read one tool item the same way, for the proxy's events.
 What each runtime keeps where is in :mod:`rules.runtimes`.
 """
 
@@ -38,6 +39,22 @@ def has_open_tool(raw_message: Any, api: Api) -> bool:
     return False
 
 
+def tool_status(item: Any) -> str | None:
+    """The status of a tool (a v1 part, a v2 content item) as the server shows it; None for any
+    other item, or a tool without one."""
+    if not isinstance(item, dict) or item.get("type") != "tool":
+        return None
+    state = item.get("state")
+    status = state.get("status") if isinstance(state, dict) else None
+    return status if isinstance(status, str) else None
+
+
+def is_open_tool(item: Any, api: Api) -> bool:
+    """Whether `item` is a tool in one of `api`'s open statuses: its call may still run. Anything
+    else (another status, another item) is not open."""
+    return tool_status(item) in RUNTIMES[api].open_statuses
+
+
 def is_unfinished_assistant(raw_message: Any, api: Api) -> bool:
     """Cheap check on the raw JSON: an assistant message the server never recorded as finished."""
     if type(raw_message) is not dict:
@@ -53,5 +70,7 @@ def is_unfinished_assistant(raw_message: Any, api: Api) -> bool:
 __all__ = [
     "OPEN_STATUSES",
     "has_open_tool",
+    "is_open_tool",
     "is_unfinished_assistant",
+    "tool_status",
 ]

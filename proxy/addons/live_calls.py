@@ -31,7 +31,7 @@ from proxy.opencode.events_2x import api_call_id, api_execution_interrupted, api
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.server_line import ServerLine
 from proxy.opencode.tracker import GlobalEvent
-from proxy.opencode.vocabulary import API_CALL_ENDED, API_CALL_OPENING, OPEN_STATUSES
+from proxy.opencode.vocabulary import API_CALL_ENDED, API_CALL_OPENING, is_open_tool
 from proxy.relay.bounded import Bounded
 from rules import Api, Liveness, Runtime, settle_view
 
@@ -143,12 +143,7 @@ class OpenCalls:
         content = document.get("data", {}).get("content", []) if isinstance(document, dict) else []
         item = next((i for i in content if isinstance(i, dict) and i.get("id") == call.call_id), None)
         self._open.pop(call.call_id, None)
-        status = (item or {}).get("state", {}).get("status")
-        if (
-            item is None
-            or status in OPEN_STATUSES[Api.V2]
-            or not isinstance(item["state"].get("error"), dict)
-        ):
+        if item is None or is_open_tool(item, Api.V2) or not isinstance(item["state"].get("error"), dict):
             return None
         event = api_tool_failed(
             call.session_id, call.message_id, item, key=call.key, directory=call.directory

@@ -9,11 +9,10 @@ messages.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from proxy.addons.live_watch import says_idle
 from proxy.opencode.tracker import GlobalEvent
-from proxy.opencode.vocabulary import MESSAGE_UPDATED, OPEN_STATUSES, PART_UPDATED, SESSION_STATUS
+from proxy.opencode.vocabulary import MESSAGE_UPDATED, PART_UPDATED, SESSION_STATUS, is_open_tool
 from proxy.relay.bounded import Bounded
 from rules import V1, OpenTool
 
@@ -74,10 +73,9 @@ class StreamMemory:
 
     def _part_updated(self, event: GlobalEvent) -> None:
         part = event.properties.get("part")
-        if not isinstance(part, dict) or part.get("type") != "tool" or not isinstance(part.get("id"), str):
+        if not isinstance(part, dict) or not isinstance(part.get("id"), str):
             return
-        state: dict[str, Any] = part["state"] if isinstance(part.get("state"), dict) else {}
-        if state.get("status") in OPEN_STATUSES[V1.api]:
+        if is_open_tool(part, V1.api):
             tool = part.get("tool")
             place = OpenTool(
                 V1.api,

@@ -28,7 +28,7 @@ from proxy.addons.live_watch import Confirmations, Ticket
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent
-from proxy.opencode.vocabulary import OPEN_STATUSES, part_settled, session_idle, settled_part_id
+from proxy.opencode.vocabulary import is_open_tool, part_settled, session_idle, settled_part_id
 from rules import Api, Liveness, OpenTool, settle_view
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class OpenParts:
             part_id = part.part
             now = current.get(part_id)
             self._memory.parts.pop(part_id, None)
-            if now is not None and now.get("state", {}).get("status") not in OPEN_STATUSES[Api.V1]:
+            if now is not None and not is_open_tool(now, Api.V1):
                 # Settled by the rules, or by the server while the stream was down: either way
                 # a client that saw the part open must be told its state now.
                 self._orphan(part_id, part, now, document["info"], settled_here=part_id in changed)

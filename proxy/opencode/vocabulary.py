@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.opencode.ids import ascending_id
-from rules import OPEN_STATUSES, V1_ERROR, V2_ERROR, Api
+from rules import OPEN_STATUSES, V1_ERROR, V2_ERROR, Api, is_open_tool, tool_status
 
 __all__ = [
     "ANSWERED",
@@ -57,6 +57,7 @@ __all__ = [
     "event_name",
     "for_replay",
     "idle_status",
+    "is_open_tool",
     "mentioned_message",
     "message_subject",
     "message_updated",
@@ -69,6 +70,7 @@ __all__ = [
     "stated_liveness",
     "tool_failed",
     "tool_failed_data",
+    "tool_status",
     "v1_status_active",
 ]
 
@@ -156,7 +158,7 @@ V1_STATUS_ACTIVE: dict[str, bool] = {"busy": True, "retry": True, "idle": False}
 """The v1 status types of 1.18.33 (`SessionStatus`), and whether each means a turn runs."""
 TOOL_RUNNING = "running"
 """The tool status, in both runtimes, whose process runs (an open status before it may still
-carry a half-streamed input). Which statuses are open is the rules' `OPEN_STATUSES`."""
+carry a half-streamed input). Which statuses are open is the rules' `OPEN_STATUSES`, `is_open_tool`."""
 
 
 def v1_status_active(status: Any) -> bool | None:
@@ -168,13 +170,10 @@ def v1_status_active(status: Any) -> bool | None:
 
 
 def settled_part_id(kind: str, properties: Mapping[str, Any]) -> str | None:
-    """The id of the v1 part a `message.part.updated` shows in a settled (not open) status, else None."""
-    part = properties.get("part")
-    if kind != PART_UPDATED or not isinstance(part, dict) or not isinstance(part.get("id"), str):
-        return None
-    state = part.get("state")
-    status = state.get("status") if isinstance(state, dict) else None
-    return part["id"] if isinstance(status, str) and status not in OPEN_STATUSES[Api.V1] else None
+    """The id of the v1 tool part a `message.part.updated` shows in a settled (not open) status, else None."""
+    part: Any = properties.get("part")
+    settled = kind == PART_UPDATED and tool_status(part) is not None and not is_open_tool(part, Api.V1)
+    return part["id"] if settled and isinstance(part.get("id"), str) else None
 
 
 STATUS_SUBJECT = "status"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.opencode.vocabulary import is_open_tool
 from rules import Api, Runtime, UnexpectedShape
 
 __all__ = [
@@ -152,10 +153,9 @@ def _items(message: dict[str, Any], rules: Runtime[Any]) -> list[dict[str, Any]]
 
 def _interrupted(item: dict[str, Any], rules: Runtime[Any]) -> InterruptedCall | None:
     state = _dict(item.get("state"))
-    status = state.get("status")
-    if status in rules.open_statuses:
+    if is_open_tool(item, rules.api):
         still_open = True
-    elif status == "error" and rules.settled_as_interrupted(state):
+    elif state.get("status") == "error" and rules.settled_as_interrupted(state):
         still_open = False
     else:
         return None

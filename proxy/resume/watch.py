@@ -25,7 +25,6 @@ from proxy.opencode.vocabulary import (
     API_EXECUTION_ENDED,
     API_SESSION_PREFIX,
     API_SHUTDOWN,
-    OPEN_STATUSES,
     PART_UPDATED,
     PERSON_PREFIXES,
     SESSION_ERROR,
@@ -34,6 +33,7 @@ from proxy.opencode.vocabulary import (
     STEP_CALLS_TOOLS,
     STEP_ENDED,
     V2_PREFIX,
+    is_open_tool,
     mentioned_message,
     v1_status_active,
 )
@@ -109,7 +109,7 @@ class Watch(StreamListener):
                 self._busy.pop(session_id, None)
         elif kind in (SESSION_IDLE, SESSION_ERROR):
             self._busy.pop(session_id, None)
-        elif kind == PART_UPDATED and _running_tool(event.properties.get("part")):
+        elif kind == PART_UPDATED and is_open_tool(event.properties.get("part"), Api.V1):
             self._remember(session_id, Api.V1, event.directory)
         elif kind.startswith(V2_PREFIX):
             if kind == STEP_ENDED and event.properties.get("finish") != STEP_CALLS_TOOLS:
@@ -148,11 +148,3 @@ class Watch(StreamListener):
             self._asked.get(session_id, {}).pop(key, None)
         else:
             self._asked.setdefault(session_id, {})[key] = subject
-
-
-def _running_tool(part: object) -> bool:
-    """A v1 tool part the server shows running: its session is in a turn (a proxy that started
-    during the turn learns of it from the tool's output updates)."""
-    if not isinstance(part, dict) or part.get("type") != "tool" or not isinstance(part.get("state"), dict):
-        return False
-    return part["state"].get("status") in OPEN_STATUSES[Api.V1]

@@ -20,7 +20,14 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from proxy.opencode.tracker import GlobalEvent
-from proxy.opencode.vocabulary import CALL_ENDED, CALL_STARTED, OPEN_STATUSES, PART_UPDATED, TOOL_RUNNING
+from proxy.opencode.vocabulary import (
+    CALL_ENDED,
+    CALL_STARTED,
+    PART_UPDATED,
+    TOOL_RUNNING,
+    is_open_tool,
+    tool_status,
+)
 from proxy.relay.bounded import Bounded
 from proxy.system.procfs import command_line, pids, program_name, stat
 from rules import Api
@@ -158,13 +165,12 @@ class ToolProcesses:
         return call in self._processes.values()
 
     def _v1_part(self, part: Any) -> None:
-        if not isinstance(part, dict) or part.get("type") != "tool" or not isinstance(part.get("id"), str):
+        if not isinstance(part, dict) or not isinstance(part.get("id"), str):
             return
-        state: dict[str, Any] = part["state"] if isinstance(part.get("state"), dict) else {}
-        if state.get("status") == TOOL_RUNNING:
-            command = (state.get("input") or {}).get("command")
+        if tool_status(part) == TOOL_RUNNING:
+            command = (part["state"].get("input") or {}).get("command")
             self._started(Api.V1, str(part.get("sessionID")), part["id"], str(part.get("tool")), command)
-        elif state.get("status") not in OPEN_STATUSES[Api.V1]:
+        elif not is_open_tool(part, Api.V1):
             self._ended(part["id"])
 
     def _v2_call(self, event: GlobalEvent) -> None:

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from rules import Api, needs_settling
-from rules.tools import OPEN_STATUSES, has_open_tool, is_unfinished_assistant
+from rules.tools import OPEN_STATUSES, has_open_tool, is_open_tool, is_unfinished_assistant, tool_status
 
 
 def v1(*statuses: str, role: str = "assistant", time: Any = None) -> dict[str, Any]:
@@ -73,3 +73,22 @@ def test_a_message_needs_settling_when_a_tool_is_open_or_it_is_unfinished(api: A
     assert needs_settling(message("completed"), api)
     assert not needs_settling(message("completed", time=done), api)
     assert needs_settling(message("running", role="user", time=done), api)  # whoever's message it is
+
+
+def test_a_tool_is_open_in_its_own_runtimes_open_statuses_only() -> None:
+    def tool(status: object) -> dict[str, object]:
+        return {"type": "tool", "state": {"status": status}}
+
+    assert [is_open_tool(tool(s), Api.V1) for s in ("pending", "running", "streaming")] == [
+        True,
+        True,
+        False,
+    ]
+    assert [is_open_tool(tool(s), Api.V2) for s in ("streaming", "running", "pending")] == [
+        True,
+        True,
+        False,
+    ]
+    for other in ({"type": "text", "state": {"status": "running"}}, {"type": "tool"}, tool(None), "running"):
+        assert tool_status(other) is None
+        assert not is_open_tool(other, Api.V1)

@@ -114,7 +114,9 @@ def test_the_v2_failure_is_one_event_live_and_as_replayed() -> None:
 
 def test_a_part_update_names_its_part_settled_only_in_a_settled_status() -> None:
     def update(status: object, kind: str = "message.part.updated") -> str | None:
-        return vocabulary.settled_part_id(kind, {"part": {"id": "prt_1", "state": {"status": status}}})
+        return vocabulary.settled_part_id(
+            kind, {"part": {"id": "prt_1", "type": "tool", "state": {"status": status}}}
+        )
 
     assert [update(status) for status in ("error", "completed", "running", "pending", None)] == [
         "prt_1",
@@ -124,3 +126,8 @@ def test_a_part_update_names_its_part_settled_only_in_a_settled_status() -> None
         None,
     ]
     assert update("error", kind="message.updated") is None
+
+
+def test_only_a_tool_part_is_named_settled() -> None:
+    text = {"id": "prt_1", "type": "text", "state": {"status": "completed"}}
+    assert vocabulary.settled_part_id("message.part.updated", {"part": text}) is None
