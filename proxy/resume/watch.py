@@ -14,7 +14,6 @@ last sign of life.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,6 +42,13 @@ from rules import Api
 __all__ = ["Candidate", "Watch"]
 
 REMEMBERED = 10_000
+"""Sessions kept busy, asking a person, or with a newest message, each the least recently heard
+of forgotten first: far more than one server runs at once. A session forgotten busy is not
+resumed (the safe way); one forgotten asking is still asked of the server before a resume."""
+ASKED_PER_SESSION = 64
+"""Requests kept per session that a person has not answered: a turn waits on what it asked,
+so a session has a few at a time (one per call running in parallel); only whether any is
+left, and the first one's kind, is read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +77,8 @@ class Watch(StreamListener):
     ) -> None:
         self._start = start
         self._clock = clock
-        self._busy: OrderedDict[str, tuple[Api, str | None, Dialect]] = OrderedDict()
-        self._asked: dict[str, dict[str, str]] = {}
+        self._busy: Bounded[str, tuple[Api, str | None, Dialect]] = Bounded(REMEMBERED)
+        self._asked: Bounded[str, Bounded[str, str]] = Bounded(REMEMBERED)
         """Per session, the permission and question requests not yet answered, by id: their kind."""
         self._seen: Bounded[str, str] = Bounded(REMEMBERED)
         """Per session, the newest message its events spoke of."""
@@ -84,7 +90,7 @@ class Watch(StreamListener):
 
     def following(self) -> None:
         busy, asked, heard = self._busy, self._asked, self._heard
-        self._busy, self._asked = OrderedDict(), {}
+        self._busy, self._asked = Bounded(REMEMBERED), Bounded(REMEMBERED)
         if heard is None:
             return
         for session_id, (api, directory, dialect) in busy.items():
@@ -133,9 +139,6 @@ class Watch(StreamListener):
         self, session_id: str, api: Api, directory: str | None, dialect: Dialect = LINE_1_18
     ) -> None:
         self._busy[session_id] = (api, directory, dialect)
-        self._busy.move_to_end(session_id)
-        while len(self._busy) > REMEMBERED:
-            self._busy.popitem(last=False)
 
     def _person(self, session_id: str, event: GlobalEvent) -> None:
         """1.18's `permission.asked`, 2.x's `permission.v2.replied`: the subject first, the verb last."""
@@ -145,6 +148,7 @@ class Watch(StreamListener):
         )
         key = str(request)
         if verb in ANSWERED:
-            self._asked.get(session_id, {}).pop(key, None)
+            if (asked := self._asked.get(session_id)) is not None:
+                asked.pop(key, None)
         else:
-            self._asked.setdefault(session_id, {})[key] = subject
+            self._asked.setdefault(session_id, Bounded(ASKED_PER_SESSION))[key] = subject

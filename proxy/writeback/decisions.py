@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from proxy.relay.bounded import Bounded
 from rules import Api
 
 log = logging.getLogger(__name__)
 
 OUTCOMES_KEPT = 4096
-"""How many decided ids are remembered for `WriteBack.settled`: the oldest are forgotten first."""
+"""How many decided ids are remembered for `WriteBack.settled`, the least recently decided or
+read forgotten first. A caller asks for the ids of one turn right after scheduling them, so a
+few thousand outlast any wait many times over; a forgotten one reads `UNKNOWN`, which callers
+already take as not written by this proxy (and re-read the session)."""
 
 WRITTEN_WHY = "still open when re-read; inactive in a reading taken after the re-read"
 BECAME_ACTIVE = "the session became active"
@@ -67,7 +70,7 @@ class WriteBackOutcome(StrEnum):
     FAILED = "failed"
     """The pass failed (liveness unknown, or the writer raised): nothing was written."""
     UNKNOWN = "unknown"
-    """Never named, or forgotten (only the last `OUTCOMES_KEPT` are remembered)."""
+    """Never named, or forgotten (only `OUTCOMES_KEPT` are remembered)."""
 
 
 class Decisions:
@@ -75,7 +78,7 @@ class Decisions:
 
     def __init__(self, mode: str) -> None:
         self._mode = mode
-        self._outcomes: OrderedDict[tuple[Api, str, str], WriteBackOutcome] = OrderedDict()
+        self._outcomes: Bounded[tuple[Api, str, str], WriteBackOutcome] = Bounded(OUTCOMES_KEPT)
         self._changed = asyncio.Event()
 
     def outcome(self, api: Api, session_id: str, key: str) -> WriteBackOutcome:
@@ -125,9 +128,6 @@ class Decisions:
     ) -> dict[str, Any]:
         """Remember the outcome; the fields of its log line."""
         self._outcomes[(api, session_id, key)] = outcome
-        self._outcomes.move_to_end((api, session_id, key))
-        while len(self._outcomes) > OUTCOMES_KEPT:
-            self._outcomes.popitem(last=False)
         message = is_message(key)
         return {
             "session": session_id,

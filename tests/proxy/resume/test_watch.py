@@ -2,7 +2,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from proxy.opencode.tracker import GlobalEvent
+from proxy.resume import watch as watch_module
 from proxy.resume.watch import Candidate, Watch
 from rules import Api
 
@@ -96,3 +99,24 @@ def test_the_newest_message_each_busy_session_spoke_of_is_handed_on_with_it() ->
     )
     watch.following()
     assert [(c.session_id, c.seen_message) for c in found] == [("ses_1", "msg_004"), ("ses_2", "msg_010")]
+
+
+def test_busy_sessions_and_requests_asked_are_kept_for_a_bounded_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(watch_module, "REMEMBERED", 3)
+    monkeypatch.setattr(watch_module, "ASKED_PER_SESSION", 2)
+    watch, found = watched(
+        *(event("session.status", f"ses_{n}", status={"type": "busy"}) for n in range(10)),
+        *(event("permission.asked", f"ses_{n}", id=f"per_{n}") for n in range(10)),
+        *(event("question.asked", "ses_9", id=f"que_{n}") for n in range(10)),
+    )
+    assert watch.running() == ["ses_7", "ses_8", "ses_9"]
+    assert list(watch._asked) == ["ses_7", "ses_8", "ses_9"]
+    assert list(watch._asked["ses_9"]) == ["que_8", "que_9"]
+    watch.following()
+    assert [(c.session_id, c.waiting_on_person) for c in found] == [
+        ("ses_7", "a permission asked"),
+        ("ses_8", "a permission asked"),
+        ("ses_9", "a question asked"),
+    ]
