@@ -50,7 +50,8 @@ class Flow:
     """One request/response exchange as addons see it.
 
     Per-flow addon state lives in the flow itself (`flow[KEY]`, with a `FlowKey` the addon owns),
-    so it goes when the flow goes and a failed hook's changes to it are undone with the rest.
+    so it goes when the flow goes, and which value a key holds is undone with the rest of a
+    failed hook's changes (`_Snapshot` says exactly what is).
     """
 
     request: web.Request
@@ -142,8 +143,15 @@ HOOKS: tuple[Hook, ...] = ("request_headers", "response_headers", "response", "d
 class _Snapshot:
     """What a hook may change in a flow, taken before the hook runs, to undo a failed one.
 
-    Only the headers its stage can still change are copied: the upstream's before the request
-    goes, the client's after (the upstream's are then sent, and the client's not known yet).
+    Undone: the headers its stage can still change (the upstream's before the request goes, the
+    client's after: the upstream's are then sent, and the client's not known yet), the start
+    timeout, the status, the body, who reads it whole, who injects, and which value each
+    `FlowKey` holds (a key set is unset, a value replaced is put back). Not undone: a change
+    inside a value held under a key (an object's field set, a list appended to). The mapping is
+    copied, not what it holds: those values are the addons' live objects (a stream, a
+    subscriber), which others refer to by identity and some of which cannot be copied, and a
+    copy per hook call would cost on every scoped route. An addon whose per-flow state must be
+    undone with a failed hook replaces the value (`flow[KEY] = ...`) instead of changing it.
     Not frozen: a frozen dataclass sets each field through `object.__setattr__`, and one is
     taken for every hook call.
     """
@@ -184,8 +192,8 @@ class _Snapshot:
 class Addons:
     """The addons of one application, in order, and the one place their hooks are called.
 
-    A hook that raises is isolated: it is logged and counted, whatever it changed in the flow
-    is undone (so the client gets the upstream's bytes, never a 500 made by the proxy), and the
+    A hook that raises is isolated: it is logged and counted, what it changed in the flow is
+    undone (as `_Snapshot` says: the client gets the upstream's bytes, never a proxy's 500), and the
     other addons run on. Only the addons that implement a hook are called for it, and an addon
     given a scope only for the flows in it (as a router hands each route to its handlers), so a
     flow no addon claims costs no hook call and no snapshot.

@@ -218,3 +218,24 @@ async def test_a_failing_response_headers_hook_is_undone_headers_included() -> N
     flow = Flow(request("/x"), CIMultiDict(), status=200, response_headers=CIMultiDict({"A": "1"}))
     await Addons([Edits()], errors()).trigger("response_headers", flow)
     assert (flow.status, dict(flow.response_headers), flow.get(MARK)) == (200, {"A": "1"}, None)
+
+
+async def test_a_failing_hook_gets_back_the_values_its_keys_held_not_what_it_changed_inside_one() -> None:
+    """What `_Snapshot` says it covers: a key replaced or set is undone; a value changed in
+    place is the addon's own object, kept as it is (the mapping is copied, not its values)."""
+    held = FlowKey[list[str]]("held")
+
+    class Edits(Addon):
+        name = "edits"
+
+        async def response(self, flow: Flow) -> None:
+            flow[MARK] = "replaced"
+            flow[held].append("inside")
+            flow[FlowKey[int]("new")] = 1
+            raise RuntimeError("boom")
+
+    flow = Flow(request("/x"), CIMultiDict(), status=200)
+    flow[MARK], flow[held] = "kept", []
+    await Addons([Edits()], errors()).trigger("response", flow)
+    assert (flow[MARK], len(flow.metadata)) == ("kept", 2)
+    assert flow[held] == ["inside"]
