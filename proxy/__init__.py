@@ -13,7 +13,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from proxy.version import VERSION as __version__
 
 if TYPE_CHECKING:
     from proxy.service.app import create_app, mount

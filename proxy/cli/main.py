@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
-from proxy import __version__
 from proxy.cli import offline
 from proxy.cli import orphans as orphans_command
 from proxy.cli import run as run_command
@@ -22,6 +21,7 @@ from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.supervision.supervisor import SUPERVISOR, Supervisor, supervised
 from proxy.system.heap import keep_freed_bodies
+from proxy.version import VERSION
 
 log = logging.getLogger("proxy")
 
@@ -73,7 +73,7 @@ async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int
         await web.TCPSite(runner, settings.host, settings.port).start()
         log.info(
             "settle-proxy %s on http://%s:%d -> %s",
-            __version__,
+            VERSION,
             settings.host,
             settings.port,
             settings.upstream_origin,

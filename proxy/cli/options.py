@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from proxy import __version__
 from proxy.cli.arguments import UPSTREAM, OneLineParser, at_least_one, port, seconds, seconds_range, typed
 from proxy.service.auth import parse_credentials
 from proxy.service.config import (
@@ -28,6 +27,7 @@ from proxy.service.config import (
     basic_authorization,
 )
 from proxy.supervision import process_records
+from proxy.version import VERSION
 from proxy.writeback.database import default_path as opencode_database_path
 from proxy.writeback.locks import default_lock_dir
 from proxy.writeback.scheduler import WriteBackMode
@@ -122,7 +122,7 @@ def build_parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
         environ=environ,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     flags = _Flags(parser)
     _connection_flags(flags)
     _settling_flags(flags)

@@ -15,7 +15,6 @@ from pathlib import Path
 import aiohttp
 from aiohttp import hdrs, web
 
-from proxy import __version__
 from proxy.opencode.dialects import HEALTH_PATHS
 from proxy.opencode.server_line import SERVER_LINE
 from proxy.opencode.surveys import OTHER_PROCESSES
@@ -27,6 +26,7 @@ from proxy.service.config import SETTINGS
 from proxy.service.metrics import CONTENT_TYPE_LATEST, METRICS
 from proxy.supervision.supervisor import SUPERVISOR
 from proxy.supervision.tool_processes import TOOL_PROCESSES
+from proxy.version import VERSION
 
 PREFIX = "/_settle"
 Answer = dict[str, object]
@@ -44,7 +44,7 @@ async def health(request: web.Request) -> web.Response:
     upstream = {"url": str(settings.upstream_origin)} | await _upstream_answer(request)
     body = {
         "status": _status(upstream),
-        "version": __version__,
+        "version": VERSION,
         "upstream": upstream,
         "liveness": _liveness_source(request.app[TRACKER]),
         "other_processes": (await request.app[OTHER_PROCESSES].current()).describe(),

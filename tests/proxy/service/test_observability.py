@@ -2,6 +2,7 @@
 
 import logging
 from collections.abc import Awaitable, Callable
+from importlib.metadata import version
 
 import orjson
 import pytest
@@ -9,6 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from yarl import URL
 
+from proxy import __version__
 from proxy.addons.settle import SETTLED_HEADER
 from proxy.service.app import create_app
 from proxy.service.config import Settings
@@ -31,7 +33,7 @@ async def test_health_reports_upstream_and_version(proxy: ProxyClient, fake: Fak
     assert health["status"] == "ok"
     assert health["upstream"]["reachable"] is True
     assert health["liveness"]["source"] in ("events", "asked on every fetch")
-    assert health["version"]
+    assert health["version"] == version("settle-proxy") == __version__
     assert all(not request.path.startswith("/_settle") for request in fake.seen)
 
 
