@@ -115,7 +115,7 @@ class ClientStreams:
         else:
             return None
         opened = None
-        if self.lost and not subscriber.api:
+        if self.lost and not subscriber.api and self.replays.sessions:
             subscriber.catch_up = CatchUp(flow.request.path)
             opened = functools.partial(self._opened, subscriber)
         flow.inject(subscriber.queue, by=by, opened=opened)
