@@ -17,12 +17,12 @@ from collections import deque
 
 from proxy.opencode import jsonio
 from proxy.opencode.global_events import GlobalEvent
+from proxy.opencode.vocabulary import SERVER_CONNECTED
 
 HEARD_BEFORE_OPENED = 1_000
 """Events kept while the client's first event has not passed yet; the oldest go first."""
 NAMED = 10
 """Events named in the log line of a catch-up (the count is always given)."""
-_CONNECTED = "server.connected"
 
 
 class CatchUp:
@@ -82,7 +82,7 @@ def connected_id(first: bytes) -> str | None:
         except Exception:  # any unreadable first event only ends the catch-up
             return None
         payload = envelope.get("payload", envelope) if isinstance(envelope, dict) else None
-        if not isinstance(payload, dict) or payload.get("type") != _CONNECTED:
+        if not isinstance(payload, dict) or payload.get("type") != SERVER_CONNECTED:
             return None
         event_id = payload.get("id")
         return event_id if isinstance(event_id, str) else None

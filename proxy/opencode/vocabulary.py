@@ -40,6 +40,7 @@ __all__ = [
     "PART_UPDATED",
     "PERSON_PREFIXES",
     "PROMPT_ADMITTED",
+    "SERVER_CONNECTED",
     "SESSION_ERROR",
     "SESSION_IDLE",
     "SESSION_STATUS",
@@ -79,6 +80,8 @@ SESSION_IDLE = "session.idle"
 """A v1 turn ended; the server sends it after `session.status` idle."""
 SESSION_ERROR = "session.error"
 """A v1 turn failed; `session.status` idle and `session.idle` follow."""
+SERVER_CONNECTED = "server.connected"
+"""The first event of every stream, made as the server takes it (its id says when, among events)."""
 MESSAGE_UPDATED = "message.updated"
 """`{"sessionID", "info"}`: a message's header as it is now."""
 PART_UPDATED = "message.part.updated"
@@ -108,7 +111,7 @@ CALL_ENDED = frozenset({"session.next.tool.success", TOOL_FAILED, "session.next.
 # 2.x: `/api/event`, `{"id", "type", "data", "location"?, "metadata"?, "created", "durable"?}`
 # (`packages/schema/src/event.ts` @162a75f99cc1, `session-event.ts` @03130971e20a; the projection
 # `message-updater.ts`, /work/notes/opencode2x-facts.md). A call is keyed `id` (newer) or `callID`.
-API_CONNECTED = "server.connected"
+API_CONNECTED = SERVER_CONNECTED
 """The first frame of every 2.x stream (then `: heartbeat` comments every 15 s): no session's."""
 API_SESSION_PREFIX = "session."
 """Every 2.x session event starts so; any of them says the session did something."""
