@@ -14,7 +14,10 @@ is caught up (as a stream opening then) as soon as it is learned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -23,6 +26,7 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from proxy.addons.events import event_frame
+from proxy.addons.live_catch_up import CatchUp
 from proxy.addons.live_memory import Place
 from proxy.addons.live_replay import Replayed, Replays
 from proxy.addons.routing import route_of
@@ -36,6 +40,9 @@ log = logging.getLogger(__name__)
 _DIRECTORY_HEADER = "x-opencode-directory"
 _SAID = 10
 """Replayed events named in the log line of a stream that opens (the count is always given)."""
+CATCH_UP_WAIT = 2.0
+"""How long a stream that came back waits, after its first event, for the followed stream to be
+read up to it (what it missed meanwhile is sent first); past it, its own events go on."""
 
 
 @dataclass(slots=True, eq=False)
@@ -51,6 +58,8 @@ class Subscriber:
     """2.x's `/api/event`: only 2.x's events, unwrapped, of the sessions and directory it asked
     for (`session=…`, `location[directory]=…`; none asked: all)."""
     sessions: frozenset[str] = frozenset()
+    catch_up: CatchUp | None = None
+    """Of a stream that opened after the followed stream was lost: what it missed since its replay."""
 
 
 SUBSCRIBER = FlowKey[Subscriber]("live-settle subscriber")
@@ -105,7 +114,11 @@ class ClientStreams:
             subscriber = _api_subscriber(flow.request)
         else:
             return None
-        flow.inject(subscriber.queue, by=by)
+        opened = None
+        if self.lost and not subscriber.api and self.replays.sessions:
+            subscriber.catch_up = CatchUp(flow.request.path)
+            opened = functools.partial(self._opened, subscriber)
+        flow.inject(subscriber.queue, by=by, opened=opened)
         replayed = self._catch_up(subscriber)
         if self.lost:
             _log_back(flow.request.path, subscriber, replayed)
@@ -132,8 +145,37 @@ class ClientStreams:
             self._subscribers.pop(subscriber, None)
 
     def heard(self, event: GlobalEvent) -> None:
-        """What the stream says of a session ends (or renews) the replay of that same thing."""
+        """What the stream says of a session ends (or renews) the replay of that same thing, and
+        goes to the streams that came back and missed it."""
         self.replays.heard(event)
+        for subscriber in self._subscribers:
+            if (catch_up := subscriber.catch_up) is not None:
+                self._missed(subscriber, catch_up, catch_up.hear(event))
+
+    def _opened(self, subscriber: Subscriber, first: bytes) -> Awaitable[None] | None:
+        """A stream that came back has its first event: it is sent what it missed since its
+        replay, and its own events wait until the followed stream has read up to them."""
+        if (catch_up := subscriber.catch_up) is None:
+            return None
+        self._missed(subscriber, catch_up, catch_up.opened(first))
+        return self._caught_up(subscriber, catch_up)
+
+    async def _caught_up(self, subscriber: Subscriber, catch_up: CatchUp) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CATCH_UP_WAIT):
+                await catch_up.over.wait()
+        _log_caught_up(catch_up, subscriber)
+
+    def _missed(self, subscriber: Subscriber, catch_up: CatchUp, missed: list[GlobalEvent]) -> None:
+        """Send `subscriber` what it missed, of the sessions with a replay, as the server said it."""
+        told = [event for event in missed if event.session_id in self.replays.sessions and not event.api]
+        for event in told:
+            place = Place(str(event.session_id), "", event.directory, event.project)
+            said = {"id": event.id, "type": event.kind, "properties": event.properties}
+            self._send(subscriber, place, [said], api=False)
+        catch_up.sent(told)
+        if catch_up.over.is_set():
+            subscriber.catch_up = None
 
     def publish(self, key: str, orphan: Orphan) -> None:
         """Send `orphan` to every open stream, and keep its state (`key`: what it says) for later ones."""
@@ -179,6 +221,27 @@ def _log_back(route: str, subscriber: Subscriber, replayed: list[Replayed]) -> N
                 "directory": "every" if subscriber.everywhere else subscriber.directory,
                 "replayed": len(replayed),
                 "decision": "replayed" if replayed else "nothing to replay",
+            }
+        },
+    )
+
+
+def _log_caught_up(catch_up: CatchUp, subscriber: Subscriber) -> None:
+    said, count = catch_up.told, catch_up.told_count
+    caught_up = catch_up.over.is_set()
+    log.info(
+        "client stream %s back after the server was lost: sent %d event(s) it missed before the "
+        "server took it%s%s",
+        catch_up.route,
+        count,
+        f": {', '.join(said)}{', …' if count > len(said) else ''}" if said else "",
+        "" if caught_up else f"; the followed stream was not read up to it within {CATCH_UP_WAIT:g} s",
+        extra={
+            "fields": {
+                "route": catch_up.route,
+                "directory": "every" if subscriber.everywhere else subscriber.directory,
+                "missed": count,
+                "decision": "caught up" if caught_up else "went on before catching up",
             }
         },
     )

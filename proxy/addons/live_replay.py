@@ -18,6 +18,7 @@ answer without its question.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +74,10 @@ class Replays:
             kept[subjects[0] if subjects else f"{key}#{index}"] = Replayed(place, event, api)
 
     def all(self) -> list[Replayed]:
-        return [replayed for kept in self.sessions.values() for replayed in kept.values()]
+        """Each session's kept events, its messages before their parts: the server announces a
+        user message again after its text (with the turn's summary), and the web UI drops a part
+        of a message it does not hold, so a prompt replayed in the order kept lost its text."""
+        return [replayed for kept in self.sessions.values() for replayed in _messages_first(kept.values())]
 
     def heard(self, event: GlobalEvent) -> None:
         """Take what the followed stream says of a session with a replay."""
@@ -95,6 +99,10 @@ class Replays:
             return
         for subject in subjects:
             kept.pop(subject, None)
+
+
+def _messages_first(replays: Iterable[Replayed]) -> list[Replayed]:
+    return sorted(replays, key=lambda replayed: replayed.event.get("type") != MESSAGE_UPDATED)
 
 
 def _heard_2x(event: GlobalEvent, place: Place, kept: Bounded[str, Replayed]) -> None:

@@ -42,6 +42,8 @@ class GlobalEvent:
     kind: str
     properties: dict[str, Any]
     api: bool = False
+    id: str | None = None
+    """The server's id of the event (ids ascend with creation in one server); None if it has none."""
 
     @property
     def session_id(self) -> str | None:
@@ -106,12 +108,13 @@ def parse_event(data: bytes) -> GlobalEvent | None:
     kind, properties = payload.get("type"), payload.get("properties")
     if not isinstance(kind, str) or not isinstance(properties, dict):
         return None
-    directory, project = envelope.get("directory"), envelope.get("project")
+    directory, project, event_id = envelope.get("directory"), envelope.get("project"), payload.get("id")
     return GlobalEvent(
         directory if isinstance(directory, str) else None,
         project if isinstance(project, str) else None,
         kind,
         properties,
+        id=event_id if isinstance(event_id, str) else None,
     )
 
 

@@ -23,7 +23,6 @@ __all__ = [
     "ANSWERED",
     "API_CALL_ENDED",
     "API_CALL_OPENING",
-    "API_CONNECTED",
     "API_EXECUTION_ENDED",
     "API_EXECUTION_STARTED",
     "API_INTERRUPTED",
@@ -40,6 +39,7 @@ __all__ = [
     "PART_UPDATED",
     "PERSON_PREFIXES",
     "PROMPT_ADMITTED",
+    "SERVER_CONNECTED",
     "SESSION_ERROR",
     "SESSION_IDLE",
     "SESSION_STATUS",
@@ -81,6 +81,8 @@ SESSION_IDLE = "session.idle"
 """A v1 turn ended; the server sends it after `session.status` idle."""
 SESSION_ERROR = "session.error"
 """A v1 turn failed; `session.status` idle and `session.idle` follow."""
+SERVER_CONNECTED = "server.connected"
+"""The first event of every stream (2.x's too), made as the server takes it: no session's."""
 MESSAGE_UPDATED = "message.updated"
 """`{"sessionID", "info"}`: a message's header as it is now."""
 PART_UPDATED = "message.part.updated"
@@ -110,8 +112,6 @@ CALL_ENDED = frozenset({"session.next.tool.success", TOOL_FAILED, "session.next.
 # 2.x: `/api/event`, `{"id", "type", "data", "location"?, "metadata"?, "created", "durable"?}`
 # (`packages/schema/src/event.ts` @162a75f99cc1, `session-event.ts` @03130971e20a; the projection
 # `message-updater.ts`, /work/notes/opencode2x-facts.md). A call is keyed `id` (newer) or `callID`.
-API_CONNECTED = "server.connected"
-"""The first frame of every 2.x stream (then `: heartbeat` comments every 15 s): no session's."""
 API_SESSION_PREFIX = "session."
 """Every 2.x session event starts so; any of them says the session did something."""
 API_EXECUTION, API_TOOL = "session.execution.", "session.tool."
@@ -130,7 +130,7 @@ EVENT_TYPES = frozenset(
     {SESSION_STATUS, SESSION_IDLE, SESSION_ERROR, MESSAGE_UPDATED, PART_UPDATED, PROMPT_ADMITTED, STEP_ENDED}
     | set(CALL_OPENING)
     | CALL_ENDED
-    | {API_CONNECTED, API_EXECUTION_STARTED, *API_EXECUTION_ENDED, *API_CALL_OPENING, *API_CALL_ENDED}
+    | {SERVER_CONNECTED, API_EXECUTION_STARTED, *API_EXECUTION_ENDED, *API_CALL_OPENING, *API_CALL_ENDED}
 )
 """Every event type named here."""
 EVENT_PREFIXES = frozenset({V2_PREFIX, *PERSON_PREFIXES})

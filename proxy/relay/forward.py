@@ -228,7 +228,7 @@ async def _send_streamed(
     await response.prepare(request)
     try:
         if flow.injected is not None:
-            await relay_with_injection(response, upstream, flow.injected)
+            await relay_with_injection(response, upstream, flow.injected, flow.opened)
         else:
             async for piece in pieces:
                 await response.write(piece)

@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 from prometheus_client import Counter
 
 from proxy.relay.options import DEFAULT_MAX_BODY
+from proxy.relay.sse import Opened
 
 log = logging.getLogger(__name__)
 Hook = Literal["request_headers", "response_headers", "response", "done"]
@@ -74,6 +75,7 @@ class Flow:
     metadata: dict[FlowKey[Any], Any] = field(default_factory=dict)
     _injected: asyncio.Queue[bytes] | None = field(default=None, init=False)
     _injector: str | None = field(default=None, init=False)
+    _opened: Opened | None = field(default=None, init=False)
 
     def __getitem__(self, key: FlowKey[T]) -> T:
         value: T = self.metadata[key]
@@ -105,12 +107,19 @@ class Flow:
         """Events to slip in between the upstream's, if an addon asked to (`inject`)."""
         return self._injected
 
-    def inject(self, events: asyncio.Queue[bytes], *, by: str) -> None:
-        """Slip `events` in between an event stream's own, from `response_headers`. One addon
-        only: a second would interleave its events with the first's, so it is refused."""
+    @property
+    def opened(self) -> Opened | None:
+        """What the injecting addon is handed the stream's first event with (`inject`)."""
+        return self._opened
+
+    def inject(self, events: asyncio.Queue[bytes], *, by: str, opened: Opened | None = None) -> None:
+        """Slip `events` in between an event stream's own, from `response_headers`; `opened` is
+        handed the upstream's first event as it goes out, and what it returns is awaited before
+        the rest (`relay.sse`). One addon only: a second would interleave its events with the first's, so it
+        is refused."""
         if self._injector is not None:
             raise ClaimedTwice(f"{by} cannot inject into {self.request.path}: {self._injector} does")
-        self._injected, self._injector = events, by
+        self._injected, self._injector, self._opened = events, by, opened
 
 
 class Addon:
@@ -163,7 +172,7 @@ class _Snapshot:
     body: bytes
     read_whole_by: frozenset[str]
     metadata: dict[FlowKey[Any], Any]
-    injected: tuple[asyncio.Queue[bytes] | None, str | None]
+    injected: tuple[asyncio.Queue[bytes] | None, str | None, Opened | None]
 
     @staticmethod
     def of(flow: Flow, hook: Hook) -> _Snapshot:
@@ -176,7 +185,7 @@ class _Snapshot:
             flow.body,
             frozenset(flow.read_whole_by),
             dict(flow.metadata),
-            (flow._injected, flow._injector),
+            (flow._injected, flow._injector, flow._opened),
         )
 
     def restore(self, flow: Flow) -> None:
@@ -186,7 +195,7 @@ class _Snapshot:
             flow.response_headers = self.headers
         flow.start_timeout, flow.status, flow.body = self.start_timeout, self.status, self.body
         flow.read_whole_by, flow.metadata = set(self.read_whole_by), self.metadata
-        flow._injected, flow._injector = self.injected
+        flow._injected, flow._injector, flow._opened = self.injected
 
 
 class Addons:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -25,12 +26,30 @@ def complete_events_end(data: bytes) -> int:
     return max((data.rfind(mark) + len(mark) for mark in _BOUNDARIES if data.rfind(mark) >= 0), default=0)
 
 
+Opened = Callable[[bytes], Awaitable[None] | None]
+"""Handed a stream's first event as it goes out; what it returns is awaited before anything else
+goes (what the injector must slip in first)."""
+
+
+def first_event_end(data: bytes) -> int:
+    """How many leading bytes of `data` are its first whole event (0 when it has not ended)."""
+    return min((data.find(mark) + len(mark) for mark in _BOUNDARIES if data.find(mark) >= 0), default=0)
+
+
 async def relay_with_injection(
-    response: web.StreamResponse, upstream: UpstreamResponse, injected: asyncio.Queue[bytes]
+    response: web.StreamResponse,
+    upstream: UpstreamResponse,
+    injected: asyncio.Queue[bytes],
+    opened: Opened | None = None,
 ) -> None:
     """Copy the upstream's events to `response`, writing queued events between them."""
     pending, held = b"", deque[bytes]()
     started = False
+    if opened is not None:
+        rest = await _opening(response, upstream, injected, opened)
+        if rest is None:
+            return
+        pending, started = rest, True
     reading: asyncio.Task[bytes] | None = None
     waiting: asyncio.Task[bytes] | None = None
     try:
@@ -61,3 +80,29 @@ async def relay_with_injection(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, UpstreamError):
                     await task
+
+
+async def _opening(
+    response: web.StreamResponse, upstream: UpstreamResponse, injected: asyncio.Queue[bytes], opened: Opened
+) -> bytes | None:
+    """The stream's first event, then all that is queued once `opened` is done with it, then the
+    whole events read past the first; what is left of an event (None: the stream ended)."""
+    data = b""
+    while not (end := first_event_end(data)):
+        chunk = await upstream.content.readany()
+        if not chunk:
+            if data:
+                await response.write(data)
+            return None
+        data += chunk
+    slipping_in = opened(data[:end])
+    await response.write(data[:end])
+    if slipping_in is not None:
+        await slipping_in
+    while not injected.empty():
+        await response.write(injected.get_nowait())
+    rest = data[end:]
+    cut = complete_events_end(rest)
+    if cut:
+        await response.write(rest[:cut])
+    return rest[cut:]

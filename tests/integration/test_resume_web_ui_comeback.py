@@ -1,7 +1,9 @@
-"""The web UI (and an official-SDK subscriber) open across a crash, its stream held back and let go at a chosen moment of the resume
-(issue 28): before the write-back, between the write-back and the prompt, or after the prompt.
+"""The web UI (and the TUI, and an official-SDK subscriber) open across a crash, its stream held
+back and let go at a chosen moment of the resume (issue 28): before the write-back, between the
+write-back and the prompt, or after the prompt.
 Whenever it comes back, the same page (never reloaded) must show the interrupted call settled,
-the resume's prompt, and the session no longer busy.
+the resume's prompt, and the session no longer busy; so must the same `opencode attach` TUI,
+whose only stream is `/global/event` (seen at the gate: it fetches no messages once it is back).
 
 The page's requests go through a `StreamGate` in front of the proxy: closed at the crash, it
 holds the page's reconnect until the moment, checked on the server itself (the proxy following
@@ -25,13 +27,16 @@ from typing import Any
 import pytest
 
 from .browser import Chromium
-from .opencode_server import OpencodeServer
+from .mock_model import DEFAULT_COMMAND
+from .opencode_server import OpencodeServer, opencode_binary
 from .polling import WaitTimeout, poll
 from .proxy_process import ProxyProcess, running
 from .resumes import after_reconnect, event_kind, final, following, sdk_subscriptions
 from .stream_gate import StreamGate
 from .test_resume_web_ui import resumed_on_page
+from .test_tui import BUSY_BAR, SETTLED_ERROR, shows_running
 from .test_web_ui import Seen, _look, _watch_live_tool, session_path
+from .tui import Terminals, tool_mark
 from .turns import Turn, read_messages, start_turn, wait_tool_running, wait_turn_done
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -147,7 +152,39 @@ def told(events: list[Any], turn: Turn, part_id: str) -> bool:
     return settled and prompt
 
 
-CLIENTS: dict[str, Play] = {"web ui": _page, "sdk": _sdk}
+async def _tui(server: OpencodeServer, proxy: ProxyProcess, root: Path, moment: str) -> tuple[bool, str]:
+    """Whether the TUI open across the crash (`opencode attach`, never restarted) shows what it
+    should, and its screen."""
+    turn = await asyncio.to_thread(start_turn, "v1", server.url, server.project, f"tui comeback {moment}")
+    async with StreamGate(proxy.url) as gate:
+        with Terminals(root, opencode_binary()) as terminals:
+            tui = terminals.attach("across", gate.url, turn.session_id, turn.directory)
+            part_id = str((await asyncio.to_thread(wait_tool_running, server.url, turn)).tool["id"])
+            await asyncio.to_thread(
+                tui.wait_screen, shows_running, what="the TUI to show the tool running", timeout=TIMEOUT_S
+            )
+            await _crash_and_come_back(server, proxy, gate, turn, part_id=part_id, moment=moment)
+            with contextlib.suppress(WaitTimeout):
+                await asyncio.to_thread(
+                    tui.wait_screen,
+                    partial(on_screen, moment=moment),
+                    what="the settled call and the prompt",
+                    timeout=TIMEOUT_S,
+                )
+            screen = tui.screen()
+            return on_screen(screen, moment), f"the gate: {gate.said}; the TUI's screen:\n{screen}"
+
+
+def on_screen(screen: str, moment: str) -> bool:
+    """The call drawn ended and failed, the prompt, nothing busy; the answer too when the TUI was back
+    before the prompt."""
+    settled = tool_mark(screen, DEFAULT_COMMAND) == "$" and SETTLED_ERROR in screen
+    after = screen.split(PROMPTED, 1)
+    prompted = settled and len(after) == 2 and BUSY_BAR not in screen
+    return prompted and (moment == "after the prompt" or "done" in after[1])
+
+
+CLIENTS: dict[str, Play] = {"web ui": _page, "sdk": _sdk, "tui": _tui}
 
 
 @pytest.mark.parametrize("repeat", range(REPEATS))

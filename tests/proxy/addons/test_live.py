@@ -33,7 +33,7 @@ async def test_a_stream_opened_after_the_crash_gets_the_settlement(
     await idle(live_proxy.app)  # the grace period and the confirmation
     response = await live_proxy.get("/global/event")
     stream = events(response)
-    connected, part, message, status = await next_kinds(stream, 4)
+    connected, message, part, status = await next_kinds(stream, 4)
     assert connected["payload"]["type"] == "server.connected"
     assert part["directory"] == "/cwd"
     assert part["payload"]["type"] == "message.part.updated"
@@ -78,7 +78,7 @@ async def test_instance_streams_get_the_events_of_their_directory_only(
     await idle(live_proxy.app)
     elsewhere = await live_proxy.get("/event", params={"directory": "/elsewhere"})
     own = await live_proxy.get("/event", headers={"x-opencode-directory": "%2Fcwd"})
-    connected, part = await next_kinds(events(own), 2)
+    connected, _, part = await next_kinds(events(own), 3)
     assert connected == {"type": "server.connected", "properties": {}}
     assert part["type"] == "message.part.updated"
     assert part["properties"]["part"]["id"] == PART["id"]

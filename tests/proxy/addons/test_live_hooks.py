@@ -53,7 +53,7 @@ async def test_a_new_stream_is_told_the_settled_part(live: LiveSettle) -> None:
         orjson.loads(frame.removeprefix(b"data: "))["payload"]["type"]
         for frame in await told_a_new_stream(live)
     ]
-    assert kinds == ["message.part.updated", "message.updated", "session.status"]
+    assert kinds == ["message.updated", "message.part.updated", "session.status"]
 
 
 async def test_a_part_the_server_settles_while_it_is_confirmed_is_told_as_the_server_has_it(
@@ -68,7 +68,7 @@ async def test_a_part_the_server_settles_while_it_is_confirmed_is_told_as_the_se
     )
     crash_with_part_open(live)
     heard(live, "message.part.updated", part=written, time=2)  # within the grace period
-    part, _, status = payloads(await told_a_new_stream(live))
+    _, part, status = payloads(await told_a_new_stream(live))
     assert part["properties"]["part"] == written
     assert status["properties"]["status"] == {"type": "idle"}
     assert metrics.withdrawn_confirmations.labels("open parts")._value.get() == 0
@@ -135,7 +135,7 @@ async def test_a_part_the_server_settled_unseen_is_told_as_it_is(
     }
     fake.bodies[f"/session/{V1}/message/{MESSAGE['info']['id']}"] = orjson.dumps(done)
     crash_with_part_open(live)
-    part, message, status = payloads(await told_a_new_stream(live))
+    message, part, status = payloads(await told_a_new_stream(live))
     assert part["properties"]["part"] == done["parts"][1]
     info = message["properties"]["info"]  # closed by `unfinished-message`, as a view shows it
     assert info == {**MESSAGE["info"], "time": info["time"], "error": info["error"]}
@@ -167,21 +167,21 @@ RUNNING_AGAIN = {**PART, "state": {**PART["state"], "status": "running"}}
 @pytest.mark.parametrize(
     ("kind", "properties", "still_replayed"),
     [
-        ("session.status", {"status": {"type": "busy"}}, ["message.part.updated", "message.updated"]),
+        ("session.status", {"status": {"type": "busy"}}, ["message.updated", "message.part.updated"]),
         (
             "session.status",
             {"status": {"type": "idle"}},
-            ["message.part.updated", "message.updated", "session.status"],
+            ["message.updated", "message.part.updated", "session.status"],
         ),
         (
             "message.updated",
             {"info": {**MESSAGE["info"], "id": "msg_newer"}},
-            ["message.part.updated", "message.updated", "session.status"],
+            ["message.updated", "message.part.updated", "session.status"],
         ),
         (
             "session.updated",
             {"info": {"id": V1, "title": "renamed"}},
-            ["message.part.updated", "message.updated", "session.status"],
+            ["message.updated", "message.part.updated", "session.status"],
         ),
         ("message.updated", {"info": MESSAGE["info"]}, ["message.part.updated", "session.status"]),
         ("message.part.updated", {"part": RUNNING_AGAIN, "time": 2}, ["session.status"]),
@@ -213,7 +213,7 @@ async def test_the_servers_write_back_of_the_settled_part_keeps_the_replay(live:
     of the same message the server changes later is news of the message: its replay ends."""
     crash_with_part_open(live)
     replayed = payloads(await told_a_new_stream(live))
-    part = replayed[0]["properties"]["part"]
+    part = replayed[1]["properties"]["part"]
     heard(live, "message.part.updated", part=part, time=2)
     after = payloads(await told_a_new_stream(live))
     assert [p["type"] for p in after] == ["message.updated", "session.status", "message.part.updated"]
@@ -236,7 +236,7 @@ async def test_news_of_the_session_while_a_turn_is_confirmed_withdraws_it(
 @pytest.mark.parametrize(
     ("crash", "settled"),
     [
-        (crash_with_part_open, lambda told: told[0]["properties"]["part"]["state"]["status"] == "error"),
+        (crash_with_part_open, lambda told: told[1]["properties"]["part"]["state"]["status"] == "error"),
         (crash_while_writing, lambda told: "completed" in told[0]["properties"]["info"]["time"]),
     ],
     ids=["open part", "turn cut short"],

@@ -49,3 +49,41 @@ async def test_an_injected_event_waits_for_the_end_of_the_upstreams_event() -> N
     upstream = Chunks(b"data: 1\n\nda", b"ta: 2\n\n", b"data: 3")
     await relay_with_injection(cast(web.StreamResponse, response), cast(UpstreamResponse, upstream), injected)
     assert response.writes == [b"data: 1\n\n", b"data: 2\n\n", b"data: injected\n\n", b"data: 3"]
+
+
+async def test_what_the_opening_awaits_goes_right_after_the_first_event_before_the_streams_own() -> None:
+    """A stream that came back is sent what it missed before its own events (`live_catch_up`)."""
+    injected: asyncio.Queue[bytes] = asyncio.Queue()
+    injected.put_nowait(b"data: replayed\n\n")
+    response, opened = Written(), list[bytes]()
+
+    async def catch_up() -> None:
+        await asyncio.sleep(0)
+        injected.put_nowait(b"data: missed\n\n")
+
+    def opening(first: bytes) -> asyncio.Future[None]:
+        opened.append(first)
+        return asyncio.ensure_future(catch_up())
+
+    upstream = Chunks(b"data: conn", b"ected\n\ndata: 2\n\nda", b"ta: 3\n\n")
+    await relay_with_injection(
+        cast(web.StreamResponse, response), cast(UpstreamResponse, upstream), injected, opening
+    )
+    assert opened == [b"data: connected\n\n"]
+    assert response.writes == [
+        b"data: connected\n\n",
+        b"data: replayed\n\n",
+        b"data: missed\n\n",
+        b"data: 2\n\n",
+        b"data: 3\n\n",
+    ]
+
+
+async def test_a_stream_that_ends_before_its_first_event_is_relayed_as_it_came() -> None:
+    response, opened = Written(), list[bytes]()
+    upstream = Chunks(b"data: cut sh", b"ort")
+    await relay_with_injection(
+        cast(web.StreamResponse, response), cast(UpstreamResponse, upstream), asyncio.Queue(), opened.append
+    )
+    assert opened == []
+    assert response.writes == [b"data: cut short"]
