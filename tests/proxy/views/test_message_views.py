@@ -1,5 +1,5 @@
-"""The message views on their own (a body and the readings a stream and a probe give in, what
-goes out and what is left open out), and the settle addon asking the stream once per request."""
+"""The message views on their own: a body and the readings a stream and a probe give in, what
+goes out and what is left open out; and the last rewrite of each view."""
 
 from __future__ import annotations
 
@@ -11,13 +11,10 @@ import pytest
 from yarl import URL
 
 from proxy import testing
-from proxy.addons.context import SettleContext
-from proxy.addons.settle import SETTLED_HEADER, Settle
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.routes import MessageRoute
-from proxy.opencode.tracker import KeptReading, LivenessTracker, StreamState
-from proxy.service.metrics import Metrics
+from proxy.opencode.tracker import LivenessTracker, StreamState
 from proxy.views.message_views import (
     REMEMBERED_VIEWS,
     Held,
@@ -195,33 +192,3 @@ def test_cache_busting_queries_keep_a_bounded_number_of_rewrites() -> None:
     assert len(recent._entries) == REMEMBERED_VIEWS
     assert recent.repeated("ses_x", "/v?_=2999", body) is not None
     assert recent.repeated("ses_x", "/v?_=0", body) is None
-
-
-class CountingTracker(LivenessTracker):
-    """A tracker that says how often the view path asked it for a kept reading."""
-
-    lookups = 0
-
-    def cached(self, api: Api, session_id: str) -> KeptReading | None:
-        self.lookups += 1
-        return super().cached(api, session_id)
-
-
-@pytest.fixture
-async def counted(upstream_api: UpstreamApi) -> AsyncIterator[tuple[Settle, CountingTracker]]:
-    async with aiohttp.ClientSession() as session:
-        tracker = CountingTracker(session, URL("http://127.0.0.1:1"))
-        ctx = SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0)
-        yield Settle(ctx, tracker=tracker), tracker
-
-
-@pytest.mark.parametrize("body", [STALE, CLEAN])
-async def test_one_view_request_asks_for_the_kept_reading_once(
-    counted: tuple[Settle, CountingTracker], body: bytes
-) -> None:
-    settle, tracker = counted
-    flow = await testing.cycle(settle, testing.flow("GET", VIEW, body=body))
-    assert flow.read_body
-    assert (SETTLED_HEADER in flow.response_headers) is (body is STALE)
-    assert orjson.loads(flow.body)
-    assert tracker.lookups == 1
