@@ -31,10 +31,9 @@ from proxy.opencode.tracker import LivenessTracker
 from proxy.relay import codings
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow
+from proxy.views.message_views import Held, MessageViews, Reason, Unchanged
 from proxy.views.rewrite import Rewritten
-from proxy.views.rewriter import Held, Reason, Scanned, Unchanged, ViewRewriter
-from proxy.views.source import LivenessSource
-from rules import DEFAULT_RULES, Api, Liveness, Rule
+from rules import DEFAULT_RULES, Api, Rule
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +46,10 @@ REPORTED = 1_000
 
 
 class Settle(Addon):
-    """Rewrite orphaned tool parts in message views of inactive sessions: joins the liveness
-    source (`proxy.views.source`) and the view rewriter (`proxy.views.rewriter`), and owns what
-    is HTTP: which bodies are read, their codings, the headers, the log lines and counts, and
-    handing a settlement to the write-back.
+    """Rewrite orphaned tool parts in message views of inactive sessions: the message views
+    (`proxy.views.message_views`) decide what goes out; this owns what is HTTP: which bodies are
+    read, their codings, the server's line, the headers, the log lines and counts, and handing a
+    settlement to the write-back.
 
     With `dry_run` it decides, logs and counts exactly as it would, but sends the body
     unchanged and schedules no write-back.
@@ -66,9 +65,8 @@ class Settle(Addon):
         rules: Sequence[Rule] = DEFAULT_RULES,
         server: ServerLine | None = None,
     ) -> None:
-        self._source = LivenessSource(tracker, ctx.probe)
+        self._views = MessageViews(tracker, ctx.probe, rules)
         self._server = server or ServerLine.told(TOLD_1_18)
-        self._views = ViewRewriter(rules)
         self._metrics = ctx.metrics
         self._write_back = ctx.write_back
         self._dry_run = ctx.dry_run
@@ -87,8 +85,8 @@ class Settle(Addon):
         is_json = flow.response_headers.get(hdrs.CONTENT_TYPE, "").startswith("application/json")
         # Unless there is something to check, a large body is relayed piece by piece, a smaller one
         # read whole: one write of it costs less than relaying its pieces (measured, 362 KB vs 3.6 MB).
-        relayed = (flow.content_length or 0) > WHOLE_BODY_LIMIT and self._source.known_unchanged(
-            route, flow.request.raw_path, self._source.kept(route)
+        relayed = (flow.content_length or 0) > WHOLE_BODY_LIMIT and (
+            self._views.kept(route, flow.request.raw_path).unchanged
         )
         absent = codings.missing(_codings(flow))
         if is_json and absent and not relayed:
@@ -105,34 +103,29 @@ class Settle(Addon):
         route = _route(flow)
         if route is None:
             return
-        view = flow.request.raw_path
-        kept = self._source.kept(route)
-        body = None if self._source.known_unchanged(route, view, kept) else self._decoded(route, flow)
+        kept = self._views.kept(route, flow.request.raw_path)
+        body = None if kept.unchanged else self._decoded(route, flow)
         if body is None or (route := await self._in_dialect(route, flow.request)) is None:
             return
-        scanned = self._views.scan(route, view, body)
-        if isinstance(scanned, Unchanged):
-            self._source.mark_clean(route, view)
-            return
         try:
-            outcome, held = await self._settled(scanned, kept, flow.request)
+            settled = await self._views.settle(kept, route, body, flow.request)
         except LivenessUnknown as error:
             log.warning("liveness of %s unknown, body passed on unchanged: %s", route.session_id, error)
             return
-        for message in held:
+        for message in settled.held:
             self._report_held(route, message)
-        if isinstance(outcome, Unchanged):
-            if outcome.reason is Reason.UNEXPECTED_SHAPE:
-                self._report_once(route, outcome.detail)
+        if isinstance(settled.outcome, Unchanged):
+            if settled.outcome.reason is Reason.UNEXPECTED_SHAPE:
+                self._report_once(route, settled.outcome.detail)
             return
-        self._record(route, outcome, log_it=scanned.known is None)
+        self._record(route, settled.outcome, log_it=not settled.repeated)
         if not self._dry_run:
-            self._deliver(flow, route, outcome)
+            self._deliver(flow, route, settled.outcome)
 
     async def _in_dialect(self, route: MessageRoute, request: web.Request) -> MessageRoute | None:
         """The route in the shape of the server's line; None (the body goes out as sent) while the
         server is not known (its line said so once), or for a route its line does not serve."""
-        known = self._server.current or await self._server.known(self._source.credentials(request))
+        known = self._server.current or await self._server.known(self._views.credentials(request))
         if known is None:
             return None
         http = known.dialect.runtime(route.api)
@@ -147,25 +140,8 @@ class Settle(Addon):
         _send(flow, rewritten.body)
         _label(flow, rewritten)
         if self._write_back is not None:
-            credentials = self._source.credentials(flow.request)
+            credentials = self._views.credentials(flow.request)
             self._write_back.schedule(route.api, route.session_id, credentials, _targets(rewritten))
-
-    async def _settled(
-        self, scanned: Scanned, kept: Liveness | None, request: web.Request
-    ) -> tuple[Rewritten | Unchanged, list[Held]]:
-        """What a reading settles, and what it holds back: the rewrite a later reading would make
-        (kept for equal bytes) when this one vouches for it, else what a fresh one vouches for."""
-        route = scanned.route
-        reading = await self._source.reading(route, request, kept)
-        later = self._views.settle(scanned, reading.liveness)
-        if isinstance(later, Unchanged):
-            return later, []
-        last_alive = later.messages.last_alive
-        liveness = await self._source.vouching(route, request, reading, last_alive)
-        if liveness.vouches_for(last_alive):
-            return later, []
-        exactly = self._views.settle_exactly(scanned, liveness)
-        return exactly, self._views.held_back(later, exactly, liveness)
 
     def _decoded(self, route: MessageRoute, flow: Flow) -> bytes | None:
         """The body with its content codings undone, or None (logged) when they do not decode."""

@@ -1,6 +1,6 @@
 """Message views, below the addons: the bytes of a view settled against a liveness reading.
 
-`rewrite`, `scan` and `splice` work on bytes alone; `rewriter` is the pure pipeline over them
-(body and reading in, settled body or "unchanged, because" out); `source` is where the reading
-comes from (kept from the stream, asked, bounded by what it may vouch for).
+`message_views` owns the sequence (the stream's word, the bytes, a kept or fresh reading, the
+rewrite, what is held back) and the last rewrite of each view; `scan`, `splice` and `rewrite`
+work on bytes alone.
 """

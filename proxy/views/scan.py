@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from rules import DEFAULT_RULES, Api, Rule, triggers_of
 
 
-def found(body: bytes, api: Api, rules: Sequence[Rule] = DEFAULT_RULES) -> list[int]:
+def trigger_offsets(body: bytes, api: Api, rules: Sequence[Rule] = DEFAULT_RULES) -> list[int]:
     """Every offset at which a trigger of `rules` occurs in `body`, in order (empty: no rule
     has anything to look at)."""
     return sorted({position for trigger in triggers_of(rules) for position in trigger.positions(body, api)})

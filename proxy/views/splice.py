@@ -52,6 +52,14 @@ def raw_messages(body: bytes, api: Api) -> tuple[bytes, list[msgspec.Raw]]:
             raise UnexpectedShape(f"{api} message list: {error}") from error
 
 
+def compact_messages(body: bytes, api: Api) -> tuple[list[msgspec.Raw], list[int]] | None:
+    """The list's messages as raw bytes and the offset in `body` each starts at, when they sit in
+    it as opencode sends them (`compact_spans`); None for another layout."""
+    scanned, raw = raw_messages(body, api)
+    starts = compact_spans(scanned, raw)
+    return None if starts is None else (raw, starts)
+
+
 def compact_spans(body: bytes, raw: list[msgspec.Raw]) -> list[int] | None:
     """Start offsets of the messages, if they sit in `body` separated by single commas.
 
@@ -75,11 +83,11 @@ def splice(body: bytes, changed: list[tuple[Any, Settlement]], api: Api) -> byte
     """`body` with each original message replaced by its settlement, or None when one of them
     cannot be located for certain."""
     spans = []
-    for original, found in changed:
+    for original, settlement in changed:
         span = _locate(body, original, api)
         if span is None:
             return None
-        spans.append((span, jsonio.dumps(found.message)))
+        spans.append((span, jsonio.dumps(settlement.message)))
     pieces, cursor = [], 0
     for (start, end), replacement in sorted(spans):
         pieces += [body[cursor:start], replacement]
@@ -112,8 +120,8 @@ def _candidate_starts(body: bytes, message: Any, api: Api) -> Iterator[int]:
     runtime = runtime_of(api)
     header = b"".join(b'"' + str(key).encode() + b'"' for key in runtime.header_path[:1])
     identifier = jsonio.dumps(runtime.message_id(message))
-    for found in re.finditer(rb'"id"\s*:\s*' + re.escape(identifier), body):
-        key = body.rfind(header, 0, found.start()) if header else found.start()
+    for match in re.finditer(rb'"id"\s*:\s*' + re.escape(identifier), body):
+        key = body.rfind(header, 0, match.start()) if header else match.start()
         brace = _previous_non_space(body, key)
         if brace >= 0 and body[brace] == ord("{"):
             yield brace

@@ -1,5 +1,7 @@
 """The settle addon's hooks, one flow at a time through `proxy.testing.cycle` (no proxy in front)."""
 
+from collections.abc import AsyncIterator
+
 import aiohttp
 import orjson
 import pytest
@@ -11,7 +13,7 @@ from proxy.addons.context import SettleContext
 from proxy.addons.settle import SETTLED_HEADER, Settle
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
-from proxy.opencode.tracker import LivenessTracker, StreamState
+from proxy.opencode.tracker import KeptReading, LivenessTracker, StreamState
 from proxy.service.metrics import Metrics
 from rules import Api, Liveness
 from tests.fixtures import compact
@@ -20,6 +22,9 @@ from tests.proxy.fake_opencode import FakeOpencode
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
 VIEW = f"/session/{V1}/message"
 STALE = compact("v1-message-stale-running.json")
+CLEAN = compact("v1-message-after-patch.json").replace(
+    b'"created":1795988598698}', b'"created":1,"completed":2}'
+)
 LONG_AFTER = 1_900_000_000_000
 """A reading's time (epoch ms) well after everything in `STALE`."""
 
@@ -86,3 +91,33 @@ async def test_a_view_settled_by_a_kept_reading_works_out_no_credentials(upstrea
         flow = await testing.cycle(settle, testing.flow("GET", VIEW, body=STALE))
     assert flow.response_headers[SETTLED_HEADER] == "1"
     assert probe.worked_out == 0, "nothing was asked and no write-back scheduled: none were needed"
+
+
+class CountingTracker(LivenessTracker):
+    """A tracker that says how often the view path asked it for a kept reading."""
+
+    lookups = 0
+
+    def cached(self, api: Api, session_id: str) -> KeptReading | None:
+        self.lookups += 1
+        return super().cached(api, session_id)
+
+
+@pytest.fixture
+async def counted(upstream_api: UpstreamApi) -> AsyncIterator[tuple[Settle, CountingTracker]]:
+    async with aiohttp.ClientSession() as session:
+        tracker = CountingTracker(session, URL("http://127.0.0.1:1"))
+        ctx = SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0)
+        yield Settle(ctx, tracker=tracker), tracker
+
+
+@pytest.mark.parametrize("body", [STALE, CLEAN])
+async def test_one_view_request_asks_for_the_kept_reading_once(
+    counted: tuple[Settle, CountingTracker], body: bytes
+) -> None:
+    settle, tracker = counted
+    flow = await testing.cycle(settle, testing.flow("GET", VIEW, body=body))
+    assert flow.reads_whole
+    assert (SETTLED_HEADER in flow.response_headers) is (body is STALE)
+    assert orjson.loads(flow.body)
+    assert tracker.lookups == 1

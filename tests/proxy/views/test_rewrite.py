@@ -7,9 +7,9 @@ import orjson
 import pytest
 
 from proxy.opencode.routes import MessageRoute, match_message_route
-from proxy.views.rewrite import REMEMBERED_VIEWS, RecentRewrites, rewrite
+from proxy.views.rewrite import rewrite
 from proxy.views.scan import mentions_open_status
-from rules import DEFAULT_RULES, Api, Liveness, UnexpectedShape, settle
+from rules import Api, Liveness, UnexpectedShape, settle
 from tests.fixtures import js_json, load
 
 INACTIVE = Liveness("ses_x", active=False)
@@ -240,41 +240,6 @@ def test_v2_context_view_is_a_message_list() -> None:
     result = rewrite(orjson.dumps(document), MessageRoute(Api.V2, "ses_1", single=False), INACTIVE)
     assert result is not None
     assert list(orjson.loads(result.body)) == ["data"]
-
-
-def test_recent_rewrites_reuse_the_same_bytes_only() -> None:
-    recent = RecentRewrites(budget=10 * 2**20)
-    body = orjson.dumps(v2_history({1}))
-    assert recent.known("ses_x", "/v", body) is None
-    first = recent.rewrite("/v", body, V2_LIST, INACTIVE, DEFAULT_RULES)
-    assert first is not None
-    assert recent.known("ses_x", "/v", bytes(body)) is first
-    assert recent.known("ses_x", "/other", body) is None
-    changed = orjson.dumps(v2_history({2}))
-    assert recent.known("ses_x", "/v", changed) is None
-    other = recent.rewrite("/v", changed, V2_LIST, INACTIVE, DEFAULT_RULES)
-    assert other is not None
-    assert other.body != first.body
-    assert recent.known("ses_x", "/v", body) is None, "only the last body of a view is kept"
-
-
-def test_recent_rewrites_stay_within_budget() -> None:
-    body = orjson.dumps(v2_history({1}))
-    recent = RecentRewrites(budget=3 * len(body))
-    for view in ("/a", "/b", "/c"):
-        recent.rewrite(view, body, V2_LIST, INACTIVE, DEFAULT_RULES)
-    assert recent.known("ses_x", "/a", body) is None, "the oldest entry was dropped to stay within the budget"
-    assert recent.known("ses_x", "/c", body) is not None
-
-
-def test_cache_busting_queries_keep_a_bounded_number_of_rewrites() -> None:
-    body = orjson.dumps(v2_history({1}))
-    recent = RecentRewrites()
-    for poll in range(3000):
-        recent.rewrite(f"/v?_={poll}", body, V2_LIST, INACTIVE, DEFAULT_RULES)
-    assert len(recent._entries) == REMEMBERED_VIEWS
-    assert recent.known("ses_x", "/v?_=2999", body) is not None
-    assert recent.known("ses_x", "/v?_=0", body) is None
 
 
 @pytest.mark.parametrize("body", [V1_CUT_WHILE_WRITING, V2_CUT_WHILE_WRITING], ids=["v1", "v2"])
