@@ -17,26 +17,27 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
 from proxy.opencode.client import Credentials
 from proxy.relay.tasks import KeyedTasks
-from proxy.resume.clients import CLIENTS_BACK_S, ClientStreams
+from proxy.resume.clients import CLIENTS_BACK_S, Clients
 from proxy.resume.decision import After, Before, Outcome, Policy, after_settling, before_settling
+from proxy.resume.fates import Fates, no_fates
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.prompting import Prompted, Prompting
 from proxy.resume.sending import READ_ERRORS
-from proxy.resume.text import ProcessFate, resume_text
+from proxy.resume.text import resume_text
 from proxy.resume.turns import InterruptedTurn, last_turn
 from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Writer
 from rules import FRESH_MARGIN_MS, Api, Liveness
 
-__all__ = ["Fates", "ResumeOptions", "Resumer"]
+__all__ = ["ResumeOptions", "Resumer"]
 
 log = logging.getLogger(__name__)
 RETRY_PAUSE_S = 5.0
@@ -57,14 +58,6 @@ class ResumeServer(Prompted, Protocol):
     async def session_info(self, turn_api: Api, session_id: str) -> dict[str, Any]: ...
 
     async def waiting_on_person(self, session_id: str) -> str | None: ...
-
-
-Fates = Callable[[Sequence[str]], Awaitable[Mapping[str, ProcessFate]]]
-"""What became of the processes of the named calls (by call id), as the proxy knows it."""
-
-
-async def no_fates(_: Sequence[str]) -> Mapping[str, ProcessFate]:
-    return {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +88,7 @@ class Resumer:
         options: ResumeOptions,
         credentials: Credentials,
         fates: Fates = no_fates,
-        clients: ClientStreams | None = None,
+        clients: Clients | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tasks: KeyedTasks[str] = KeyedTasks("resume")

@@ -17,8 +17,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from aiohttp import web
-
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import CALL_ENDED, CALL_STARTED, OPEN_STATUSES, PART_UPDATED, TOOL_RUNNING
 from proxy.relay.bounded import Bounded
@@ -265,7 +263,6 @@ def _group_leaders_below(parent: int) -> list[Identity]:
     return found
 
 
-TOOL_PROCESSES = web.AppKey("tool_processes", ToolProcesses)
 """The watcher of a proxy in front of a server it did not start (absent under `run`)."""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from proxy import testing
-from proxy.resume.clients import ClientStreams
+from proxy.addons.resume_clients import ResumeClients
 
 SSE = {"Content-Type": "text/event-stream"}
 
@@ -19,7 +19,7 @@ class Clock:
 
 async def test_client_event_streams_are_counted_while_open_and_remembered_by_time() -> None:
     clock = Clock()
-    clients = ClientStreams(clock)
+    clients = ResumeClients(clock)
     clock.now = 11.0
     await testing.cycle(clients, testing.flow("GET", "/global/event", response_headers=SSE))
     assert clients.open == 0, "a stream is counted only while it is open"
@@ -40,7 +40,7 @@ async def test_a_stream_opened_after_the_servers_last_word_is_waited_for() -> No
     """The server said nothing after a page opened its stream (its tool ran quietly); the crash cut
     the stream. A resume counting from the server's last word still waits for the page (issue 28)."""
     clock = Clock()
-    clients = ClientStreams(clock)
+    clients = ResumeClients(clock)
     last_alive = clock.now
     clock.now = 14.0
     page = testing.flow("GET", "/global/event", response_headers=SSE)
@@ -56,7 +56,7 @@ async def test_a_stream_opened_after_the_servers_last_word_is_waited_for() -> No
 
 
 async def test_other_routes_and_failed_streams_are_not_client_streams() -> None:
-    clients = ClientStreams()
+    clients = ResumeClients()
     for flow in (
         testing.flow("GET", "/session/ses_1/message"),
         testing.flow("GET", "/global/event", status=502, response_headers=SSE),
@@ -67,7 +67,7 @@ async def test_other_routes_and_failed_streams_are_not_client_streams() -> None:
 
 
 async def test_a_resume_waits_until_as_many_streams_are_back() -> None:
-    clients = ClientStreams()
+    clients = ResumeClients()
     waiting = asyncio.create_task(clients.back(1))
     await asyncio.sleep(0)
     assert not waiting.done()
