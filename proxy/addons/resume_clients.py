@@ -23,10 +23,9 @@ from collections.abc import Callable
 from itertools import islice
 from typing import ClassVar
 
-from proxy.addons.routing import event_stream
-from proxy.opencode.routes import EventStream, match_route
+from proxy.addons.routing import event_stream, route_of
+from proxy.opencode.routes import EventStream
 from proxy.relay.hooks import Addon, Flow, FlowKey
-from proxy.relay.upstream import opencode_path
 
 __all__ = ["ResumeClients"]
 
@@ -52,7 +51,7 @@ class ResumeClients(Addon):
     async def response_headers(self, flow: Flow) -> None:
         if flow.status != 200 or flow.request.method != "GET" or not flow.event_stream:
             return
-        if match_route(flow.request.method, opencode_path(flow.request)).stream in _WATCHED:
+        if route_of(flow).stream in _WATCHED:
             flow[_COUNTED] = True
             self._count(+1)
 

@@ -1,4 +1,4 @@
-"""The one upstream `ClientSession` the application owns, and where the proxy is mounted.
+"""The one upstream `ClientSession` the application owns.
 
 Forwarded requests go through `relay/transport.py`; this session carries the proxy's own
 requests (liveness, write-back, `/global/event`) and relayed WebSockets. It keeps connections
@@ -10,21 +10,9 @@ never adds headers the client did not send.
 from __future__ import annotations
 
 import aiohttp
-from aiohttp import hdrs, web
+from aiohttp import hdrs
 
-MOUNT_PREFIX = web.AppKey("mount_prefix", str)
-"""Where the proxy is mounted inside another application ("" when it runs on its own)."""
 _READ_BUFFER = 2**18
-
-
-def upstream_path(request: web.Request) -> str:
-    """The path (raw, with its query) the upstream must see: without the mount prefix."""
-    return request.raw_path.removeprefix(request.app.get(MOUNT_PREFIX, ""))
-
-
-def opencode_path(request: web.Request) -> str:
-    """The decoded path as opencode routes it, for matching its routes."""
-    return request.path.removeprefix(request.app.get(MOUNT_PREFIX, ""))
 
 
 def upstream_session(connect_timeout: float) -> aiohttp.ClientSession:

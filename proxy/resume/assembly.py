@@ -31,7 +31,7 @@ from proxy.resume.decision import Outcome
 from proxy.resume.fates import Fates, no_fates
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
-from proxy.resume.resumer import ResumeOptions, Resumer
+from proxy.resume.resumer import Known, Records, ResumeOptions, Resumer
 from proxy.resume.sending import Server
 from proxy.resume.watch import Candidate, Watch
 from proxy.writeback.scheduler import Writer
@@ -71,11 +71,9 @@ async def resuming(
     resumers = functools.partial(
         Resumer,
         probe=probe,
-        ledger=ledger,
-        journal=journal,
+        records=Records(ledger, journal),
         credentials=credentials,
-        fates=fates,
-        clients=clients,
+        known=Known(fates, clients),
     )
     servers = (
         Server(session, api, probe, origin, credentials, dialect=LINE_1_18),

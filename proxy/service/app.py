@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from aiohttp import web
 
 from proxy.relay.headers import drop_invented_headers
-from proxy.relay.upstream import MOUNT_PREFIX
 from proxy.service.assembly import ADDONS, AddonFactory, Assembly
 from proxy.service.auth import require_basic_auth
 from proxy.service.config import Settings
@@ -61,8 +60,6 @@ def _application(
     assembly = app[ASSEMBLY] = Assembly(
         settings, addons=addons, supervisor=supervisor, prefix=prefix, environ=environ
     )
-    if prefix:
-        app[MOUNT_PREFIX] = prefix
     app.cleanup_ctx.append(assembly.run)
     app.on_response_prepare.append(drop_invented_headers)
     app.on_shutdown.append(assembly.streams.cut)
