@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -53,8 +52,6 @@ from proxy.writeback.scheduler import WriteBack
 
 __all__ = ["ADDONS", "AddonFactory", "Assembly", "Built", "wire"]
 
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True, slots=True)
 class Built:
@@ -81,6 +78,8 @@ ADDONS: tuple[AddonFactory, ...] = (
 """The addons, in the order their hooks run (and their listeners hear the stream)."""
 
 Part = Addon | StreamListener
+"""What the application is made of: an addon (a `StreamListener` too if it follows the stream),
+or a listener of the stream alone (the details guard, the tool-process watcher, the resume)."""
 
 
 def wire(
