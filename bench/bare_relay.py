@@ -20,38 +20,54 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.cli.main import app_runner
-from proxy.relay.departures import DEPARTURES, Departures
-from proxy.relay.forward import Forwarder
+from proxy.relay.departures import Departures
+from proxy.relay.forward import Around, Forwarder
 from proxy.relay.headers import drop_invented_headers
 from proxy.relay.hooks import Addons
-from proxy.relay.options import RELAY, RELAY_METRICS, RelayOptions
+from proxy.relay.options import RelayOptions
+from proxy.relay.stopping import OpenStreams
+from proxy.relay.transport import Transport
 from proxy.relay.upstream import upstream_session
 from proxy.service.config import Settings
 from proxy.service.metrics import Metrics
 from proxy.system.heap import keep_freed_bodies
 
 
+class _Relay:
+    """The forwarder with no addons, built as the proxy's is: when the application starts."""
+
+    forwarder: Forwarder
+
+    def __init__(self, upstream: URL) -> None:
+        defaults = Settings(upstream=upstream)
+        self.options = RelayOptions(
+            defaults.upstream_origin, defaults.connect_timeout, defaults.response_timeout, defaults.max_body
+        )
+        self.metrics = Metrics()
+        self.streams = OpenStreams()
+
+    async def run(self, _: web.Application) -> AsyncIterator[None]:
+        options, metrics = self.options, self.metrics
+        async with upstream_session(options.connect_timeout) as session:
+            transport = Transport(options.upstream_origin, options.connect_timeout)
+            around = Around(Departures(), self.streams, session)
+            addons = Addons((), metrics.addon_errors)
+            self.forwarder = Forwarder(options, metrics.relay, transport, addons, around)
+            yield
+            await transport.close()
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        return await self.forwarder.forward(request)
+
+
 def relay_app(upstream: URL) -> web.Application:
     """The proxy's application (`service.app.create_app`) less its addons and its own routes."""
-    defaults = Settings(upstream=upstream)
+    relay = _Relay(upstream)
     app = web.Application()
-    metrics = Metrics()
-    app[RELAY] = RelayOptions(
-        defaults.upstream_origin, defaults.connect_timeout, defaults.response_timeout, defaults.max_body
-    )
-    app[RELAY_METRICS] = metrics.relay
-    app[DEPARTURES] = departures = Departures()
-    forwarder = Forwarder(app[RELAY], metrics.relay, departures)
-
-    async def no_addons(_: web.Application) -> AsyncIterator[None]:
-        forwarder.start(Addons((), metrics.addon_errors))
-        yield
-        await forwarder.close()
-
-    app.cleanup_ctx.extend((upstream_session, no_addons))
+    app.cleanup_ctx.append(relay.run)
     app.on_response_prepare.append(drop_invented_headers)
-    app.on_shutdown.append(forwarder.streams.cut)
-    app.router.add_route("*", "/{tail:(?s:.*)}", forwarder.forward)
+    app.on_shutdown.append(relay.streams.cut)
+    app.router.add_route("*", "/{tail:(?s:.*)}", relay.forward)
     return app
 
 

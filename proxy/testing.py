@@ -19,27 +19,22 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
+from prometheus_client import Counter
 from yarl import URL
 
 from proxy.addons.routing import Routing
-from proxy.opencode.tracker import TRACKER, GlobalEvent, StreamListener
+from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.relay.headers import upstream_request_headers
 from proxy.relay.hooks import Addon, Addons, Flow
-from proxy.relay.tasks import BACKGROUND
-from proxy.service.config import SETTINGS, Settings
-from proxy.service.metrics import METRICS, Metrics
+from proxy.service.app import ASSEMBLY
+from proxy.service.config import Settings
 
 WAIT_S = 10.0
 """How long a wait may take before the test fails: far beyond what any of them needs."""
 
 
-def application(settings: Settings | None = None) -> web.Application:
-    """An application carrying what addons read from a request's app (settings and metrics),
-    without starting anything."""
-    app = web.Application()
-    app[SETTINGS] = settings or Settings(upstream=URL("http://127.0.0.1:4096"))
-    app[METRICS] = Metrics()
-    return app
+DEFAULTS = Settings(upstream=URL("http://127.0.0.1:4096"))
+_ERRORS = Counter("addon_errors", "Hooks that raised, by addon and hook.", ("addon", "hook"), registry=None)
 
 
 def flow(
@@ -54,8 +49,8 @@ def flow(
 ) -> Flow:
     """A flow as the relay builds it for a request, with the upstream's answer (`status`,
     `response_headers`, `body`) the hooks will see."""
-    request = make_mocked_request(method, path, headers=headers, app=app or application())
-    made = Flow(request, upstream_request_headers(request), request.app[SETTINGS].response_timeout)
+    request = make_mocked_request(method, path, headers=headers, app=app or web.Application())
+    made = Flow(request, upstream_request_headers(request), DEFAULTS.response_timeout)
     made.status = status
     made.response_headers = CIMultiDict(response_headers or {"Content-Type": "application/json"})
     made.content_length = len(body)
@@ -69,7 +64,7 @@ def _dispatcher(addons: Addon | Sequence[Addon], flow: Flow) -> Addons:
     given = [addons] if isinstance(addons, Addon) else list(addons)
     if not any(isinstance(addon, Routing) for addon in given):
         given.insert(0, Routing())
-    return Addons(given, flow.request.app[METRICS].addon_errors)
+    return Addons(given, _ERRORS)
 
 
 async def cycle(addons: Addon | Sequence[Addon], flow: Flow) -> Flow:
@@ -103,7 +98,7 @@ async def streaming(addons: Addon | Sequence[Addon], flow: Flow) -> AsyncIterato
 async def idle(app: web.Application) -> None:
     """Wait until the application's background work (confirmations, write-backs) is done."""
     async with asyncio.timeout(WAIT_S):
-        await app[BACKGROUND].idle()
+        await app[ASSEMBLY].background.idle()
 
 
 class _Hearing(StreamListener):
@@ -126,7 +121,7 @@ class _Hearing(StreamListener):
 async def _listening(app: web.Application, listener: _Hearing) -> AsyncIterator[None]:
     """The tracker hands each event to its listeners in order, so once this one (added last)
     has it, every addon has too."""
-    listeners = app[TRACKER].listeners
+    listeners = app[ASSEMBLY].tracker.listeners
     listeners.append(listener)
     try:
         yield

@@ -43,6 +43,7 @@ from proxy.addons.live_default import DefaultDirectory
 from proxy.addons.live_memory import StreamMemory
 from proxy.addons.live_parts import OpenParts
 from proxy.addons.live_turns import DeadTurns
+from proxy.addons.routing import event_stream
 from proxy.opencode.server_line import TOLD_1_18, ServerLine
 from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.relay.hooks import Addon, Flow
@@ -56,6 +57,7 @@ class LiveSettle(Addon, StreamListener):
 
     def __init__(self, ctx: SettleContext, *, server: ServerLine | None = None) -> None:
         """`server` says which server the upstream is (given none, it is told 1.18.33)."""
+        self.scope = event_stream
         self._ctx = ctx
         self._memory = StreamMemory()
         self._clients = ClientStreams(ctx.metrics.injected_events)
@@ -64,7 +66,9 @@ class LiveSettle(Addon, StreamListener):
         self._turns = DeadTurns(ctx, self._memory, self._clients)
         self._calls = OpenCalls(ctx, self._clients, server or ServerLine.told(TOLD_1_18))
         self._followed = False
-        self.tasks = Together(self._default, self._parts.tasks, self._turns.tasks, self._calls.tasks)
+        self.tasks: Together = Together(
+            self._default, self._parts.tasks, self._turns.tasks, self._calls.tasks
+        )
 
     # What the followed stream says.
 

@@ -12,7 +12,6 @@ from typing import ClassVar
 from proxy.opencode.routes import Route, match_route
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow, FlowKey
-from proxy.relay.upstream import opencode_path
 
 ROUTE = FlowKey[Route]("route")
 _NOWHERE = Route()
@@ -25,11 +24,13 @@ class Routing(Addon):
 
     name: ClassVar[str] = "routing"
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
+        """`prefix`: where the proxy is mounted, which opencode's paths do not have."""
+        self._prefix = prefix
         self._matched: Bounded[tuple[str, str], Route] = Bounded(REMEMBERED_ROUTES)
 
     async def request_headers(self, flow: Flow) -> None:
-        route = flow[ROUTE] = self._route(flow.request.method, opencode_path(flow.request))
+        route = flow[ROUTE] = self._route(flow.request.method, flow.request.path.removeprefix(self._prefix))
         flow.start_timeout = route.start_timeout(flow.start_timeout)
 
     def _route(self, method: str, path: str) -> Route:

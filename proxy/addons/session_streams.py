@@ -35,7 +35,7 @@ from proxy.addons.after_grace import read_after_grace
 from proxy.addons.context import SettleContext
 from proxy.addons.events import event_frame
 from proxy.addons.live_watch import Confirmations, Ticket
-from proxy.addons.routing import route_of
+from proxy.addons.routing import event_stream, route_of
 from proxy.opencode.client import Credentials
 from proxy.opencode.routes import EventStream
 from proxy.opencode.runtimes import V2_HTTP
@@ -43,6 +43,7 @@ from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.opencode.vocabulary import CALL_ENDED, CALL_STARTED, tool_failed
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow, FlowKey
+from proxy.relay.tasks import KeyedTasks
 from rules import Api, Change, Liveness, Settlement, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
@@ -70,9 +71,10 @@ class SessionStreamSettle(Addon, StreamListener):
     name: ClassVar[str] = "session-stream-settle"
 
     def __init__(self, ctx: SettleContext) -> None:
+        self.scope = event_stream
         self._ctx = ctx
         self._confirmations = Confirmations(self.name, "session streams", ctx.metrics.withdrawn_confirmations)
-        self.tasks = self._confirmations.tasks
+        self.tasks: KeyedTasks[str] = self._confirmations.tasks
         self._credentials = ctx.credentials
         self._streams: dict[SessionStream, None] = {}
         """An ordered set: each is also kept in its flow (`STREAM`)."""

@@ -23,7 +23,7 @@ from aiohttp import hdrs, web
 from prometheus_client import Counter
 
 from proxy.addons.context import SettleContext
-from proxy.addons.routing import route_of
+from proxy.addons.routing import message_view, route_of
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.routes import MessageRoute
 from proxy.opencode.server_line import TOLD_1_18, ServerLine
@@ -65,6 +65,7 @@ class Settle(Addon):
         rules: Sequence[Rule] = DEFAULT_RULES,
         server: ServerLine | None = None,
     ) -> None:
+        self.scope = message_view
         self._views = MessageViews(tracker, ctx.probe, rules)
         self._server = server or ServerLine.told(TOLD_1_18)
         self._metrics = ctx.metrics

@@ -19,7 +19,7 @@ from proxy.opencode.other_processes import is_loopback
 from proxy.service import logs
 from proxy.service.app import create_app
 from proxy.service.config import Settings
-from proxy.supervision.supervisor import SUPERVISOR, Supervisor, supervised
+from proxy.supervision.supervisor import Supervisor, supervised
 from proxy.system.heap import keep_freed_bodies
 from proxy.version import VERSION
 
@@ -61,9 +61,7 @@ async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int
     the exit code. A stop stops accepting, cuts the open streams, gives requests under way about a
     second, and only then stops a supervised server: its own clean end of a stream must not reach
     a client as the end of it."""
-    app = create_app(settings)
-    if supervisor is not None:
-        app[SUPERVISOR] = supervisor
+    app = create_app(settings, supervisor=supervisor)
     runner = app_runner(app)
     await runner.setup()
     stop = asyncio.Event()

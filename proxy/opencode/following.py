@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -44,6 +44,7 @@ class StreamMetrics:
         )
 
 
+@runtime_checkable
 class StreamListener(Protocol):
     """Something else that wants the stream's events (after the tracker has applied them)."""
 

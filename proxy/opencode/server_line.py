@@ -18,13 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
-from aiohttp import web
 
 from proxy.opencode import jsonio
 from proxy.opencode.client import Answer, Credentials, UpstreamApi
 from proxy.opencode.dialects import HEALTH_PATHS, LINE_1_18, Dialect, nearest, parse_version
 
-__all__ = ["SERVER_LINE", "TOLD_1_18", "KnownServer", "ServerLine"]
+__all__ = ["TOLD_1_18", "KnownServer", "ServerLine"]
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +231,3 @@ class ServerLine:
             why,
             extra={"fields": {"why": why}},
         )
-
-
-SERVER_LINE = web.AppKey("server_line", ServerLine)

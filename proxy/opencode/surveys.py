@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from aiohttp import web
 from yarl import URL
 
 from proxy.opencode import other_processes
@@ -138,6 +137,3 @@ class OtherProcesses:
         if topic not in self._said:
             self._said.add(topic)
             log.warning("%s", message)
-
-
-OTHER_PROCESSES = web.AppKey("other_processes", OtherProcesses)

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import aiohttp
-from aiohttp import hdrs, web
+from aiohttp import hdrs
 from yarl import URL
 
 from proxy.opencode.following import StreamListener, StreamMetrics, StreamState
@@ -48,7 +48,6 @@ from proxy.relay.bounded import Bounded
 from rules import Api, Liveness
 
 __all__ = [
-    "TRACKER",
     "GlobalEvent",
     "LivenessTracker",
     "SessionEvent",
@@ -289,6 +288,3 @@ class LivenessTracker:
                     yield UnreadableEvent("too long")
                 elif line.startswith(b"data:") and (event := read_event(line[5:], parse)) is not None:
                     yield event
-
-
-TRACKER = web.AppKey("tracker", LivenessTracker)

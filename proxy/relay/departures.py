@@ -59,6 +59,3 @@ class _Watch:
 
     def __exit__(self, *_: object) -> None:
         self._running.pop(self._task, None)
-
-
-DEPARTURES = web.AppKey("departures", Departures)

@@ -12,8 +12,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
 from typing import TypeVar
 
+import aiohttp
 from aiohttp import hdrs, web
 from prometheus_client import Counter
 from yarl import URL
@@ -39,34 +41,45 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+@dataclass(frozen=True, slots=True)
+class Around:
+    """What a forwarder shares with the application around it: the clients that left
+    (`departures`), the streams a stop cuts (`streams`), and the session WebSockets go through."""
+
+    departures: Departures
+    streams: OpenStreams
+    session: aiohttp.ClientSession
+
+
 class Forwarder:
     """The catch-all handler (every method, every path), and what it forwards with.
 
-    Its collaborators are given once, as `httputil.ReverseProxy`'s fields are: the options,
-    metrics, departures and its `Transport` when the application is built, the addons and the
-    mount prefix when it starts (`start`); none is looked up per request.
+    Its collaborators are given once, at construction, as `httputil.ReverseProxy`'s fields are:
+    the options, metrics, its `Transport`, the addons, what it shares with the application and
+    the mount prefix; none is looked up per request. Its owner closes the transport.
     """
 
-    addons: Addons
-    prefix: str
-
-    def __init__(self, options: RelayOptions, metrics: RelayMetrics, departures: Departures) -> None:
+    def __init__(
+        self,
+        options: RelayOptions,
+        metrics: RelayMetrics,
+        transport: Transport,
+        addons: Addons,
+        around: Around,
+        *,
+        prefix: str = "",
+    ) -> None:
         self.options = options
         self.metrics = metrics
-        self.departures = departures
-        self.transport = Transport(options.upstream_origin, options.connect_timeout)
-        self.streams = OpenStreams()
+        self.transport = transport
+        self.addons = addons
+        self.departures = around.departures
+        self.streams = around.streams
         """The event streams and WebSockets it relays, which a stop cuts."""
+        self.session = around.session
+        self.prefix = prefix
         self._origin = str(options.upstream_origin)
         self._counters: dict[tuple[str, int], Counter] = {}
-
-    def start(self, addons: Addons, *, prefix: str = "") -> None:
-        """What exists only once the application runs: its addons, and where it is mounted."""
-        self.addons, self.prefix = addons, prefix
-
-    async def close(self) -> None:
-        """Close the upstream connections it keeps."""
-        await self.transport.close()
 
     def upstream_url(self, request: web.Request) -> URL:
         """The upstream URL for `request`: same path and query, byte for byte, without the prefix."""
@@ -78,7 +91,7 @@ class Forwarder:
             return transfer_coding_refused(codings)
         if is_websocket_upgrade(request):
             with self.streams.holding(request):
-                return await relay_websocket(request, self.upstream_url(request))
+                return await relay_websocket(request, self.upstream_url(request), self.session, self.metrics)
         options = self.options
         flow = Flow(request, upstream_request_headers(request), options.response_timeout, options.max_body)
         try:

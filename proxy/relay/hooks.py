@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar, final
 
@@ -22,6 +22,7 @@ from prometheus_client import Counter
 
 from proxy.relay.options import DEFAULT_MAX_BODY
 from proxy.relay.sse import Opened
+from proxy.relay.tasks import Lifecycle
 
 log = logging.getLogger(__name__)
 Hook = Literal["request_headers", "response_headers", "response", "done"]
@@ -122,10 +123,21 @@ class Flow:
         self._injected, self._injector, self._opened = events, by, opened
 
 
+Scope = Callable[[Flow], bool]
+"""Whether an addon takes part in a flow, read from what the earlier hooks put in it (its route)."""
+
+
 class Addon:
-    """Base class with no-op hooks; subclasses override the hooks they handle."""
+    """Base class with no-op hooks; subclasses override the hooks they handle.
+
+    An addon says what it is, and the application wires it from that alone: its `scope` (the
+    flows it takes part in; None: all), its background `tasks` (waited for by `Background`,
+    closed by its `close`), and, by being an `opencode.tracker.StreamListener` too, that it
+    follows the server's event stream."""
 
     name: ClassVar[str]
+    scope: Scope | None = None
+    tasks: Lifecycle | None = None
 
     async def request_headers(self, flow: Flow) -> None:
         """Before the request goes upstream."""
@@ -143,8 +155,6 @@ class Addon:
         """The application is shutting down: cancel what the addon still runs in the background."""
 
 
-Scope = Callable[[Flow], bool]
-"""Whether an addon takes part in a flow, read from what the earlier hooks put in it (its route)."""
 HOOKS: tuple[Hook, ...] = ("request_headers", "response_headers", "response", "done")
 
 
@@ -208,15 +218,12 @@ class Addons:
     flow no addon claims costs no hook call and no snapshot.
     """
 
-    def __init__(
-        self, addons: Sequence[Addon], errors: Counter, *, scopes: Mapping[Addon, Scope] | None = None
-    ) -> None:
+    def __init__(self, addons: Sequence[Addon], errors: Counter) -> None:
         self.addons = tuple(addons)
         self._errors = errors
-        scopes = scopes or {}
         self._implementing: dict[Hook, tuple[tuple[Addon, Scope | None], ...]] = {
             hook: tuple(
-                (addon, scopes.get(addon))
+                (addon, addon.scope)
                 for addon in addons
                 if getattr(type(addon), hook) is not getattr(Addon, hook)
             )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 from yarl import URL
 
@@ -40,7 +39,3 @@ class RelayMetrics:
     requests: Counter
     upstream_seconds: Histogram
     open_streams: Gauge
-
-
-RELAY = web.AppKey("relay", RelayOptions)
-RELAY_METRICS = web.AppKey("relay_metrics", RelayMetrics)

@@ -9,8 +9,6 @@ from collections.abc import Callable, Coroutine, Hashable, Sequence
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
-from aiohttp import web
-
 K = TypeVar("K", bound=Hashable)
 log = logging.getLogger(__name__)
 
@@ -125,6 +123,3 @@ class Background:
 
     async def idle(self) -> None:
         await _until_idle(self._owners)
-
-
-BACKGROUND = web.AppKey("background", Background)

@@ -22,8 +22,7 @@ from yarl import URL
 
 from proxy.relay.errors import bad_gateway
 from proxy.relay.headers import upstream_request_headers
-from proxy.relay.options import RELAY, RELAY_METRICS
-from proxy.relay.upstream import UPSTREAM
+from proxy.relay.options import RelayMetrics
 
 _HANDSHAKE_HEADERS = (
     "Sec-WebSocket-Key",
@@ -42,8 +41,11 @@ def is_websocket_upgrade(request: web.Request) -> bool:
     return "upgrade" in connection and request.headers.get(hdrs.UPGRADE, "").lower() == "websocket"
 
 
-async def relay_websocket(request: web.Request, url: URL) -> web.StreamResponse:
-    """Open the upstream WebSocket, then accept the client's and pump frames both ways."""
+async def relay_websocket(
+    request: web.Request, url: URL, session: aiohttp.ClientSession, metrics: RelayMetrics
+) -> web.StreamResponse:
+    """Open the upstream WebSocket through `session`, then accept the client's and pump frames
+    both ways."""
     protocols = tuple(
         p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()
     )
@@ -51,7 +53,7 @@ async def relay_websocket(request: web.Request, url: URL) -> web.StreamResponse:
     for name in _HANDSHAKE_HEADERS:
         headers.popall(name, None)
     try:
-        upstream = await request.app[UPSTREAM].ws_connect(
+        upstream = await session.ws_connect(
             url, headers=headers, protocols=protocols, max_msg_size=0, autoclose=False
         )
     except aiohttp.WSServerHandshakeError as refusal:
@@ -62,13 +64,13 @@ async def relay_websocket(request: web.Request, url: URL) -> web.StreamResponse:
         }
         return web.Response(status=refusal.status, text=refusal.message, headers=passed)
     except (aiohttp.ClientConnectionError, TimeoutError) as error:
-        return bad_gateway(request.app[RELAY].upstream_origin, error)
+        return bad_gateway(url.origin(), error)
     async with upstream:
         client = web.WebSocketResponse(
             protocols=(upstream.protocol,) if upstream.protocol else (), max_msg_size=0, autoclose=False
         )
         await client.prepare(request)
-        with request.app[RELAY_METRICS].open_streams.track_inprogress():
+        with metrics.open_streams.track_inprogress():
             await _to_the_end(request, _relay(client, upstream))
         return client
 

@@ -1,4 +1,5 @@
-"""Putting `--resume` together for an application: its ledger, its server, its watch.
+"""Putting `--resume` together, from values, in one place: its ledger, its servers, its resumers
+and the watch that hands them candidates, as one part of the application (`Resuming`).
 
 A candidate is resumed as the line whose stream showed it resumes a turn: on 1.18 through a
 prompt, after the proxy's write-back settled its calls; on 2.x through the server's own
@@ -22,18 +23,20 @@ from yarl import URL
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.dialects import LINE_1_18, LINE_2X
 from proxy.opencode.liveness import LivenessProbe
+from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.relay.tasks import Together
-from proxy.resume.clients import ClientStreams
+from proxy.resume.clients import Clients
 from proxy.resume.continuing import Continuation
 from proxy.resume.decision import ResumeOutcome
+from proxy.resume.fates import Fates, no_fates
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
-from proxy.resume.resumer import Fates, ResumeOptions, Resumer, no_fates
+from proxy.resume.resumer import Known, Records, ResumeOptions, Resumer
 from proxy.resume.sending import Server
 from proxy.resume.watch import Candidate, Watch
 from proxy.writeback.scheduler import Writer
 
-__all__ = ["resuming"]
+__all__ = ["Resuming", "resuming"]
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +53,12 @@ async def resuming(
     journal: Journal,
     options: ResumeOptions,
     fates: Fates = no_fates,
-    clients: ClientStreams | None = None,
-) -> tuple[Watch, Together] | None:
-    """The watch to add to the tracker's listeners and the resumer it feeds (closed with `stack`),
-    or None, said once in the log, when no ledger can be kept: without the durable record of
-    each resume, nothing is resumed."""
+    clients: Clients | None = None,
+) -> Resuming | None:
+    """`--resume` as a part that follows the stream, its resumers closed with `stack`; or None,
+    said once in the log, when no ledger can be kept: without the durable record of each resume,
+    nothing is resumed. `writer` is the write-back's, counted as it is; `fates` what became of
+    the interrupted calls' processes."""
     if state_db is None:
         log.warning("--resume is off: there is no state database to record resumes in")
         return None
@@ -67,11 +71,9 @@ async def resuming(
     resumers = functools.partial(
         Resumer,
         probe=probe,
-        ledger=ledger,
-        journal=journal,
+        records=Records(ledger, journal),
         credentials=credentials,
-        fates=fates,
-        clients=clients,
+        known=Known(fates, clients),
     )
     servers = (
         Server(session, api, probe, origin, credentials, dialect=LINE_1_18),
@@ -90,8 +92,26 @@ async def resuming(
         options.policy.within_s,
     )
     watch = Watch(lambda candidate: by_line[candidate.dialect.name].consider(candidate))
-    journal.running = watch.running
-    return watch, Together(*(resumer.tasks for resumer in running))
+    return Resuming(watch, Together(*(resumer.tasks for resumer in running)))
+
+
+class Resuming(StreamListener):
+    """`--resume` in the application: follows the server's stream (its `Watch`), holds its
+    resumers' background work (`tasks`), and says which sessions it would consider should the
+    server die now (`running`)."""
+
+    def __init__(self, watch: Watch, tasks: Together) -> None:
+        self._watch = watch
+        self.tasks = tasks
+
+    def following(self) -> None:
+        self._watch.following()
+
+    def event(self, event: GlobalEvent) -> None:
+        self._watch.event(event)
+
+    def running(self) -> list[str]:
+        return self._watch.running()
 
 
 @dataclass(frozen=True, slots=True)

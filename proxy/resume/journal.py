@@ -6,16 +6,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from proxy.resume.decision import ResumeOutcome
 from rules import Api
 
-__all__ = ["JOURNAL", "Journal", "resume_route"]
+__all__ = ["Journal"]
 
 log = logging.getLogger("proxy.resume")
 RECENT = 50
@@ -34,8 +32,6 @@ class Journal:
             registry=registry,
         )
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
-        self.running: Callable[[], list[str]] = list
-        """The sessions the followed stream shows in a turn (set once the watch exists)."""
 
     def decided(
         self,
@@ -63,22 +59,3 @@ class Journal:
 
     def recent(self) -> list[dict[str, Any]]:
         return list(self._recent)
-
-
-JOURNAL = web.AppKey("resume_journal", Journal)
-
-
-async def resume_route(request: web.Request) -> web.Response:
-    """`GET /_settle/resume`: whether resume is on, the sessions it would consider should the server
-    die now (`running`), and its recent decisions, oldest first."""
-    journal = request.app.get(JOURNAL)
-    if journal is None:
-        return web.json_response({"enabled": False, "dry_run": False, "running": [], "decisions": []})
-    return web.json_response(
-        {
-            "enabled": journal.enabled,
-            "dry_run": journal.dry_run,
-            "running": journal.running(),
-            "decisions": journal.recent(),
-        }
-    )

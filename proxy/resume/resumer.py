@@ -17,26 +17,27 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
 from proxy.opencode.client import Credentials
 from proxy.relay.tasks import KeyedTasks
-from proxy.resume.clients import CLIENTS_BACK_S, ClientStreams
+from proxy.resume.clients import Clients, clients_back
 from proxy.resume.decision import After, Before, Policy, ResumeOutcome, after_settling, before_settling
+from proxy.resume.fates import Fates, no_fates
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.prompting import Prompted, Prompting
 from proxy.resume.sending import READ_ERRORS
-from proxy.resume.text import ProcessFate, resume_text
+from proxy.resume.text import resume_text
 from proxy.resume.turns import InterruptedTurn, last_turn
 from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Writer
 from rules import FRESH_MARGIN_MS, Api, Liveness
 
-__all__ = ["Fates", "ResumeOptions", "Resumer"]
+__all__ = ["Known", "Records", "ResumeOptions", "Resumer"]
 
 log = logging.getLogger(__name__)
 RETRY_PAUSE_S = 5.0
@@ -59,14 +60,6 @@ class ResumeServer(Prompted, Protocol):
     async def waiting_on_person(self, session_id: str) -> str | None: ...
 
 
-Fates = Callable[[Sequence[str]], Awaitable[Mapping[str, ProcessFate]]]
-"""What became of the processes of the named calls (by call id), as the proxy knows it."""
-
-
-async def no_fates(_: Sequence[str]) -> Mapping[str, ProcessFate]:
-    return {}
-
-
 @dataclass(frozen=True, slots=True)
 class ResumeOptions:
     policy: Policy
@@ -81,6 +74,23 @@ class ResumeOptions:
     (2.x); None: the write-back must, before anything is sent."""
 
 
+@dataclass(frozen=True, slots=True)
+class Records:
+    """Where every resume is kept: the at-most-once `ledger`, and the `journal` of decisions."""
+
+    ledger: Ledger
+    journal: Journal
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """What the resume learns beside the server: what became of the interrupted calls' processes
+    (`fates`), and the client streams it waits for (`clients`; None: it waits for none)."""
+
+    fates: Fates = no_fates
+    clients: Clients | None = None
+
+
 class Resumer:
     """Considers each candidate once at a time per session; owns those tasks until closed."""
 
@@ -88,31 +98,29 @@ class Resumer:
         self,
         server: ResumeServer,
         probe: Reader,
-        *,
-        writer: Writer | None,
-        ledger: Ledger,
-        journal: Journal,
+        records: Records,
         options: ResumeOptions,
+        *,
         credentials: Credentials,
-        fates: Fates = no_fates,
-        clients: ClientStreams | None = None,
+        writer: Writer | None,
+        known: Known = Known(),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tasks: KeyedTasks[str] = KeyedTasks("resume")
         self._server = server
         self._probe = probe
         self._writer = writer
-        self._ledger = ledger
-        self._journal = journal
+        self._ledger = records.ledger
+        self._journal = records.journal
         self._options = options
         self._credentials = credentials
-        self._fates = fates
-        self._clients = clients
+        self._fates = known.fates
+        self._clients = known.clients
         self._clock = clock
         self._prompting = Prompting(
             server,
-            ledger,
-            journal,
+            records.ledger,
+            records.journal,
             attempts=options.policy.attempts,
             retry_pause=options.retry_pause,
             settled_by=options.settled_by,
@@ -132,7 +140,8 @@ class Resumer:
 
     async def _consider(self, candidate: Candidate) -> None:
         await asyncio.sleep(self._options.grace)
-        await self._clients_back(candidate)
+        if self._clients is not None:
+            await clients_back(self._clients, candidate.session_id, candidate.last_alive)
         if not await self._server.ready(candidate.directory, None):
             self._skip(candidate, "the server did not become ready (config, location)")
             return
@@ -173,34 +182,6 @@ class Resumer:
         if (open_calls := [c.call_id for c in turn.calls if c.still_open]) and not self._options.dry_run:
             await self._settle(turn, open_calls)
         return await self._after(candidate, info, turn.message_id)
-
-    async def _clients_back(self, candidate: Candidate) -> None:
-        """Wait (bounded) for the client streams that were open from when the server was last
-        heard until the crash."""
-        if self._clients is None:
-            return
-        watching = self._clients.most_open_since(candidate.last_alive)
-        fields = {"session": candidate.session_id, "watching": watching}
-        try:
-            async with asyncio.timeout(CLIENTS_BACK_S):
-                await self._clients.back(watching)
-        except TimeoutError:
-            log.info(
-                "resume of %s goes ahead with %d of %d client stream(s) back after %g s",
-                candidate.session_id,
-                self._clients.open,
-                watching,
-                CLIENTS_BACK_S,
-                extra={"fields": fields},
-            )
-            return
-        log.info(
-            "resume of %s goes ahead: %d client stream(s) open, of %d open at the crash",
-            candidate.session_id,
-            self._clients.open,
-            watching,
-            extra={"fields": fields},
-        )
 
     async def _before(self, candidate: Candidate, info: dict[str, Any], cut_off: str | None = None) -> Before:
         view = await self._server.messages(candidate.api, candidate.session_id)
@@ -243,25 +224,31 @@ class Resumer:
             )
 
     async def _after(self, candidate: Candidate, info: dict[str, Any], cut_off: str) -> After:
+        """What is decided on once the calls were settled: the session re-read (as if settled, in a
+        dry run), a liveness reading taken after it, and the attempts already used on the turn."""
         before = await self._before(candidate, info, cut_off)
-        if self._options.dry_run and before.last.turn is not None:
-            # Nothing was written: decide as if the write-back had settled what it would settle.
-            calls = tuple(dataclasses.replace(call, still_open=False) for call in before.last.turn.calls)
-            last = dataclasses.replace(before.last, turn=dataclasses.replace(before.last.turn, calls=calls))
-            before = dataclasses.replace(before, last=last)
+        if self._options.dry_run:
+            before = _as_if_settled(before)
         liveness = await self._probe.read(candidate.api, candidate.session_id, self._credentials)
-        turn = before.last.turn
-        used = (
-            0 if turn is None else await self._ledger.used(turn.session_id, turn.prompted_by, turn.message_id)
-        )
-        # A tool runs only in a process that existed when it started: one started after the turn's
-        # last sign of life cannot be running it (it could only start a turn of its own, which
-        # adds a message, and a newer message already rules a resume out).
-        last_alive_ms = int((time.time() - (self._clock() - candidate.last_alive)) * 1000)
-        elsewhere = None
-        if liveness.elsewhere_since is not None and liveness.elsewhere_since <= last_alive_ms:
-            elsewhere = f"one running since {liveness.elsewhere_since} ms (epoch), before the turn ended"
+        used = await self._attempts_used(before.last.turn)
+        elsewhere = self._running_elsewhere(liveness, candidate)
         return After(before, liveness.active, elsewhere, used, self._options.settled_by)
+
+    async def _attempts_used(self, turn: InterruptedTurn | None) -> int:
+        """The prompts the ledger has recorded for `turn` (by any proxy on the state database)."""
+        if turn is None:
+            return 0
+        return await self._ledger.used(turn.session_id, turn.prompted_by, turn.message_id)
+
+    def _running_elsewhere(self, liveness: Liveness, candidate: Candidate) -> str | None:
+        """Why another process on the database may still run the turn: one running since before the
+        turn's last sign of life. A tool runs only in a process that existed when it started: one
+        started after it cannot be running it (it could only start a turn of its own, which adds a
+        message, and a newer message already rules a resume out)."""
+        last_alive_ms = int((time.time() - (self._clock() - candidate.last_alive)) * 1000)
+        if liveness.elsewhere_since is not None and liveness.elsewhere_since <= last_alive_ms:
+            return f"one running since {liveness.elsewhere_since} ms (epoch), before the turn ended"
+        return None
 
     async def _resume(self, candidate: Candidate, turn: InterruptedTurn, directory: str | None) -> None:
         fates = await self._fates([call.call_id for call in turn.calls])
@@ -285,6 +272,15 @@ class Resumer:
         self._journal.decided(
             ResumeOutcome.SKIPPED, candidate.api, candidate.session_id, why, message=message
         )
+
+
+def _as_if_settled(before: Before) -> Before:
+    """Nothing was written (a dry run): decide as if the write-back had settled what it would."""
+    if (turn := before.last.turn) is None:
+        return before
+    calls = tuple(dataclasses.replace(call, still_open=False) for call in turn.calls)
+    last = dataclasses.replace(before.last, turn=dataclasses.replace(turn, calls=calls))
+    return dataclasses.replace(before, last=last)
 
 
 def _directory(info: dict[str, Any]) -> str | None:

@@ -159,10 +159,7 @@ def parse_credentials(text: str) -> tuple[str, str]:
     return username, password
 
 
-DETAILS_GUARD = web.AppKey("details guard", DetailsGuard)
-
 __all__ = [
-    "DETAILS_GUARD",
     "REALM",
     "DetailsGuard",
     "Handler",

@@ -6,7 +6,6 @@ import base64
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiohttp import web
 from yarl import URL
 
 from proxy.relay.options import DEFAULT_MAX_BODY
@@ -18,7 +17,6 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_UPSTREAM",
     "DEFAULT_USERNAME",
-    "SETTINGS",
     "Settings",
     "WriteBackMode",
     "basic_authorization",
@@ -90,9 +88,6 @@ class Settings:
     def upstream_origin(self) -> URL:
         """The upstream without credentials or path: safe to show in errors and logs."""
         return self.upstream.origin()
-
-
-SETTINGS = web.AppKey("settings", Settings)
 
 
 def basic_authorization(username: str, password: str) -> str:

@@ -1,7 +1,9 @@
 """The proxy's own routes under `/_settle/`: they are answered here and never reach upstream.
 
 `up` answers anyone; the others only whom `DetailsGuard` admits (with a password on the
-upstream: who presents it). `add_routes` is the one place they are registered."""
+upstream: who presents it). `SettleRoutes.add_to` is the one place they are registered: a new
+`/_settle/NAME` route is a method of `SettleRoutes` named in its `guarded`. Each handler reads
+the application's `Assembly`, never the app."""
 
 from __future__ import annotations
 
@@ -9,66 +11,152 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import hdrs, web
 
 from proxy.opencode.dialects import HEALTH_PATHS
-from proxy.opencode.server_line import SERVER_LINE
-from proxy.opencode.surveys import OTHER_PROCESSES
-from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamState
-from proxy.relay.upstream import UPSTREAM
-from proxy.resume.journal import resume_route
-from proxy.service.auth import DETAILS_GUARD, DetailsGuard, Handler
-from proxy.service.config import SETTINGS
-from proxy.service.metrics import CONTENT_TYPE_LATEST, METRICS
-from proxy.supervision.supervisor import SUPERVISOR
-from proxy.supervision.tool_processes import TOOL_PROCESSES
+from proxy.opencode.tracker import LivenessTracker, StreamState
+from proxy.service.auth import DetailsGuard, Handler
+from proxy.service.metrics import CONTENT_TYPE_LATEST
 from proxy.version import VERSION
+
+if TYPE_CHECKING:
+    from proxy.service.assembly import Assembly
 
 PREFIX = "/_settle"
 Answer = dict[str, object]
 
 
-async def health(request: web.Request) -> web.Response:
-    """Whether the upstream answers, where liveness comes from, which version runs, and whether
-    other processes share the upstream's database (`other_processes`: who, or why unknown).
+class SettleRoutes:
+    """The proxy's own routes, given the assembly whose parts they describe."""
 
-    503 while the upstream is unreachable, so a supervisor can tell; the proxy itself keeps
-    serving (and answering 502 on forwarded routes) until it is back. Under `run`, the server's
-    state, with its program's name only: the rest of a command line may hold a secret.
-    """
-    settings = request.app[SETTINGS]
-    upstream = {"url": str(settings.upstream_origin)} | await _upstream_answer(request)
-    body = {
-        "status": _status(upstream),
-        "version": VERSION,
-        "upstream": upstream,
-        "liveness": _liveness_source(request.app[TRACKER]),
-        "other_processes": (await request.app[OTHER_PROCESSES].current()).describe(),
-        "write_back": str(settings.write_back),
-        "dry_run": settings.dry_run,
-    }
-    if (supervisor := request.app.get(SUPERVISOR)) is not None:
-        server = supervisor.health()
-        command = server.pop("command", None)
-        if isinstance(command, list) and command:
-            server["program"] = Path(str(command[0])).name
-        body["server"] = server
-    return web.json_response(body, status=200 if upstream["reachable"] else 503)
+    def __init__(self, assembly: Assembly) -> None:
+        self._assembly = assembly
+        settings = assembly.settings
+        self.reading = UpstreamHealth(self._ask, server=self._server_now)
+        self.guard = DetailsGuard(
+            settings.authorization,
+            self._status_without_credentials,
+            behind_own_auth=settings.auth is not None,
+        )
 
+    def add_to(self, app: web.Application) -> None:
+        """Register every route under the prefix, before the catch-all forwarder: the probe (`up`)
+        open to anyone, each of `guarded` behind the `DetailsGuard`, so none can be added outside it."""
+        app.on_cleanup.append(lambda _: self.reading.close())
+        app.router.add_get(f"{PREFIX}/up", self.up)
+        for name, handler in self.guarded().items():
+            app.router.add_get(f"{PREFIX}/{name}", self.guard.guard(handler))
+        app.router.add_route("*", PREFIX + "/{tail:.*}", self.guard.guard(not_found))
 
-async def up(request: web.Request) -> web.Response:
-    """Up or down, and nothing else: open to anyone who reaches the port (health checkers that
-    hold no password); 503 while the upstream cannot be reached."""
-    reachable = (await _upstream_answer(request))["reachable"]
-    return web.json_response({"status": "up" if reachable else "down"}, status=200 if reachable else 503)
+    def guarded(self) -> dict[str, Handler]:
+        """The proxy's own routes but the probe, by name under the prefix; anything else there is 404."""
+        return {
+            "health": self.health,
+            "metrics": self.metrics,
+            "orphans": self.orphans,
+            "resume": self.resume,
+        }
 
+    async def health(self, _: web.Request) -> web.Response:
+        """Whether the upstream answers, where liveness comes from, which version runs, and whether
+        other processes share the upstream's database (`other_processes`: who, or why unknown).
 
-async def _upstream_answer(request: web.Request) -> Answer:
-    return await request.app[UPSTREAM_HEALTH].answer()
+        503 while the upstream is unreachable, so a supervisor can tell; the proxy itself keeps
+        serving (and answering 502 on forwarded routes) until it is back. Under `run`, the server's
+        state, with its program's name only: the rest of a command line may hold a secret.
+        """
+        assembly = self._assembly
+        settings = assembly.settings
+        upstream = {"url": str(settings.upstream_origin)} | await self.reading.answer()
+        body = {
+            "status": _status(upstream),
+            "version": VERSION,
+            "upstream": upstream,
+            "liveness": _liveness_source(assembly.tracker),
+            "other_processes": (await assembly.others.current()).describe(),
+            "write_back": str(settings.write_back),
+            "dry_run": settings.dry_run,
+        }
+        if (supervisor := assembly.supervisor) is not None:
+            server = supervisor.health()
+            command = server.pop("command", None)
+            if isinstance(command, list) and command:
+                server["program"] = Path(str(command[0])).name
+            body["server"] = server
+        return web.json_response(body, status=200 if upstream["reachable"] else 503)
+
+    async def up(self, _: web.Request) -> web.Response:
+        """Up or down, and nothing else: open to anyone who reaches the port (health checkers that
+        hold no password); 503 while the upstream cannot be reached."""
+        reachable = (await self.reading.answer())["reachable"]
+        return web.json_response({"status": "up" if reachable else "down"}, status=200 if reachable else 503)
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        """Prometheus text exposition."""
+        exposition = self._assembly.metrics.exposition()
+        return web.Response(body=exposition, headers={hdrs.CONTENT_TYPE: CONTENT_TYPE_LATEST})
+
+    async def orphans(self, _: web.Request) -> web.Response:
+        """The processes a dead server left running, each with the session and part that started it."""
+        if (supervisor := self._assembly.supervisor) is not None:
+            found = [orphan.as_json() for orphan in supervisor.orphans()]
+            return web.json_response({"tracked": supervisor.subreaper, "orphans": found})
+        if (watcher := self._assembly.tool_processes) is not None:
+            found = [orphan.as_json() for orphan in await watcher.left_running()]
+            return web.json_response({"tracked": True, "orphans": found})
+        reason = "no state database: tool processes are not recorded (the embedded proxy records none)"
+        return web.json_response({"tracked": False, "reason": reason, "orphans": []})
+
+    async def resume(self, _: web.Request) -> web.Response:
+        """`GET /_settle/resume`: whether resume is on, the sessions it would consider should the
+        server die now (`running`), and its recent decisions, oldest first."""
+        journal, resuming = self._assembly.journal, self._assembly.resuming
+        return web.json_response(
+            {
+                "enabled": journal.enabled,
+                "dry_run": journal.dry_run,
+                "running": resuming.running() if resuming is not None else [],
+                "decisions": journal.recent(),
+            }
+        )
+
+    async def _ask(self) -> Answer:
+        """Which server the upstream is (asked now, if it is not known), or why that is not known,
+        and how its line's health route answers. Not known yet, the route of the
+        newest line is asked, for whether the upstream answers at all."""
+        assembly = self._assembly
+        settings, line = assembly.settings, assembly.line
+        known = await line.known()
+        said = known.describe() if known is not None else {"not_known": line.why_unknown}
+        path = known.dialect.health_path if known is not None else HEALTH_PATHS[0]
+        headers = {hdrs.AUTHORIZATION: settings.authorization} if settings.authorization else {}
+        try:
+            async with assembly.session.get(
+                settings.upstream_origin.with_path(path),
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=settings.connect_timeout),
+            ) as response:
+                return {"reachable": True, "status": response.status, "route": path} | said
+        except (aiohttp.ClientError, TimeoutError) as error:
+            return {"reachable": False, "error": str(error) or type(error).__name__} | said
+
+    def _server_now(self) -> object:
+        """Which server a reading is of: the one the line knows (none once its stream was lost),
+        and under `run` which start of it (a restart the supervisor saw before the stream said so)."""
+        known, supervisor = self._assembly.line.current, self._assembly.supervisor
+        return (
+            id(known) if known is not None else None,
+            supervisor.restarts if supervisor is not None else 0,
+        )
+
+    async def _status_without_credentials(self, _: web.Request) -> int | None:
+        """The guard's check; asked only when the proxy has no credentials, so its own look-up has none."""
+        status = (await self.reading.answer()).get("status")
+        return status if isinstance(status, int) else None
 
 
 class UpstreamHealth:
@@ -122,30 +210,6 @@ class UpstreamHealth:
                 await taking
 
 
-def _asking(app: web.Application) -> Callable[[], Awaitable[Answer]]:
-    """Which server the upstream is (asked now, if it is not known), or why that is not known, and
-    how its line's health route answers. Not known yet, the route of the newest line is asked,
-    for whether the upstream answers at all."""
-
-    async def ask() -> Answer:
-        settings, line = app[SETTINGS], app.get(SERVER_LINE)
-        known = await line.known() if line is not None else None
-        said = known.describe() if known is not None else {"not_known": line.why_unknown if line else None}
-        path = known.dialect.health_path if known is not None else HEALTH_PATHS[0]
-        headers = {hdrs.AUTHORIZATION: settings.authorization} if settings.authorization else {}
-        try:
-            async with app[UPSTREAM].get(
-                settings.upstream_origin.with_path(path),
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=settings.connect_timeout),
-            ) as response:
-                return {"reachable": True, "status": response.status, "route": path} | said
-        except (aiohttp.ClientError, TimeoutError) as error:
-            return {"reachable": False, "error": str(error) or type(error).__name__} | said
-
-    return ask
-
-
 def _status(upstream: Answer) -> str:
     """`ok` only when the server is known and its own health route answered 200."""
     if not upstream["reachable"]:
@@ -155,12 +219,6 @@ def _status(upstream: Answer) -> str:
     if upstream.get("status") != 200:
         return f"upstream answered HTTP {upstream.get('status')} on {upstream['route']}"
     return "ok"
-
-
-async def _status_without_credentials(request: web.Request) -> int | None:
-    """The guard's check; asked only when the proxy has no credentials, so its own look-up has none."""
-    status = (await _upstream_answer(request)).get("status")
-    return status if isinstance(status, int) else None
 
 
 def _liveness_source(tracker: LivenessTracker) -> dict[str, object]:
@@ -173,61 +231,8 @@ def _liveness_source(tracker: LivenessTracker) -> dict[str, object]:
     return said
 
 
-async def metrics(request: web.Request) -> web.Response:
-    """Prometheus text exposition."""
-    return web.Response(
-        body=request.app[METRICS].exposition(), headers={hdrs.CONTENT_TYPE: CONTENT_TYPE_LATEST}
-    )
-
-
-async def orphans(request: web.Request) -> web.Response:
-    """The processes a dead server left running, each with the session and part that started it."""
-    if (supervisor := request.app.get(SUPERVISOR)) is not None:
-        found = [orphan.as_json() for orphan in supervisor.orphans()]
-        return web.json_response({"tracked": supervisor.subreaper, "orphans": found})
-    if (watcher := request.app.get(TOOL_PROCESSES)) is not None:
-        found = [orphan.as_json() for orphan in await watcher.left_running()]
-        return web.json_response({"tracked": True, "orphans": found})
-    reason = "no state database: tool processes are not recorded (the embedded proxy records none)"
-    return web.json_response({"tracked": False, "reason": reason, "orphans": []})
-
-
 async def not_found(_: web.Request) -> web.Response:
     """Anything else under the prefix is the proxy's, and does not exist."""
     return web.json_response(
         {"error": "not_found", "message": f"no such settle-proxy route under {PREFIX}/"}, status=404
     )
-
-
-def _server_now(app: web.Application) -> object:
-    """Which server a reading is of: the one the line knows (none once its stream was lost), and
-    under `run` which start of it (a restart the supervisor saw before the stream said so)."""
-    line, supervisor = app.get(SERVER_LINE), app.get(SUPERVISOR)
-    known = line.current if line is not None else None
-    return (id(known) if known is not None else None, supervisor.restarts if supervisor is not None else 0)
-
-
-def add_routes(app: web.Application) -> None:
-    """Register every route under the prefix, before the catch-all forwarder: the probe (`up`)
-    open to anyone, each of `GUARDED` behind the `DetailsGuard`. This is the one place a
-    `/_settle` route is added, so none can be added outside the guard."""
-    settings = app[SETTINGS]
-    details = app[DETAILS_GUARD] = DetailsGuard(
-        settings.authorization, _status_without_credentials, behind_own_auth=settings.auth is not None
-    )
-    reading = app[UPSTREAM_HEALTH] = UpstreamHealth(_asking(app), server=partial(_server_now, app))
-    app.on_cleanup.append(lambda _: reading.close())
-    app.router.add_get(f"{PREFIX}/up", up)
-    for name, handler in GUARDED.items():
-        app.router.add_get(f"{PREFIX}/{name}", details.guard(handler))
-    app.router.add_route("*", PREFIX + "/{tail:.*}", details.guard(not_found))
-
-
-GUARDED: dict[str, Handler] = {
-    "health": health,
-    "metrics": metrics,
-    "orphans": orphans,
-    "resume": resume_route,
-}
-"""The proxy's own routes but the probe, by name under the prefix; anything else there is 404."""
-UPSTREAM_HEALTH = web.AppKey("upstream health", UpstreamHealth)

@@ -6,14 +6,13 @@ its escaping and histogram buckets are its job, not ours).
 
 from __future__ import annotations
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from proxy.opencode.tracker import StreamMetrics
 from proxy.relay.options import RelayMetrics
 
-__all__ = ["CONTENT_TYPE_LATEST", "METRICS", "Metrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
 
 class Metrics:
@@ -117,6 +116,3 @@ def _stream_metrics(registry: CollectorRegistry) -> StreamMetrics:
             registry=registry,
         ),
     )
-
-
-METRICS = web.AppKey("metrics", Metrics)

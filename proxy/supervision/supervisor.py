@@ -21,8 +21,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from enum import StrEnum
 from pathlib import Path
 
-from aiohttp import web
-
 from proxy.supervision.process_records import ProcessRecords
 from proxy.supervision.server_command import ServerCommand
 from proxy.supervision.tool_processes import Orphan, ToolProcesses, described
@@ -272,9 +270,6 @@ class Supervisor:
             logging.WARNING if state in (ChildState.BACKING_OFF, ChildState.GAVE_UP) else logging.INFO,
             message,
         )
-
-
-SUPERVISOR = web.AppKey("supervisor", Supervisor)
 
 
 async def supervised(

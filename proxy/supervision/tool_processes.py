@@ -17,8 +17,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from aiohttp import web
-
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import (
     CALL_ENDED,
@@ -271,7 +269,6 @@ def _group_leaders_below(parent: int) -> list[Identity]:
     return found
 
 
-TOOL_PROCESSES = web.AppKey("tool_processes", ToolProcesses)
 """The watcher of a proxy in front of a server it did not start (absent under `run`)."""
 
 

@@ -15,8 +15,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from yarl import URL
 
-from proxy.opencode.tracker import TRACKER, GlobalEvent, StreamState
-from proxy.service.app import create_app
+from proxy.opencode.tracker import GlobalEvent, StreamState
+from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.config import Settings, basic_authorization
 from tests.opencode2.shapes import earlier
 from tests.opencode2.stand_in import RunningCall, StandIn
@@ -67,7 +67,7 @@ async def proxied(
     settings = Settings(upstream=URL(server.url), grace=0, authorization=authorization, **more)
     seen = Seen()
     client: TestClient[web.Request, web.Application] = await aiohttp_client(create_app(settings))
-    tracker = client.app[TRACKER]
+    tracker = client.app[ASSEMBLY].tracker
     tracker.listeners.append(seen)
     await seen.until(lambda: tracker.state is StreamState.FOLLOWING)
     yield client, seen

@@ -18,8 +18,8 @@ from proxy.addons.settle import Settle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.surveys import OtherProcesses
-from proxy.opencode.tracker import TRACKER, LivenessTracker, StreamState
-from proxy.service.app import create_app
+from proxy.opencode.tracker import LivenessTracker, StreamState
+from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.config import Settings
 from proxy.service.metrics import Metrics
 from proxy.supervision.server_command import free_loopback_port
@@ -80,7 +80,7 @@ async def asking_settle(
 
 async def following(proxy: ProxyClient) -> None:
     """Wait (bounded) until the proxy follows the fake's `/global/event`."""
-    if proxy.app[TRACKER].state is not StreamState.FOLLOWING:
+    if proxy.app[ASSEMBLY].tracker.state is not StreamState.FOLLOWING:
         async with refollowing(proxy.app):
             pass
 

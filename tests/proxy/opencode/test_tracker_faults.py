@@ -15,13 +15,13 @@ from yarl import URL
 
 from proxy.opencode import tracker as tracker_module
 from proxy.opencode.tracker import (
-    TRACKER,
     GlobalEvent,
     LivenessTracker,
     StreamListener,
     StreamMetrics,
     StreamState,
 )
+from proxy.service.app import ASSEMBLY
 from proxy.supervision.server_command import free_loopback_port
 from proxy.testing import WAIT_S, hearing, refollowing
 from rules import Api
@@ -75,7 +75,7 @@ def big_output(size: int) -> bytes:
 async def kept_busy(proxy: ProxyClient, fake: FakeOpencode) -> LivenessTracker:
     await following(proxy)
     await publish(proxy, fake, "session.status", V1, status={"type": "busy"})
-    tracker = proxy.app[TRACKER]
+    tracker = proxy.app[ASSEMBLY].tracker
     kept = tracker.cached(Api.V1, V1)
     assert kept is not None
     assert kept.liveness.active

@@ -13,9 +13,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from yarl import URL
 
 from proxy.relay.departures import Departures
-from proxy.relay.forward import Forwarder
+from proxy.relay.forward import Around, Forwarder
 from proxy.relay.hooks import Addons
 from proxy.relay.options import RelayMetrics, RelayOptions
+from proxy.relay.stopping import OpenStreams
+from proxy.relay.transport import Transport
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.supervision.server_command import free_loopback_port
@@ -235,14 +237,15 @@ async def test_forwarding_needs_nothing_from_the_application(upstream: TestServe
         Gauge("open_streams", "t", registry=registry),
     )
     origin = URL(str(upstream.make_url("/"))).origin()
-    forwarder = Forwarder(RelayOptions(origin, 5.0), metrics, Departures())
     errors = Counter("addon_errors", "t", ("addon", "hook"), registry=registry)
-    app = web.Application()  # none of the relay's keys
-    app.router.add_route("*", "/{tail:.*}", forwarder.forward)
-    async with aiohttp.ClientSession(auto_decompress=False) as session, TestServer(app) as server:
-        forwarder.start(Addons([], errors))
-        async with session.get(server.make_url("/echo?a=1")) as response:
+    app = web.Application()  # no keys at all
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        transport = Transport(origin, 5.0)
+        around = Around(Departures(), OpenStreams(), session)
+        forwarder = Forwarder(RelayOptions(origin, 5.0), metrics, transport, Addons([], errors), around)
+        app.router.add_route("*", "/{tail:.*}", forwarder.forward)
+        async with TestServer(app) as server, session.get(server.make_url("/echo?a=1")) as response:
             assert response.status == 200
             assert (await response.json())["path_qs"] == "/echo?a=1"
-        await forwarder.close()
+        await transport.close()
     assert registry.get_sample_value("requests_total", {"method": "GET", "status": "200"}) == 1.0

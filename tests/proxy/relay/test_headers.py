@@ -1,14 +1,12 @@
-"""Header hygiene, and the `mounted-links` addon through `proxy.testing.cycle`."""
+"""Header hygiene."""
 
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy import testing
 from proxy.relay.headers import (
-    MountedLinks,
     client_response_headers,
     end_to_end,
-    prefix_own_urls,
     unsupported_transfer_coding,
     upstream_request_headers,
 )
@@ -51,30 +49,3 @@ def test_forwarded_headers_name_the_client_and_keep_its_host() -> None:
 def test_only_plain_chunked_request_bodies_pass(codings: str | None, refused: str | None) -> None:
     flow = testing.flow("POST", "/x", headers={"Transfer-Encoding": codings} if codings else {})
     assert unsupported_transfer_coding(flow.request) == refused
-
-
-async def test_mounted_links_get_the_prefix_on_the_proxys_own_origin_only() -> None:
-    flow = testing.flow(
-        "GET",
-        "/session",
-        headers={"Host": "proxy.test"},
-        response_headers={
-            "Link": '</session?cursor=2>; rel="next", <http://elsewhere.test/x>; rel="other"',
-            "Location": "http://proxy.test/session/1",
-            "Content-Location": "//proxy.test/x",
-            "X-Other": "/session",
-        },
-    )
-    await testing.cycle(MountedLinks("/opencode"), flow)
-    assert dict(flow.response_headers) == {
-        "Link": '</opencode/session?cursor=2>; rel="next", <http://elsewhere.test/x>; rel="other"',
-        "Location": "http://proxy.test/opencode/session/1",
-        "Content-Location": "//proxy.test/x",
-        "X-Other": "/session",
-    }
-
-
-def test_an_origin_without_a_path_gets_one() -> None:
-    headers = CIMultiDict({"Location": "https://proxy.test"})
-    prefix_own_urls(headers, "https://proxy.test", "/oc")
-    assert headers["Location"] == "https://proxy.test/oc/"

@@ -62,7 +62,8 @@ SCOPED = FlowKey[bool]("scoped")
 
 async def test_an_addon_is_called_only_for_the_flows_in_its_scope() -> None:
     outside, inside = Records(), Records()
-    addons = Addons([outside, inside], errors(), scopes={outside: lambda f: False, inside: lambda f: True})
+    outside.scope, inside.scope = (lambda f: False), (lambda f: True)
+    addons = Addons([outside, inside], errors())
     flow = Flow(request("/x"), CIMultiDict())
     for hook in ("request_headers", "response_headers", "response", "done"):
         await addons.trigger(hook, flow)
@@ -81,7 +82,8 @@ async def test_a_scope_is_read_from_what_earlier_hooks_put_in_the_flow() -> None
         return flow.get(SCOPED) is True
 
     later = Records()
-    addons = Addons([Scopes(), later], errors(), scopes={later: scoped})
+    later.scope = scoped
+    addons = Addons([Scopes(), later], errors())
     for path in ("/out", "/in"):
         flow = Flow(request(path), CIMultiDict())
         await addons.trigger("request_headers", flow)
@@ -91,7 +93,8 @@ async def test_a_scope_is_read_from_what_earlier_hooks_put_in_the_flow() -> None
 
 async def test_a_flow_no_addon_claimed_takes_no_snapshot(snapshots: list[str]) -> None:
     outside = Records()
-    addons = Addons([outside], errors(), scopes={outside: lambda f: False})
+    outside.scope = lambda f: False
+    addons = Addons([outside], errors())
     flow = Flow(request("/x"), CIMultiDict())
     for hook in ("request_headers", "response_headers", "response", "done"):
         await addons.trigger(hook, flow)

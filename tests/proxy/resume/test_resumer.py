@@ -15,7 +15,7 @@ from proxy.opencode.dialects import LINE_1_18
 from proxy.resume.decision import Policy
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
-from proxy.resume.resumer import SETTLE_ATTEMPTS, ResumeOptions, Resumer
+from proxy.resume.resumer import SETTLE_ATTEMPTS, Records, ResumeOptions, Resumer
 from proxy.resume.turns import InterruptedTurn
 from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Confirm, WriteBackMode, Written
@@ -122,10 +122,9 @@ def resumer(
     made = Resumer(
         server,
         FakeProbe(),
+        Records(ledger, journal),
+        options,
         writer=writer,
-        ledger=ledger,
-        journal=journal,
-        options=options,
         credentials=Credentials(),
         clock=lambda: NOW,
     )

@@ -1,6 +1,8 @@
 """Mounting settlement inside an existing aiohttp application."""
 
+import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import orjson
 from aiohttp import web
@@ -8,11 +10,16 @@ from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
 from proxy import Settings, mount
-from proxy.service.app import create_app
+from proxy.service.app import ASSEMBLY, create_app
+from proxy.service.config import WriteBackMode
+from proxy.testing import WAIT_S
+from rules import Api
 from tests.fixtures import compact
 from tests.proxy.fake_opencode import FakeOpencode
 
 V2 = "ses_dd6bd0f33ffejRStwdnQDIkDom"
+V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
+V1_MESSAGE, V1_PART = "msg_229432faa0010ifWjJPo42f8Zo", "prt_229433856001UdZM6dtgAYZqVe"
 
 
 async def test_mounted_under_a_prefix(
@@ -115,3 +122,25 @@ async def test_a_proxy_on_its_own_leaves_links_as_they_came(
     assert first.headers["Link"] == f'<{origin}/session/ses_x/message?limit=1&before=msg_1>; rel="next"'
     redirect = await client.get("/moved", params={"to": "/session/ses_x"}, allow_redirects=False)
     assert redirect.headers["Location"] == "/session/ses_x"
+
+
+async def test_an_embedding_app_awaits_a_write_back_through_the_assembly(
+    fake: FakeOpencode,
+    upstream: TestServer,
+    aiohttp_client: Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]],
+    tmp_path: Path,
+) -> None:
+    """The README's promise: `app[ASSEMBLY].write_back.settled(api, session, ids)` returns once the
+    named ids are decided, each with how it ended."""
+    settings = Settings(
+        upstream=URL(str(upstream.make_url("/"))), grace=0.05, write_back=WriteBackMode.API, lock_dir=tmp_path
+    )
+    client = await aiohttp_client(create_app(settings))
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    await (await client.get(f"/session/{V1}/message")).read()
+    write_back = client.app[ASSEMBLY].write_back
+    assert write_back is not None
+    async with asyncio.timeout(WAIT_S):
+        outcomes = await write_back.settled(Api.V1, V1, [V1_PART])
+    assert {part: str(outcome) for part, outcome in outcomes.items()} == {V1_PART: "written"}
+    assert [path for path, _ in fake.patches] == [f"/session/{V1}/message/{V1_MESSAGE}/part/{V1_PART}"]

@@ -19,8 +19,8 @@ from yarl import URL
 
 from proxy.opencode import tracker
 from proxy.opencode.dialects import LINE_1_18
-from proxy.opencode.server_line import SERVER_LINE, KnownServer
-from proxy.service.app import create_app
+from proxy.opencode.server_line import KnownServer
+from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.config import Settings
 from proxy.testing import WAIT_S, hearing, idle, refollowing
 from proxy.writeback.scheduler import WriteBackMode
@@ -242,7 +242,7 @@ async def test_a_server_that_restarts_as_another_line_is_asked_again(
     fake.bodies[VIEW] = stale_2x_view()
     proxy = await start()
     await following(proxy)
-    line = proxy.app[SERVER_LINE]
+    line = proxy.app[ASSEMBLY].line
     told: asyncio.Queue[KnownServer] = asyncio.Queue()
     line.listeners.append(told.put_nowait)
     fake.version = "2.1.2"
@@ -261,7 +261,7 @@ async def test_a_server_not_followed_is_asked_again_as_soon_as_it_restarted(
     monkeypatch.setattr(tracker, "REDETECT_S", 3600.0)
     fake.version = "3.0.0"
     proxy = await start()
-    line = proxy.app[SERVER_LINE]
+    line = proxy.app[ASSEMBLY].line
     told: asyncio.Queue[KnownServer] = asyncio.Queue()
     line.listeners.append(told.put_nowait)
     assert (await asyncio.wait_for(told.get(), WAIT_S)).version == "3.0.0"

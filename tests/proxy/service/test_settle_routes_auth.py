@@ -14,10 +14,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer, make_mocked_request
 from yarl import URL
 
-from proxy.service.app import create_app
+from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.auth import DetailsGuard
 from proxy.service.config import Settings, basic_authorization
-from proxy.service.health import UPSTREAM_HEALTH
 from proxy.supervision.server_command import free_loopback_port
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
@@ -47,7 +46,7 @@ RIGHT: list[Presented] = [({"Authorization": GOOD}, {}), ({}, {"auth_token": TOK
 
 def a_second_later(app: web.Application) -> None:
     """Age the proxy's reading of the upstream's health past its bound, so the next asker takes one."""
-    health = app[UPSTREAM_HEALTH]
+    health = app[ASSEMBLY].routes.reading
     before = health.clock
     health.clock = lambda: before() + health.max_age_s + 0.001
 

@@ -12,8 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from yarl import URL
 
-from proxy.opencode.server_line import SERVER_LINE
-from proxy.service.app import create_app
+from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.config import Settings
 from proxy.service.health import Answer, UpstreamHealth
 from tests.proxy.conftest import ProxyClient
@@ -45,7 +44,7 @@ async def test_rapid_requests_to_every_settle_route_cost_one_upstream_request(
     counting = CountingUpstream()
     upstream = await aiohttp_server(counting.app())
     proxy = await aiohttp_client(create_app(Settings(upstream=URL(str(upstream.make_url("/"))))))
-    await proxy.app[SERVER_LINE].known()  # which server it is is asked once, at start
+    await proxy.app[ASSEMBLY].line.known()  # which server it is is asked once, at start
     counting.health_requests = 0
     answers = await asyncio.gather(*(proxy.get(path) for path in ROUTES * 10))
     assert [answer.status for answer in answers] == [200] * len(answers)

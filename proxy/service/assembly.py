@@ -1,0 +1,240 @@
+"""The application's parts, built once as it starts, in one `AsyncExitStack`, each handed only the
+values it uses; and the one registration that wires each part from what it declares (`wire`).
+
+Adding an addon is one new module in `proxy/addons/` and one line in `ADDONS`: its scope, its
+background `tasks`, its `close` and whether it follows the server's stream (a `StreamListener`)
+are its own to say, and the registration wires its hooks, its listener, its work and its shutdown
+from that, in the order given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import Counter
+
+from proxy.addons.context import SettleContext
+from proxy.addons.live import LiveSettle
+from proxy.addons.mounted_links import MountedLinks
+from proxy.addons.resume_clients import ResumeClients
+from proxy.addons.routing import Routing
+from proxy.addons.session_streams import SessionStreamSettle
+from proxy.addons.settle import Settle
+from proxy.opencode.client import Credentials, UpstreamApi
+from proxy.opencode.liveness import LivenessProbe
+from proxy.opencode.other_processes import mark_this_process
+from proxy.opencode.server_line import ServerLine
+from proxy.opencode.surveys import OtherProcesses
+from proxy.opencode.tracker import LivenessTracker, StreamListener
+from proxy.relay.departures import Departures
+from proxy.relay.forward import Around, Forwarder
+from proxy.relay.hooks import Addon, Addons
+from proxy.relay.options import RelayOptions
+from proxy.relay.stopping import OpenStreams
+from proxy.relay.tasks import Background
+from proxy.relay.transport import Transport
+from proxy.relay.upstream import upstream_session
+from proxy.resume.assembly import Resuming
+from proxy.resume.journal import Journal
+from proxy.service.config import Settings
+from proxy.service.health import SettleRoutes
+from proxy.service.metrics import Metrics
+from proxy.service.starting import modes_said, resuming, tool_processes, write_back, writer
+from proxy.supervision.supervisor import Supervisor
+from proxy.supervision.tool_processes import ToolProcesses
+from proxy.writeback.scheduler import WriteBack
+
+__all__ = ["ADDONS", "AddonFactory", "Assembly", "Built", "wire"]
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """What an addon is built from: the collaborators assembled before the addons."""
+
+    settings: Settings
+    ctx: SettleContext
+    tracker: LivenessTracker
+    line: ServerLine
+    prefix: str
+
+
+AddonFactory = Callable[[Built], Addon | None]
+"""One addon of the application, built from what it uses (None: not in this configuration)."""
+
+ADDONS: tuple[AddonFactory, ...] = (
+    lambda built: MountedLinks(built.prefix) if built.prefix else None,
+    lambda built: Routing(built.prefix),
+    lambda built: Settle(built.ctx, tracker=built.tracker, server=built.line),
+    lambda built: LiveSettle(built.ctx, server=built.line),
+    lambda built: SessionStreamSettle(built.ctx),
+    lambda built: ResumeClients() if built.settings.resume else None,
+)
+"""The addons, in the order their hooks run (and their listeners hear the stream)."""
+
+Part = Addon | StreamListener
+"""What the application is made of: an addon (a `StreamListener` too if it follows the stream),
+or a listener of the stream alone (the details guard, the tool-process watcher, the resume)."""
+
+
+def wire(
+    parts: Sequence[Part | None],
+    *,
+    tracker: LivenessTracker,
+    background: Background,
+    errors: Counter,
+    stack: AsyncExitStack,
+) -> Addons:
+    """The one registration: each part, in order, as what it declares. An addon's hooks go to the
+    dispatcher returned (which closes them, the last first, with `stack`); a `StreamListener`
+    hears the followed stream; background `tasks` are waited for by `background`."""
+    present = [part for part in parts if part is not None]
+    for part in present:
+        if isinstance(part, StreamListener):
+            tracker.listeners.append(part)
+        if (tasks := getattr(part, "tasks", None)) is not None:
+            background.add(tasks)
+    addons = Addons([part for part in present if isinstance(part, Addon)], errors)
+    stack.push_async_callback(addons.close)
+    return addons
+
+
+class Assembly:
+    """Everything the application runs, built once: what needs no running loop when the
+    application is made, the rest as it starts (`run`, its `cleanup_ctx` entry), closed with it.
+    The application's handlers are this object's, so none looks anything up in the app."""
+
+    session: aiohttp.ClientSession
+    line: ServerLine
+    others: OtherProcesses
+    tracker: LivenessTracker
+    forwarder: Forwarder
+    resuming: Resuming | None
+    write_back: WriteBack | None
+    """The write-back's scheduler: an embedding application may await its `settled`."""
+    tool_processes: ToolProcesses | None
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        addons: Sequence[AddonFactory] = ADDONS,
+        supervisor: Supervisor | None = None,
+        prefix: str = "",
+        environ: Mapping[str, str],
+    ) -> None:
+        self.settings = settings
+        self.supervisor = supervisor
+        self.prefix = prefix
+        self.metrics = metrics = Metrics()
+        self.journal = Journal(metrics.registry, enabled=settings.resume, dry_run=settings.dry_run)
+        self.streams = OpenStreams()
+        self.departures = Departures()
+        self.background = background = Background()
+        metrics.background_busy.set_function(lambda: float(background.busy))
+        if supervisor is not None:
+            metrics.orphans.set_function(lambda: len(supervisor.orphans()))
+        self.routes = SettleRoutes(self)
+        """The proxy's own `/_settle` routes; their details guard hears the stream too."""
+        self._addons = addons
+        self._environ = environ
+
+    async def run(self, _: web.Application) -> AsyncIterator[None]:
+        """`cleanup_ctx` entry: build the parts, in one stack, and close them in reverse."""
+        async with AsyncExitStack() as stack:
+            await self._assemble(stack)
+            following = asyncio.create_task(self.tracker.run(), name="liveness-tracker")
+            stack.push_async_callback(_cancelled, following)
+            yield
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        """The catch-all handler: the forwarder built at start-up."""
+        return await self.forwarder.forward(request)
+
+    async def _assemble(self, stack: AsyncExitStack) -> None:
+        settings, metrics = self.settings, self.metrics
+        session = self.session = await stack.enter_async_context(upstream_session(settings.connect_timeout))
+        upstream = UpstreamApi(session, settings.upstream)
+        probe = self._liveness(upstream, stack)
+        written = await writer(settings, upstream, stack, self._environ, metrics.write_backs)
+        scheduled = self.write_back = write_back(settings, probe, written, self.line)
+        if scheduled is not None:
+            stack.push_async_callback(scheduled.close)
+            self.background.add(scheduled.tasks)
+        self.tracker = tracker = LivenessTracker(
+            session,
+            settings.upstream,
+            authorization=settings.authorization,
+            connect_timeout=settings.connect_timeout,
+            clock=probe.clock,
+            metrics=metrics.stream,
+            server=self.line,
+        )
+        credentials = Credentials.configured(settings.authorization)
+        ctx = SettleContext(
+            probe, upstream, metrics, settings.grace, credentials, scheduled, settings.dry_run
+        )
+        addons = [factory(Built(settings, ctx, tracker, self.line, self.prefix)) for factory in self._addons]
+        self.tool_processes = await tool_processes(settings.state_db, self.supervisor, self.others, stack)
+        clients = next((addon for addon in addons if isinstance(addon, ResumeClients)), None)
+        self.resuming = await resuming(
+            settings,
+            stack,
+            session=session,
+            probe=probe,
+            writer=written,
+            journal=self.journal,
+            supervisor=self.supervisor,
+            watcher=self.tool_processes,
+            clients=clients,
+        )
+        self.journal.enabled = self.resuming is not None
+        parts = [*addons, self.routes.guard, self.tool_processes, self.resuming]
+        dispatcher = wire(
+            parts, tracker=tracker, background=self.background, errors=metrics.addon_errors, stack=stack
+        )
+        self.forwarder = self._forwarder(dispatcher, stack)
+
+    def _liveness(self, upstream: UpstreamApi, stack: AsyncExitStack) -> LivenessProbe:
+        """Where liveness is asked, bounded by the other processes on the database; and which
+        server the upstream is (asked again, under `run`, each time the server exits)."""
+        settings, metrics = self.settings, self.metrics
+        mark_this_process()
+        others = self.others = OtherProcesses(settings.upstream)
+        self.background.add(others)
+        stack.push_async_callback(others.close)
+        probe = LivenessProbe(
+            upstream,
+            authorization=settings.authorization,
+            timeout=settings.liveness_timeout,
+            elsewhere=others,
+            lookups=metrics.liveness_requests,
+        )
+        line = self.line = ServerLine(upstream, Credentials.configured(settings.authorization))
+        line.listeners.append(modes_said(settings))
+        if (supervisor := self.supervisor) is not None:
+            supervisor.exited.append(line.forget)
+            stack.callback(supervisor.exited.remove, line.forget)
+        return probe
+
+    def _forwarder(self, addons: Addons, stack: AsyncExitStack) -> Forwarder:
+        """The catch-all handler's forwarder, and its transport (closed with `stack`)."""
+        settings = self.settings
+        relay = RelayOptions(
+            settings.upstream_origin, settings.connect_timeout, settings.response_timeout, settings.max_body
+        )
+        transport = Transport(relay.upstream_origin, relay.connect_timeout)
+        stack.push_async_callback(transport.close)
+        around = Around(self.departures, self.streams, self.session)
+        return Forwarder(relay, self.metrics.relay, transport, addons, around, prefix=self.prefix)
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

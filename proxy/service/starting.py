@@ -1,0 +1,173 @@
+"""The collaborators that depend on the configuration, each built from values for `Assembly`: the
+writer and its scheduler, who ties tool processes to their calls, and `--resume`."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable, Mapping
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import aiohttp
+from prometheus_client import Counter
+
+from proxy.opencode.client import Credentials, UpstreamApi
+from proxy.opencode.liveness import LivenessProbe
+from proxy.opencode.server_line import KnownServer, ServerLine
+from proxy.opencode.surveys import OtherProcesses
+from proxy.resume.assembly import Resuming
+from proxy.resume.assembly import resuming as assembled_resuming
+from proxy.resume.clients import Clients
+from proxy.resume.decision import Policy
+from proxy.resume.fates import Fates, no_fates, process_fates
+from proxy.resume.journal import Journal
+from proxy.resume.resumer import ResumeOptions
+from proxy.service.config import Settings
+from proxy.supervision.process_records import ProcessRecords
+from proxy.supervision.supervisor import Orphans, Supervisor
+from proxy.supervision.tool_processes import ToolProcesses
+from proxy.writeback.api_writer import ApiWriter
+from proxy.writeback.database import OpencodeDatabase, default_path
+from proxy.writeback.db_writer import DbWriter
+from proxy.writeback.locks import SessionLocks, default_lock_dir
+from proxy.writeback.scheduler import CountingWriter, WriteBack, WriteBackMode, Writer
+
+__all__ = ["modes_said", "resuming", "tool_processes", "write_back", "writer"]
+
+log = logging.getLogger(__name__)
+
+
+async def writer(
+    settings: Settings,
+    upstream: UpstreamApi,
+    stack: AsyncExitStack,
+    environ: Mapping[str, str],
+    write_backs: Counter,
+) -> Writer | None:
+    """The writer `--write-back` asks for, counted once (for the scheduler and the resume alike);
+    an unset location is opencode's default in `environ`."""
+    if settings.write_back is WriteBackMode.API:
+        made: Writer = ApiWriter(upstream, SessionLocks(settings.lock_dir or default_lock_dir(environ)))
+    elif settings.write_back is WriteBackMode.DB:
+        path = settings.db_path or default_path(environ)
+        made = DbWriter(await stack.enter_async_context(OpencodeDatabase.open(path)))
+    else:
+        return None
+    return CountingWriter(made, write_backs)
+
+
+def write_back(
+    settings: Settings, probe: LivenessProbe, writer: Writer | None, line: ServerLine
+) -> WriteBack | None:
+    """The scheduler of write-backs through `writer`, unless there is none or this is a dry run."""
+    if writer is None or settings.dry_run:
+        return None
+    return WriteBack(probe, writer, settings.grace, server=line)
+
+
+def modes_said(settings: Settings) -> Callable[[KnownServer], None]:
+    """What says, once per server that becomes known, what the modes asked for do not do on it."""
+    writer = str(settings.write_back) if settings.write_back is not WriteBackMode.OFF else None
+    asked = [writer] if writer is not None else []
+    asked += ["resume"] if settings.resume else []
+
+    def say(server: KnownServer) -> None:
+        for mode in asked:
+            if (refused := server.refusal(mode, writer=writer)) is not None:
+                flag = "--resume" if mode == "resume" else f"--write-back {mode}"
+                fields = server.describe() | {"mode": mode, "why": refused}
+                log.warning(
+                    "%s does nothing on opencode %s: %s",
+                    flag,
+                    server.version,
+                    refused,
+                    extra={"fields": fields},
+                )
+
+    return say
+
+
+async def tool_processes(
+    state_db: Path | None, supervisor: Supervisor | None, others: OtherProcesses, stack: AsyncExitStack
+) -> ToolProcesses | None:
+    """Who ties tool processes to their calls: the supervisor's, for a server `run` started, or,
+    for a server the proxy did not start, a watcher that finds it by the port it listens on and
+    keeps its records in the state database."""
+    if supervisor is not None:
+        return supervisor.tool_processes
+    if state_db is None:
+        return None
+    try:
+        records = await stack.enter_async_context(ProcessRecords.open(state_db))
+    except (OSError, sqlite3.Error) as error:
+        log.warning("tool processes are not recorded: %s: %s", state_db, error)
+        return None
+
+    async def listening() -> int | None:
+        pids = (await others.current()).upstream_pids
+        return pids[0] if len(pids) == 1 else None
+
+    watcher = ToolProcesses(listening, reports=True)
+    watcher.recorder = records
+    stack.push_async_callback(watcher.flush)
+    return watcher
+
+
+async def resuming(
+    settings: Settings,
+    stack: AsyncExitStack,
+    *,
+    session: aiohttp.ClientSession,
+    probe: LivenessProbe,
+    writer: Writer | None,
+    journal: Journal,
+    supervisor: Supervisor | None,
+    watcher: ToolProcesses | None,
+    clients: Clients | None,
+) -> Resuming | None:
+    """`--resume`, if asked for and a ledger can be kept: resume assembles itself from values."""
+    if not settings.resume:
+        return None
+    options = ResumeOptions(
+        Policy(settings.resume_attempts, settings.resume_within),
+        settings.grace,
+        settings.dry_run,
+        settings.resume_text,
+    )
+    return await assembled_resuming(
+        stack,
+        session=session,
+        origin=settings.upstream,
+        probe=probe,
+        writer=writer,
+        credentials=Credentials.configured(settings.authorization),
+        state_db=settings.state_db,
+        journal=journal,
+        options=options,
+        fates=_fates(supervisor, watcher),
+        clients=clients,
+    )
+
+
+def _fates(supervisor: Supervisor | None, watcher: ToolProcesses | None) -> Fates:
+    """What the resume is told of processes, as values: under `run`, the orphans the supervisor
+    adopted, its orphan policy, and the calls it tied to their processes; in front of a server the
+    proxy did not start, what the records say still runs."""
+    if supervisor is not None:
+
+        async def adopted() -> Mapping[str, bool]:
+            return {o.call.call: o.call_was_running for o in supervisor.orphans() if o.call is not None}
+
+        def tied(call: str) -> bool:
+            return supervisor.subreaper and supervisor.tool_processes.tied(call)
+
+        ending = supervisor.health()["orphans"] == Orphans.TERMINATE
+        return process_fates(adopted, ending=ending, tied=tied)
+    if watcher is not None:
+
+        async def left() -> Mapping[str, bool]:
+            return {o.call.call: False for o in await watcher.left_running() if o.call is not None}
+
+        return process_fates(left)
+    return no_fates
