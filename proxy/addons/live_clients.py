@@ -115,7 +115,7 @@ class ClientStreams:
         else:
             return None
         opened = None
-        if self.lost and not subscriber.api and self.replays.sessions:
+        if self.lost and not subscriber.api:
             subscriber.catch_up = CatchUp(flow.request.path)
             opened = functools.partial(self._opened, subscriber)
         flow.inject(subscriber.queue, by=by, opened=opened)
@@ -229,7 +229,8 @@ def _log_back(route: str, subscriber: Subscriber, replayed: list[Replayed]) -> N
 def _log_caught_up(catch_up: CatchUp, subscriber: Subscriber) -> None:
     said, count = catch_up.told, catch_up.told_count
     caught_up = catch_up.over.is_set()
-    log.info(
+    log.log(
+        logging.INFO if count else logging.DEBUG,  # what it was replayed is said at INFO already
         "client stream %s back after the server was lost: sent %d event(s) it missed before the "
         "server took it%s%s",
         catch_up.route,

@@ -39,7 +39,7 @@ from proxy.opencode.vocabulary import (
     settled_part_id,
 )
 from proxy.relay.bounded import Bounded
-from rules import OpenTool
+from rules import V1, OpenTool
 
 REPLAYED_PER_SESSION = 3_000
 """Things kept per session to replay to streams that connect later; the oldest go first."""
@@ -80,10 +80,16 @@ class Replays:
         return [replayed for kept in self.sessions.values() for replayed in _messages_first(kept.values())]
 
     def heard(self, event: GlobalEvent) -> None:
-        """Take what the followed stream says of a session with a replay."""
+        """Take what the followed stream says of a session with a replay, or of a call settled
+        as interrupted (a write-back's, when the stream had not shown the call open): a client
+        back after it never fetches again, so it is replayed like the proxy's own settlement."""
         session_id = event.session_id
-        if session_id is None or (kept := self.sessions.get(session_id)) is None:
+        if session_id is None:
             return
+        if (kept := self.sessions.get(session_id)) is None:
+            if event.api or not _settled_as_interrupted(event):
+                return
+            kept = self.sessions.setdefault(session_id, Bounded(REPLAYED_PER_SESSION))
         place = Place(session_id, "", event.directory, event.project)
         if event.api:
             _heard_2x(event, place, kept)
@@ -94,7 +100,7 @@ class Replays:
         subjects = news_subjects(event.kind, event.properties)
         if not subjects:
             return
-        if _agrees(event, kept) or _user_message(event, kept):
+        if _agrees(event, kept) or _user_message(event, kept) or _settled_as_interrupted(event):
             kept[subjects[0]] = Replayed(place, opencode_event(event.kind, event.properties))
             return
         for subject in subjects:
@@ -119,6 +125,14 @@ def _heard_2x(event: GlobalEvent, place: Place, kept: Bounded[str, Replayed]) ->
         kept[subjects[0]] = Replayed(place, said, True)
     else:
         kept.pop(subjects[0], None)
+
+
+def _settled_as_interrupted(event: GlobalEvent) -> bool:
+    """A tool part the server now holds settled as a crash's interruption (any write-back's)."""
+    if settled_part_id(event.kind, event.properties) is None:
+        return False
+    state = event.properties["part"].get("state")
+    return isinstance(state, dict) and V1.settled_as_interrupted(state)
 
 
 def _agrees(event: GlobalEvent, kept: Bounded[str, Replayed]) -> bool:

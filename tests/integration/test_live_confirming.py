@@ -117,7 +117,7 @@ async def test_a_turn_started_while_a_live_settle_confirms_gets_no_false_idle(
                 await asyncio.wait_for(busy.heard.wait(), 30)
             return await super().get(path, credentials, **params)
 
-    monkeypatch.setattr("proxy.service.app.UpstreamApi", NewTurnBeforeTheRead)
+    monkeypatch.setattr("proxy.service.assembly.UpstreamApi", NewTurnBeforeTheRead)
     client = await aiohttp_client(create_app(Settings(upstream=URL(opencode.origin), grace=GRACE_S)))
     started: dict[str, str] = {}
     part = _Heard(lambda e: e.session_id == started.get("session") and _tool_running(e))

@@ -26,6 +26,7 @@ from proxy import testing
 from proxy.addons import live_clients
 from proxy.addons.live import LiveSettle
 from proxy.opencode.tracker import GlobalEvent
+from rules.runtimes import V1_ERROR
 from tests.proxy.addons.live_streams import MESSAGE, PART, V1
 
 SSE = {"Content-Type": "text/event-stream"}
@@ -184,7 +185,7 @@ async def test_a_client_back_goes_on_when_the_followed_stream_is_not_read_up_to_
     live.following()  # the server crashed and is back
     await live.tasks.idle()
     flow = testing.flow("GET", "/global/event", response_headers=SSE)
-    with caplog.at_level(logging.INFO, logger=live_clients.__name__):
+    with caplog.at_level(logging.DEBUG, logger=live_clients.__name__):
         async with testing.streaming(live, flow):
             assert flow.opened is not None
             holding = flow.opened(connected(after=0))
@@ -192,3 +193,33 @@ async def test_a_client_back_goes_on_when_the_followed_stream_is_not_read_up_to_
             await asyncio.wait_for(holding, 5)
     (line,) = [r for r in caplog.records if "missed before the server took it" in r.getMessage()]
     assert line.fields["decision"] == "went on before catching up"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("moment", ["between the write-back and the prompt", "after the prompt"])
+async def test_a_client_back_after_a_write_back_of_a_call_the_stream_never_showed_open_is_replayed_it(
+    live: LiveSettle, moment: str
+) -> None:
+    """The proxy began to follow after the call started (it never saw it open, so it announced
+    nothing); a write-back settles it, and the server says so on its stream, before the client's
+    stream comes back: the client, which never fetches again, must still be told, and the prompt."""
+    live.following()
+    live.following()  # the server crashed and is back; the stream never showed the call open
+    await live.tasks.idle()
+    state = {**PART["state"], "status": "error", "error": V1_ERROR, "metadata": {"interrupted": True}}
+    settled = {**PART, "state": {**state, "time": {"start": 1, "end": 2}}}
+    events = [("message.part.updated", {"part": settled, "time": 2}), *prompt_and_answer()]
+    client, back = Client(), MOMENTS[moment]
+    for kind, properties in events[:back]:
+        live.event(GlobalEvent("/cwd", "prj", kind, {"sessionID": V1, **properties}))
+    flow = testing.flow("GET", "/global/event", response_headers=SSE)
+    async with testing.streaming(live, flow):
+        assert flow.injected is not None
+        while not flow.injected.empty():
+            client.take(orjson.loads(flow.injected.get_nowait().removeprefix(b"data: "))["payload"])
+        for kind, properties in events[back:]:
+            live.event(GlobalEvent("/cwd", "prj", kind, {"sessionID": V1, **properties}))
+            client.take({"type": kind, "properties": {"sessionID": V1, **properties}})
+    assert client.parts[PART["id"]] == settled, "the interrupted call still runs"
+    assert client.messages.get(USER["id"]) == SUMMARISED, "the resume's prompt is missing"
+    assert client.parts.get(PROMPT_TEXT["id"]) == PROMPT_TEXT
+    assert client.status == "idle"

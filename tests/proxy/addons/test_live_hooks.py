@@ -218,7 +218,16 @@ async def test_the_servers_write_back_of_the_settled_part_keeps_the_replay(live:
     after = payloads(await told_a_new_stream(live))
     assert [p["type"] for p in after] == ["message.updated", "session.status", "message.part.updated"]
     assert after[2]["properties"] == {"sessionID": V1, "part": part, "time": 2}
-    heard(live, "message.part.updated", part={**part, "id": "prt_other"}, time=3)
+    done = {
+        "status": "completed",
+        "input": {},
+        "output": "ok",
+        "title": "",
+        "metadata": {},
+        "time": {"start": 1, "end": 2},
+    }
+    other = {**part, "id": "prt_other", "state": done}
+    heard(live, "message.part.updated", part=other, time=3)
     assert kinds(await told_a_new_stream(live)) == ["session.status", "message.part.updated"]
 
 
