@@ -97,17 +97,10 @@ async def settled_part(live: LiveSettle) -> dict[str, Any]:
     return cast(dict[str, Any], part)
 
 
-@pytest.mark.parametrize("moment", MOMENTS)
-async def test_a_client_back_at_any_moment_holds_the_settled_call_and_the_prompt(
-    live: LiveSettle, moment: str
-) -> None:
-    live.event(GlobalEvent("/cwd", "prj", "message.part.updated", {"sessionID": V1, "part": PART, "time": 1}))
-    live.following()  # the server crashed and is back
-    await live.tasks.idle()  # the part is confirmed orphaned, and announced
-    settled = await settled_part(live)
-    events = [("message.part.updated", {"part": settled, "time": 2}), *prompt_and_answer()]
+async def comes_back(live: LiveSettle, events: list[tuple[str, dict[str, Any]]], back: int) -> Client:
+    """The server sends `events`; the client's stream comes back after the first `back` of them:
+    what it then holds, from the proxy's replay and its own stream."""
     client = Client()
-    back = MOMENTS[moment]
     for kind, properties in events[:back]:
         live.event(GlobalEvent("/cwd", "prj", kind, {"sessionID": V1, **properties}))
     flow = testing.flow("GET", "/global/event", response_headers=SSE)
@@ -118,11 +111,28 @@ async def test_a_client_back_at_any_moment_holds_the_settled_call_and_the_prompt
         for kind, properties in events[back:]:  # on the client's own stream too, as the server sent them
             live.event(GlobalEvent("/cwd", "prj", kind, {"sessionID": V1, **properties}))
             client.take({"type": kind, "properties": {"sessionID": V1, **properties}})
-    assert client.parts[PART["id"]]["state"]["status"] == "error", "the interrupted call still runs"
-    assert client.parts[PART["id"]] == settled
+    return client
+
+
+def holds_the_settled_call_and_the_prompt(client: Client, settled: dict[str, Any]) -> None:
+    assert client.parts[PART["id"]] == settled, "the interrupted call still runs"
     assert client.messages.get(USER["id"]) == SUMMARISED, "the resume's prompt is missing"
     assert client.parts.get(PROMPT_TEXT["id"]) == PROMPT_TEXT
     assert client.status == "idle"
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+async def test_a_client_back_at_any_moment_holds_the_settled_call_and_the_prompt(
+    live: LiveSettle, moment: str
+) -> None:
+    live.event(GlobalEvent("/cwd", "prj", "message.part.updated", {"sessionID": V1, "part": PART, "time": 1}))
+    live.following()  # the server crashed and is back
+    await live.tasks.idle()  # the part is confirmed orphaned, and announced
+    settled = await settled_part(live)
+    events = [("message.part.updated", {"part": settled, "time": 2}), *prompt_and_answer()]
+    client = await comes_back(live, events, MOMENTS[moment])
+    assert client.parts[PART["id"]]["state"]["status"] == "error", "the interrupted call still runs"
+    holds_the_settled_call_and_the_prompt(client, settled)
 
 
 def with_ids(events: list[tuple[str, dict[str, Any]]]) -> list[GlobalEvent]:
@@ -170,10 +180,7 @@ async def test_a_client_back_while_the_followed_stream_lags_is_sent_what_it_miss
             client.take(orjson.loads(flow.injected.get_nowait().removeprefix(b"data: "))["payload"])
         for event in events[back:]:  # the client's own stream, held until then
             client.take({"type": event.kind, "properties": event.properties})
-    assert client.parts[PART["id"]] == settled, "the interrupted call still runs"
-    assert client.messages.get(USER["id"]) == SUMMARISED, "the resume's prompt is missing"
-    assert client.parts.get(PROMPT_TEXT["id"]) == PROMPT_TEXT
-    assert client.status == "idle"
+    holds_the_settled_call_and_the_prompt(client, settled)
 
 
 async def test_a_client_back_goes_on_when_the_followed_stream_is_not_read_up_to_it(
@@ -208,18 +215,4 @@ async def test_a_client_back_after_a_write_back_of_a_call_the_stream_never_showe
     state = {**PART["state"], "status": "error", "error": V1_ERROR, "metadata": {"interrupted": True}}
     settled = {**PART, "state": {**state, "time": {"start": 1, "end": 2}}}
     events = [("message.part.updated", {"part": settled, "time": 2}), *prompt_and_answer()]
-    client, back = Client(), MOMENTS[moment]
-    for kind, properties in events[:back]:
-        live.event(GlobalEvent("/cwd", "prj", kind, {"sessionID": V1, **properties}))
-    flow = testing.flow("GET", "/global/event", response_headers=SSE)
-    async with testing.streaming(live, flow):
-        assert flow.injected is not None
-        while not flow.injected.empty():
-            client.take(orjson.loads(flow.injected.get_nowait().removeprefix(b"data: "))["payload"])
-        for kind, properties in events[back:]:
-            live.event(GlobalEvent("/cwd", "prj", kind, {"sessionID": V1, **properties}))
-            client.take({"type": kind, "properties": {"sessionID": V1, **properties}})
-    assert client.parts[PART["id"]] == settled, "the interrupted call still runs"
-    assert client.messages.get(USER["id"]) == SUMMARISED, "the resume's prompt is missing"
-    assert client.parts.get(PROMPT_TEXT["id"]) == PROMPT_TEXT
-    assert client.status == "idle"
+    holds_the_settled_call_and_the_prompt(await comes_back(live, events, MOMENTS[moment]), settled)
