@@ -164,6 +164,7 @@ class ClientStreams:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(CATCH_UP_WAIT):
                 await catch_up.over.wait()
+        subscriber.catch_up = None  # its own events go on now: one missed later would land after newer ones
         _log_caught_up(catch_up, subscriber)
 
     def _missed(self, subscriber: Subscriber, catch_up: CatchUp, missed: list[GlobalEvent]) -> None:
