@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.pairs import figures
+from bench.pairs import PathFigures, figures
 from bench.real_pairs import PairedRun
 from bench.report import fmt, markdown_table
 
-TARGETS = ("direct", "proxy", "nginx")
-HOPS = ("proxy", "nginx")
+TARGETS = ("direct", "relay", "proxy", "nginx")
+HOPS = ("proxy", "relay", "nginx")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,22 +57,14 @@ def render(
 
 def pairs_table(paired: dict[str, PairedRun]) -> str:
     """Per list and path: p50, p99, the median and p90 of what it adds over direct, its CPU per
-    request; on the proxy's line, how far its added median and p90 are from nginx's."""
+    request; on the proxy's line, how far its added median and p90 are from nginx's and from the
+    relay's (the proxy's own stack with no addons)."""
     lines = []
     for scenario, run in paired.items():
         found = {f.target: f for f in figures(run.times_ms, run.cpu_ms_per_request)}
-        nginx = found.get("nginx")
         for target, own in found.items():
-            beyond = "-"
-            if target == "proxy" and nginx is not None:
-                beyond = " / ".join(
-                    _signed(a - b)
-                    for a, b in (
-                        (own.added_median_ms, nginx.added_median_ms),
-                        (own.added_p90_ms, nginx.added_p90_ms),
-                    )
-                    if a is not None and b is not None
-                )
+            others = ("nginx", "relay") if target == "proxy" else ()
+            beyond = [_beyond(own, found.get(other)) for other in others] or ["-", "-"]
             added = (own.added_median_ms, own.added_p90_ms)
             lines.append(
                 [
@@ -82,12 +74,24 @@ def pairs_table(paired: dict[str, PairedRun]) -> str:
                     fmt(own.p50_ms),
                     fmt(own.p99_ms),
                     *("-" if value is None else _signed(value) for value in added),
-                    beyond,
+                    *beyond,
                     fmt(own.cpu_ms_per_request),
                 ]
             )
     header = ["list", "path", "requests", "p50 ms", "p99 ms", "added median ms", "added p90 ms"]
-    return markdown_table([*header, "proxy - nginx (median / p90)", "CPU ms/req"], lines)
+    beyond_header = ["proxy - nginx (median / p90)", "proxy - relay (median / p90)"]
+    return markdown_table([*header, *beyond_header, "CPU ms/req"], lines)
+
+
+def _beyond(own: PathFigures, other: PathFigures | None) -> str:
+    """How far `own`'s added median and p90 are from `other`'s."""
+    if other is None:
+        return "-"
+    return " / ".join(
+        _signed(a - b)
+        for a, b in ((own.added_median_ms, other.added_median_ms), (own.added_p90_ms, other.added_p90_ms))
+        if a is not None and b is not None
+    )
 
 
 def _signed(value: float) -> str:

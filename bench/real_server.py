@@ -1,4 +1,5 @@
-"""settle-proxy against the real `opencode serve`: message lists direct, through nginx and the proxy.
+"""settle-proxy against the real `opencode serve`: message lists direct, through the
+relay, nginx and the proxy.
 
 Run from the repository root: `python -m bench.real_server [--pairs N] [--rounds N]`. The fake
 upstream of `python -m bench` answers in microseconds, which makes the proxy's share look large;
@@ -41,6 +42,7 @@ from bench.targets import (
     TargetUnavailable,
     start_nginx,
     start_proxy,
+    start_relay,
 )
 from tests.integration.mock_model import MockModel
 from tests.integration.opencode_server import running_opencode
@@ -150,7 +152,8 @@ def run(
         server.restart()
         ctx = TargetContext(server.url, REPO, Path(tmp), settings.hop, settings.proxy_cmd)
         proxy = start_proxy(ctx, stack)
-        endpoints = {"direct": Endpoint("direct", server.url), "proxy": proxy}
+        relay = start_relay(ctx, stack)
+        endpoints = {"direct": Endpoint("direct", server.url), "relay": relay, "proxy": proxy}
         try:
             endpoints["nginx"] = start_nginx(ctx, stack)
         except TargetUnavailable as missing:
@@ -164,10 +167,11 @@ def run(
 def _paired(
     scenarios: list[Scenario], endpoints: dict[str, Endpoint], settings: Settings, notes: list[str]
 ) -> Iterator[tuple[str, PairedRun]]:
-    """Each list checked, then measured in pairs: direct, nginx, the proxy, one request each in turn."""
+    """Each list checked, then measured in pairs: direct, the relay, nginx, the proxy, one request
+    each in turn."""
     if not settings.pairs:
         return
-    order = [endpoints[name] for name in ("direct", "nginx", "proxy") if name in endpoints]
+    order = [endpoints[name] for name in ("direct", "relay", "nginx", "proxy") if name in endpoints]
     for scenario in scenarios:
         note = _checked(scenario, endpoints)
         notes.append(f"{scenario.name}: checked before the paired rounds, {note}")

@@ -48,19 +48,20 @@ def test_cpu_per_request_is_the_ticks_between_readings_over_the_requests_served(
         cpu_ms_per_request(0, 0, 100, 0)
 
 
-def test_the_table_puts_the_proxys_added_latency_beside_nginxs() -> None:
+def test_the_table_puts_the_proxys_added_latency_beside_nginxs_and_the_relays() -> None:
     direct = [20.0, 22.0, 21.0, 25.0]
     run = PairedRun(
         {
             "direct": direct,
+            "relay": [ms + 1.0 for ms in direct],
             "nginx": [ms + 2.0 for ms in direct],
             "proxy": [ms + 2.5 for ms in direct],
         },
-        {"nginx": 0.2, "proxy": 1.25},
+        {"relay": 0.5, "nginx": 0.2, "proxy": 1.25},
     )
     lines = {line.split(" | ")[1]: line for line in pairs_table({"v1-list-clean": run}).splitlines()[2:]}
-    assert lines["direct"] == "| v1-list-clean | direct | 4 | 21.0 | 25.0 | - | - | - | - |"
-    assert lines["nginx"] == "| v1-list-clean | nginx | 4 | 23.0 | 27.0 | +2.00 | +2.00 | - | 0.200 |"
+    assert lines["direct"] == "| v1-list-clean | direct | 4 | 21.0 | 25.0 | - | - | - | - | - |"
+    assert lines["nginx"] == "| v1-list-clean | nginx | 4 | 23.0 | 27.0 | +2.00 | +2.00 | - | - | 0.200 |"
     assert lines["proxy"] == (
-        "| v1-list-clean | proxy | 4 | 23.5 | 27.5 | +2.50 | +2.50 | +0.500 / +0.500 | 1.25 |"
+        "| v1-list-clean | proxy | 4 | 23.5 | 27.5 | +2.50 | +2.50 | +0.500 / +0.500 | +1.50 / +1.50 | 1.25 |"
     )
