@@ -2,14 +2,14 @@
 
 A body is only parsed when a byte scan finds a rule's trigger in it (for the built-in rules an
 open tool status, or an unfinished assistant message: a turn cut while the model was writing
-has no tool), and only when the
-session is inactive by a reading that is current once the whole body has arrived: one kept
-from the event stream (no event about the session since it was taken), or else a fresh one
-asked of the upstream. A reading vouches only for what was last alive well before it (the
-rules' `Liveness.vouches_for`, in the server's clock): when a kept one cannot vouch for all
-that a later reading would settle, a fresh one is asked, and what even that one cannot vouch
-for is left open (and decided afresh on the next fetch). Any doubt leaves the body exactly as
-the upstream sent it.
+has no tool), and only when the session is inactive by a reading that was current when the
+upstream answered (the body is what the server had then): one kept from the event stream (no
+event about the session since it was taken), looked up once, with the answer's headers, or
+else a fresh one asked of the upstream. A reading vouches only for what was last alive well
+before it (the rules' `Liveness.vouches_for`, in the server's clock): when a kept one cannot
+vouch for all that a later reading would settle, a fresh one is asked, and what even that one
+cannot vouch for is left open (and decided afresh on the next fetch). Any doubt leaves the
+body exactly as the upstream sent it.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from proxy.opencode.server_line import TOLD_1_18, ServerLine
 from proxy.opencode.tracker import LivenessTracker
 from proxy.relay import codings
 from proxy.relay.bounded import Bounded
-from proxy.relay.hooks import Addon, Flow
-from proxy.views.message_views import Held, MessageViews, Reason, Unchanged
+from proxy.relay.hooks import Addon, Flow, FlowKey
+from proxy.views.message_views import Held, Kept, MessageViews, Reason, Unchanged
 from proxy.views.rewrite import Rewritten
 from rules import DEFAULT_RULES, Api, Rule
 
@@ -43,6 +43,9 @@ _VALIDATORS = (hdrs.ETAG, hdrs.LAST_MODIFIED, "Content-MD5")
 WHOLE_BODY_LIMIT = 2**20
 REPORTED = 1_000
 """How many (session, problem) pairs are remembered as said: past it, one may be said again."""
+_KEPT = FlowKey[Kept]("settle: the stream's word on the view")
+"""The stream's word on a view answered 200, taken with its headers: it decides whether the
+body is read, and `response` settles by it."""
 
 
 class Settle(Addon):
@@ -83,12 +86,11 @@ class Settle(Addon):
         route = _route(flow)
         if route is None or flow.status != 200:
             return
+        kept = flow[_KEPT] = self._views.kept(route, flow.request.raw_path)
         is_json = flow.response_headers.get(hdrs.CONTENT_TYPE, "").startswith("application/json")
         # Unless there is something to check, a large body is relayed piece by piece, a smaller one
         # read whole: one write of it costs less than relaying its pieces (measured, 362 KB vs 3.6 MB).
-        relayed = (flow.content_length or 0) > WHOLE_BODY_LIMIT and (
-            self._views.kept(route, flow.request.raw_path).unchanged
-        )
+        relayed = (flow.content_length or 0) > WHOLE_BODY_LIMIT and kept.unchanged
         absent = codings.missing(_codings(flow))
         if is_json and absent and not relayed:
             log.warning(
@@ -100,11 +102,11 @@ class Settle(Addon):
             flow.read_whole(by=self.name)
 
     async def response(self, flow: Flow) -> None:
-        """Checked once each, in order of cost: the stream's word, the body's bytes, a reading."""
-        route = _route(flow)
-        if route is None:
+        """Checked once each, in order of cost: the stream's word (taken with the headers), the
+        body's bytes, a reading."""
+        route, kept = _route(flow), flow.get(_KEPT)
+        if route is None or kept is None:
             return
-        kept = self._views.kept(route, flow.request.raw_path)
         body = None if kept.unchanged else self._decoded(route, flow)
         if body is None or (route := await self._in_dialect(route, flow.request)) is None:
             return
