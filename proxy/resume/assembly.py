@@ -36,37 +36,41 @@ from proxy.resume.sending import Server
 from proxy.resume.watch import Candidate, Watch
 from proxy.writeback.scheduler import Writer
 
-__all__ = ["Resuming", "resuming"]
+__all__ = ["Resuming", "open_ledger", "resuming"]
 
 log = logging.getLogger(__name__)
 
 
-async def resuming(
+async def open_ledger(stack: AsyncExitStack, state_db: Path | None) -> Ledger | None:
+    """The durable record of each resume in `state_db`, closed with `stack`; or None, said once
+    in the log, when none can be kept: without it, nothing is resumed (`--resume` is off)."""
+    if state_db is None:
+        log.warning("--resume is off: there is no state database to record resumes in")
+        return None
+    try:
+        return await stack.enter_async_context(Ledger.open(state_db))
+    except (OSError, sqlite3.Error) as error:
+        log.warning("--resume is off: the state database %s cannot be used: %s", state_db, error)
+        return None
+
+
+def resuming(
     stack: AsyncExitStack,
     *,
+    ledger: Ledger,
     session: aiohttp.ClientSession,
     origin: URL,
     probe: LivenessProbe,
     writer: Writer | None,
     credentials: Credentials,
-    state_db: Path | None,
     journal: Journal,
     options: ResumeOptions,
     fates: Fates = no_fates,
     clients: Clients | None = None,
-) -> Resuming | None:
-    """`--resume` as a part that follows the stream, its resumers closed with `stack`; or None,
-    said once in the log, when no ledger can be kept: without the durable record of each resume,
-    nothing is resumed. `writer` is the write-back's, counted as it is; `fates` what became of
-    the interrupted calls' processes."""
-    if state_db is None:
-        log.warning("--resume is off: there is no state database to record resumes in")
-        return None
-    try:
-        ledger = await stack.enter_async_context(Ledger.open(state_db))
-    except (OSError, sqlite3.Error) as error:
-        log.warning("--resume is off: the state database %s cannot be used: %s", state_db, error)
-        return None
+) -> Resuming:
+    """`--resume` as a part that follows the stream, recording in `ledger`, its resumers closed
+    with `stack`. `writer` is the write-back's, counted as it is; `fates` what became of the
+    interrupted calls' processes."""
     api = UpstreamApi(session, origin)
     resumers = functools.partial(
         Resumer,

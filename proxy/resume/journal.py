@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -20,11 +20,12 @@ RECENT = 50
 
 
 class Journal:
-    """Logs, counts and keeps the recent decisions; `enabled` and `dry_run` are shown with them."""
+    """Logs, counts and keeps the recent decisions; `enabled` (whether `--resume` runs: asked for,
+    with a ledger) and `dry_run` are shown with them, as built."""
 
     def __init__(self, registry: CollectorRegistry, *, enabled: bool, dry_run: bool) -> None:
-        self.enabled = enabled
-        self.dry_run = dry_run
+        self.enabled: Final = enabled
+        self.dry_run: Final = dry_run
         self.resumes = Counter(
             "settle_proxy_resumes",
             "Resume decisions about interrupted turns, by outcome (--resume).",

@@ -45,7 +45,7 @@ from proxy.resume.journal import Journal
 from proxy.service.config import Settings
 from proxy.service.health import SettleRoutes
 from proxy.service.metrics import Metrics
-from proxy.service.starting import modes_said, resuming, tool_processes, write_back, writer
+from proxy.service.starting import modes_said, resume_ledger, resuming, tool_processes, write_back, writer
 from proxy.supervision.supervisor import Supervisor
 from proxy.supervision.tool_processes import ToolProcesses
 from proxy.writeback.scheduler import WriteBack
@@ -114,6 +114,8 @@ class Assembly:
     others: OtherProcesses
     tracker: LivenessTracker
     forwarder: Forwarder
+    journal: Journal
+    """Every resume decision; enabled when `--resume` keeps its ledger."""
     resuming: Resuming | None
     write_back: WriteBack | None
     """The write-back's scheduler: an embedding application may await its `settled`."""
@@ -132,7 +134,6 @@ class Assembly:
         self.supervisor = supervisor
         self.prefix = prefix
         self.metrics = metrics = Metrics()
-        self.journal = Journal(metrics.registry, enabled=settings.resume, dry_run=settings.dry_run)
         self.streams = OpenStreams()
         self.departures = Departures()
         self.background = background = Background()
@@ -182,9 +183,12 @@ class Assembly:
         addons = [factory(Built(settings, ctx, tracker, self.line, self.prefix)) for factory in self._addons]
         self.tool_processes = await tool_processes(settings.state_db, self.supervisor, self.others, stack)
         clients = next((addon for addon in addons if isinstance(addon, ResumeClients)), None)
-        self.resuming = await resuming(
+        ledger = await resume_ledger(settings, stack)
+        self.journal = Journal(metrics.registry, enabled=ledger is not None, dry_run=settings.dry_run)
+        self.resuming = resuming(
             settings,
             stack,
+            ledger=ledger,
             session=session,
             probe=probe,
             writer=written,
@@ -193,7 +197,6 @@ class Assembly:
             watcher=self.tool_processes,
             clients=clients,
         )
-        self.journal.enabled = self.resuming is not None
         parts = [*addons, self.routes.guard, self.tool_processes, self.resuming]
         dispatcher = wire(
             parts, tracker=tracker, background=self.background, errors=metrics.addon_errors, stack=stack

@@ -16,12 +16,13 @@ from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.server_line import KnownServer, ServerLine
 from proxy.opencode.surveys import OtherProcesses
-from proxy.resume.assembly import Resuming
+from proxy.resume.assembly import Resuming, open_ledger
 from proxy.resume.assembly import resuming as assembled_resuming
 from proxy.resume.clients import Clients
 from proxy.resume.decision import Policy
 from proxy.resume.fates import Fates, no_fates, process_fates
 from proxy.resume.journal import Journal
+from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import ResumeOptions
 from proxy.service.config import Settings
 from proxy.supervision.process_records import ProcessRecords
@@ -33,7 +34,7 @@ from proxy.writeback.db_writer import DbWriter
 from proxy.writeback.locks import SessionLocks, default_lock_dir
 from proxy.writeback.scheduler import CountingWriter, WriteBack, WriteBackMode, Writer
 
-__all__ = ["modes_said", "resuming", "tool_processes", "write_back", "writer"]
+__all__ = ["modes_said", "resume_ledger", "resuming", "tool_processes", "write_back", "writer"]
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +115,16 @@ async def tool_processes(
     return watcher
 
 
-async def resuming(
+async def resume_ledger(settings: Settings, stack: AsyncExitStack) -> Ledger | None:
+    """The ledger of `--resume`, if asked for and one can be kept; None: resume is off."""
+    return await open_ledger(stack, settings.state_db) if settings.resume else None
+
+
+def resuming(
     settings: Settings,
     stack: AsyncExitStack,
     *,
+    ledger: Ledger | None,
     session: aiohttp.ClientSession,
     probe: LivenessProbe,
     writer: Writer | None,
@@ -126,8 +133,8 @@ async def resuming(
     watcher: ToolProcesses | None,
     clients: Clients | None,
 ) -> Resuming | None:
-    """`--resume`, if asked for and a ledger can be kept: resume assembles itself from values."""
-    if not settings.resume:
+    """`--resume`, when it has its `ledger`: resume assembles itself from values."""
+    if ledger is None:
         return None
     options = ResumeOptions(
         Policy(settings.resume_attempts, settings.resume_within),
@@ -135,14 +142,14 @@ async def resuming(
         settings.dry_run,
         settings.resume_text,
     )
-    return await assembled_resuming(
+    return assembled_resuming(
         stack,
+        ledger=ledger,
         session=session,
         origin=settings.upstream,
         probe=probe,
         writer=writer,
         credentials=Credentials.configured(settings.authorization),
-        state_db=settings.state_db,
         journal=journal,
         options=options,
         fates=_fates(supervisor, watcher),
