@@ -29,7 +29,7 @@ from proxy.service.config import (
 from proxy.supervision import process_records
 from proxy.version import VERSION
 from proxy.writeback.database import default_path as opencode_database_path
-from proxy.writeback.locks import default_lock_dir
+from proxy.writeback.locations import locations
 from proxy.writeback.scheduler import WriteBackMode
 
 DESCRIPTION = """\
@@ -267,8 +267,9 @@ def _resume_flags(parser: argparse.ArgumentParser, flags: _Flags) -> None:
 
 
 def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Settings:
-    """Settings from parsed flags and, from `environ`, opencode's credentials and where tool
-    processes are recorded."""
+    """Settings from parsed flags and, from `environ`, opencode's credentials, where the write
+    locks live and where tool processes are recorded."""
+    where = locations(Path(args.db), environ=environ)
     return Settings(
         upstream=args.upstream,
         host=args.host,
@@ -280,9 +281,9 @@ def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Se
         response_timeout=args.response_timeout or None,
         write_back=WriteBackMode(args.write_back),
         grace=args.grace,
-        db_path=Path(args.db),
+        db_path=where.db_path,
         dry_run=args.dry_run,
-        lock_dir=default_lock_dir(environ),
+        lock_dir=where.lock_dir,
         state_db=state_path(environ),
         auth=args.auth,
         resume=bool(args.resume),

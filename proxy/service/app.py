@@ -3,8 +3,7 @@ what they use (`proxy.service.assembly`)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from aiohttp import web
 
@@ -13,6 +12,7 @@ from proxy.service.assembly import ADDONS, AddonFactory, Assembly
 from proxy.service.auth import require_basic_auth
 from proxy.service.config import Settings
 from proxy.supervision.supervisor import Supervisor
+from proxy.writeback.locations import locations
 
 __all__ = ["ASSEMBLY", "create_app", "mount"]
 
@@ -25,25 +25,26 @@ def create_app(
     *,
     supervisor: Supervisor | None = None,
     addons: Sequence[AddonFactory] = ADDONS,
-    environ: Mapping[str, str] = os.environ,
 ) -> web.Application:
     """Build the proxy application for `settings`; run it with `aiohttp.web` as usual.
 
     `supervisor` is the server `settle-proxy run` started; `addons` the addons, in order (one
-    more is one more factory); `environ` where an unset `db_path` or `lock_dir` is looked up.
-    To embed settlement in an existing aiohttp application, use `mount` instead.
+    more is one more factory). An unset `db_path` or `lock_dir` is its default location in
+    this process's environment, found now. To embed settlement in an existing aiohttp
+    application, use `mount` instead.
     """
-    return _application(settings, supervisor=supervisor, addons=addons, environ=environ, prefix="")
+    return _application(settings, supervisor=supervisor, addons=addons, prefix="")
 
 
 def mount(parent: web.Application, prefix: str, settings: Settings) -> web.Application:
     """Serve the proxy under `prefix` of an existing application (e.g. "/opencode").
 
     Requests below the prefix reach the upstream without it; the proxy's lifecycle
-    (upstream connections, write-back) follows the parent's start-up and cleanup.
+    (upstream connections, write-back) follows the parent's start-up and cleanup. An unset
+    `db_path` or `lock_dir` is found as `create_app` finds it.
     """
     prefix = "/" + prefix.strip("/")
-    app = _application(settings, supervisor=None, addons=ADDONS, environ=os.environ, prefix=prefix)
+    app = _application(settings, supervisor=None, addons=ADDONS, prefix=prefix)
     parent.add_subapp(prefix, app)
     return app
 
@@ -53,12 +54,14 @@ def _application(
     *,
     supervisor: Supervisor | None,
     addons: Sequence[AddonFactory],
-    environ: Mapping[str, str],
     prefix: str,
 ) -> web.Application:
+    """The application, its parts given every location resolved (the command line's settings
+    leave none unset, so its environment is the only one read)."""
     app = web.Application(middlewares=[require_basic_auth(*settings.auth)] if settings.auth else [])
+    where = locations(settings.db_path, settings.lock_dir)
     assembly = app[ASSEMBLY] = Assembly(
-        settings, addons=addons, supervisor=supervisor, prefix=prefix, environ=environ
+        settings, addons=addons, supervisor=supervisor, prefix=prefix, where=where
     )
     app.cleanup_ctx.append(assembly.run)
     app.on_response_prepare.append(drop_invented_headers)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
@@ -48,6 +48,7 @@ from proxy.service.metrics import Metrics
 from proxy.service.starting import modes_said, resume_ledger, resuming, tool_processes, write_back, writer
 from proxy.supervision.supervisor import Supervisor
 from proxy.supervision.tool_processes import ToolProcesses
+from proxy.writeback.locations import Locations
 from proxy.writeback.scheduler import WriteBack
 
 __all__ = ["ADDONS", "AddonFactory", "Assembly", "Built", "wire"]
@@ -128,7 +129,7 @@ class Assembly:
         addons: Sequence[AddonFactory] = ADDONS,
         supervisor: Supervisor | None = None,
         prefix: str = "",
-        environ: Mapping[str, str],
+        where: Locations,
     ) -> None:
         self.settings = settings
         self.supervisor = supervisor
@@ -143,7 +144,8 @@ class Assembly:
         self.routes = SettleRoutes(self)
         """The proxy's own `/_settle` routes; their details guard hears the stream too."""
         self._addons = addons
-        self._environ = environ
+        self.where = where
+        """Where the write-back works, every location resolved."""
 
     async def run(self, _: web.Application) -> AsyncIterator[None]:
         """`cleanup_ctx` entry: build the parts, in one stack, and close them in reverse."""
@@ -162,7 +164,7 @@ class Assembly:
         session = self.session = await stack.enter_async_context(upstream_session(settings.connect_timeout))
         upstream = UpstreamApi(session, settings.upstream)
         probe = self._liveness(upstream, stack)
-        written = await writer(settings, upstream, stack, self._environ, metrics.write_backs)
+        written = await writer(settings.write_back, self.where, upstream, stack, metrics.write_backs)
         scheduled = self.write_back = write_back(settings, probe, written, self.line)
         if scheduled is not None:
             stack.push_async_callback(scheduled.close)

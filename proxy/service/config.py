@@ -56,12 +56,13 @@ class Settings:
     """Seconds between the two liveness readings that must both find a session inactive."""
     db_path: Path | None = None
     """opencode's database for `write_back="db"`; None means its default location in this
-    process's environment (for embedding apps: the command line always says where)."""
+    process's environment, found by `create_app` or `mount` (the command line always says where)."""
     dry_run: bool = False
     """Decide, log and count settlements, but change no response and write nothing."""
     lock_dir: Path | None = None
     """Where v1 write-back locks live, shared by every proxy of this user on this host; None
-    means `$XDG_RUNTIME_DIR/settle-proxy` in this process's environment (the command line says)."""
+    means `$XDG_RUNTIME_DIR/settle-proxy` in this process's environment, found as `db_path` is
+    (the command line says)."""
     state_db: Path | None = None
     """Where tool processes are recorded with the calls that started them (`settle-proxy orphans`
     reads it); None records nothing. The command line sets `$XDG_STATE_HOME/settle-proxy/processes.db`."""

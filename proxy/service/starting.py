@@ -29,9 +29,10 @@ from proxy.supervision.process_records import ProcessRecords
 from proxy.supervision.supervisor import Orphans, Supervisor
 from proxy.supervision.tool_processes import ToolProcesses
 from proxy.writeback.api_writer import ApiWriter
-from proxy.writeback.database import OpencodeDatabase, default_path
+from proxy.writeback.database import OpencodeDatabase
 from proxy.writeback.db_writer import DbWriter
-from proxy.writeback.locks import SessionLocks, default_lock_dir
+from proxy.writeback.locations import Locations
+from proxy.writeback.locks import SessionLocks
 from proxy.writeback.scheduler import CountingWriter, WriteBack, WriteBackMode, Writer
 
 __all__ = ["modes_said", "resume_ledger", "resuming", "tool_processes", "write_back", "writer"]
@@ -40,19 +41,18 @@ log = logging.getLogger(__name__)
 
 
 async def writer(
-    settings: Settings,
+    mode: WriteBackMode,
+    where: Locations,
     upstream: UpstreamApi,
     stack: AsyncExitStack,
-    environ: Mapping[str, str],
     write_backs: Counter,
 ) -> Writer | None:
-    """The writer `--write-back` asks for, counted once (for the scheduler and the resume alike);
-    an unset location is opencode's default in `environ`."""
-    if settings.write_back is WriteBackMode.API:
-        made: Writer = ApiWriter(upstream, SessionLocks(settings.lock_dir or default_lock_dir(environ)))
-    elif settings.write_back is WriteBackMode.DB:
-        path = settings.db_path or default_path(environ)
-        made = DbWriter(await stack.enter_async_context(OpencodeDatabase.open(path)))
+    """The writer `--write-back` asks for, working `where` it is told, counted once (for the
+    scheduler and the resume alike)."""
+    if mode is WriteBackMode.API:
+        made: Writer = ApiWriter(upstream, SessionLocks(where.lock_dir))
+    elif mode is WriteBackMode.DB:
+        made = DbWriter(await stack.enter_async_context(OpencodeDatabase.open(where.db_path)))
     else:
         return None
     return CountingWriter(made, write_backs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from yarl import URL
@@ -11,6 +12,7 @@ from proxy.service.config import basic_authorization
 from proxy.writeback.scheduler import WriteBackMode
 
 HOME = Path.home()
+SERVICE = Path(__file__).resolve().parents[3] / "proxy" / "service"
 
 
 def test_settings_from_a_given_environment() -> None:
@@ -61,3 +63,9 @@ def test_opencode_credentials_need_a_password() -> None:
 
 def test_the_state_database_follows_xdg_state_home() -> None:
     assert state_path({"XDG_STATE_HOME": "/s"}) == Path("/s/settle-proxy/processes.db")
+
+
+def test_the_application_reads_no_environment() -> None:
+    """It is given settings and resolved locations (`proxy.writeback.locations`), never `os.environ`."""
+    reading = re.compile(r"\benviron\b|\bgetenv\b")
+    assert [path.name for path in SERVICE.glob("*.py") if reading.search(path.read_text())] == []

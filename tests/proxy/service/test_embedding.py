@@ -5,6 +5,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
@@ -13,6 +14,7 @@ from proxy import Settings, mount
 from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.config import WriteBackMode
 from proxy.testing import WAIT_S
+from proxy.writeback.locations import Locations
 from rules import Api
 from tests.fixtures import compact
 from tests.proxy.fake_opencode import FakeOpencode
@@ -44,6 +46,20 @@ async def test_mounted_under_a_prefix(
     echoed = await (await client.get("/opencode/echo?x=1")).json()
     assert echoed["path_qs"] == "/echo?x=1"
     assert (await client.get("/opencode/_settle/health")).status == 200
+
+
+def test_unset_locations_are_the_process_environment_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An embedding app leaves where the write-back works unset: `create_app` and `mount` find
+    opencode's defaults in the process environment; what it sets is kept."""
+    monkeypatch.setenv("XDG_DATA_HOME", "/process/data")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/process/run")
+    upstream = URL("http://127.0.0.1:4096")
+    made = create_app(Settings(upstream=upstream, lock_dir=Path("/locks")))
+    assert made[ASSEMBLY].where == Locations(Path("/process/data/opencode/opencode.db"), Path("/locks"))
+    mounted = mount(web.Application(), "/opencode", Settings(upstream=upstream))
+    assert mounted[ASSEMBLY].where == Locations(
+        Path("/process/data/opencode/opencode.db"), Path("/process/run/settle-proxy")
+    )
 
 
 def paging_upstream() -> web.Application:
