@@ -10,7 +10,7 @@ wrong answer.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import ItemsView, Iterator, MutableMapping, ValuesView
+from collections.abc import Callable, ItemsView, Iterator, MutableMapping, ValuesView
 from typing import TypeVar, overload
 
 K = TypeVar("K")
@@ -20,13 +20,16 @@ T = TypeVar("T")
 
 class Bounded(MutableMapping[K, V]):
     """A dict of at most `capacity` entries: setting a key beyond it forgets the least
-    recently set or read one. Iteration goes oldest first; `in`, `values()` and `items()`
-    refresh nothing: only reading or setting an entry makes it the most recent."""
+    recently set or read one, and hands it to `forgotten` (for what is kept beside it: an index,
+    a total; an entry deleted or popped is its taker's to account for). Iteration goes oldest
+    first; `in`, `values()` and `items()` refresh nothing: only reading or setting an entry makes
+    it the most recent."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, forgotten: Callable[[K, V], None] | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.capacity = capacity
+        self._forgotten = forgotten
         self._entries: OrderedDict[K, V] = OrderedDict()
 
     def __getitem__(self, key: K) -> V:
@@ -53,7 +56,9 @@ class Bounded(MutableMapping[K, V]):
         self._entries[key] = value
         self._entries.move_to_end(key)
         while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+            forgotten = self._entries.popitem(last=False)
+            if self._forgotten is not None:
+                self._forgotten(*forgotten)
 
     def __delitem__(self, key: K) -> None:
         del self._entries[key]

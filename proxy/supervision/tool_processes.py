@@ -115,7 +115,7 @@ class ToolProcesses:
         self.recorder: Recorder | None = None
         self._reported: Bounded[Identity, None] = Bounded(_REMEMBERED)
         self._writes: set[asyncio.Task[None]] = set()
-        self._calls: dict[str, ToolCall] = {}
+        self._calls: Bounded[str, ToolCall] = Bounded(_REMEMBERED, forgotten=self._forget)
         self._runtimes: dict[str, Api] = {}
         self._awaiting: set[str] = set()
         self._processes: Bounded[Identity, str] = Bounded(_REMEMBERED)
@@ -188,11 +188,12 @@ class ToolProcesses:
         self._calls[call] = ToolCall(session_id, call, tool, command)
         self._runtimes[call] = api
         self._awaiting.add(call)
-        while len(self._calls) > _REMEMBERED:
-            forgotten = self._calls.pop(next(iter(self._calls))).call
-            self._runtimes.pop(forgotten, None)
-            self._awaiting.discard(forgotten)
         self._write(self._tie())
+
+    def _forget(self, call: str, _: ToolCall) -> None:
+        """A call forgotten to make room for newer ones (past `_REMEMBERED`) waits for no process."""
+        self._runtimes.pop(call, None)
+        self._awaiting.discard(call)
 
     async def _tie(self) -> None:
         """Look for the processes of the calls that wait for one, a few times as they may start late."""

@@ -36,6 +36,17 @@ def test_iterating_and_asking_for_a_key_refresh_nothing() -> None:
     assert "b" not in kept
 
 
+def test_each_entry_forgotten_for_room_is_handed_over() -> None:
+    handed: list[tuple[str, int]] = []
+    kept: Bounded[str, int] = Bounded(2, forgotten=lambda key, value: handed.append((key, value)))
+    kept.update(a=1, b=2, c=3)
+    del kept["b"]
+    kept["d"] = 4
+    assert handed == [("a", 1)], "an entry deleted is not forgotten, and room was left"
+    kept["e"] = 5
+    assert handed == [("a", 1), ("c", 3)]
+
+
 def test_a_capacity_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         Bounded[str, int](0)

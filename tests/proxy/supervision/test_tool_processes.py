@@ -91,6 +91,21 @@ async def test_a_process_two_calls_could_run_is_tied_to_neither(tools: Tools, wa
     assert orphan.call is None
 
 
+async def test_a_call_forgotten_for_newer_ones_waits_for_no_process(
+    tools: Tools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tool_processes, "_SCAN_AFTER_S", (0.1,))
+    monkeypatch.setattr(tool_processes, "_REMEMBERED", 2)
+    watcher = ToolProcesses(this_process)
+    for number in range(3):
+        watcher.event(v1_part(f"prt_{number}", "running", f"sleep 62{number}"))
+    tools.start("sleep", "620")  # the command of the call forgotten for the later two
+    tools.start("sleep", "622")
+    await watcher.flush()  # its look for the processes (soon after each call started)
+    forgotten, newest = watcher.orphans([tool.pid for tool in tools])
+    assert (forgotten.as_json()["part"], newest.as_json()["part"]) == (None, "prt_2")
+
+
 async def test_a_tool_that_ended_unreaped_is_never_the_process_of_a_new_call(
     tools: Tools, watcher: ToolProcesses
 ) -> None:
