@@ -120,7 +120,9 @@ class RecentRewrites:
     """
 
     def __init__(self, budget: int = 64 * 2**20, views: int = REMEMBERED_VIEWS) -> None:
-        self._entries: Bounded[tuple[str, str], tuple[bytes, Rewritten]] = Bounded(views)
+        self._entries: Bounded[tuple[str, str], tuple[bytes, Rewritten]] = Bounded(
+            views, forgotten=self._forgotten
+        )
         self._budget = budget
         self._size = 0
 
@@ -146,18 +148,20 @@ class RecentRewrites:
         self._forget(key)
         size = len(body) + len(result.body) if result is not None else 0
         if result is not None and size <= self._budget:
-            while self._entries and (
-                self._size + size > self._budget or len(self._entries) == self._entries.capacity
-            ):
+            while self._entries and self._size + size > self._budget:
                 self._forget(next(iter(self._entries)))
-            self._entries[key] = (body, result)
+            self._entries[key] = (body, result)  # past `views`, the oldest is forgotten
             self._size += size
         return result
 
     def _forget(self, key: tuple[str, str]) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:
-            self._size -= len(entry[0]) + len(entry[1].body)
+            self._forgotten(key, entry)
+
+    def _forgotten(self, _: tuple[str, str], entry: tuple[bytes, Rewritten]) -> None:
+        """An entry gone (for the budget, or for room among the views) no longer counts against it."""
+        self._size -= len(entry[0]) + len(entry[1].body)
 
 
 class MessageViews:

@@ -192,3 +192,14 @@ def test_cache_busting_queries_keep_a_bounded_number_of_rewrites() -> None:
     assert len(recent._entries) == REMEMBERED_VIEWS
     assert recent.repeated("ses_x", "/v?_=2999", body) is not None
     assert recent.repeated("ses_x", "/v?_=0", body) is None
+
+
+def test_a_rewrite_forgotten_for_the_number_of_views_frees_its_bytes() -> None:
+    body = orjson.dumps(v2_history({1}))
+    rewritten = RecentRewrites().rewrite("/x", body, V2_LIST, INACTIVE, DEFAULT_RULES)
+    assert rewritten is not None
+    recent = RecentRewrites(budget=2 * (len(body) + len(rewritten.body)), views=2)
+    for view in ("/a", "/b", "/c", "/d"):  # /a goes for the number of views, then /b for the bytes
+        recent.rewrite(view, body, V2_LIST, INACTIVE, DEFAULT_RULES)
+    kept = [view for view in ("/a", "/b", "/c", "/d") if recent.repeated("ses_x", view, body)]
+    assert kept == ["/c", "/d"]
