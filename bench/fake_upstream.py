@@ -21,6 +21,9 @@ from bench.shapes import Api
 CHUNK = 256 * 1024
 DEFAULT_BLOB = 100 * 1024 * 1024
 JSON = "application/json"
+HEALTH = b'{"healthy":true,"version":"1.18.33"}'
+"""What 1.18.33 answers on `/global/health`: the proxy learns from it which server it fronts, and
+follows the events, writes and settles only for one it knows."""
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -42,6 +45,7 @@ class Upstream:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get(shapes.CONFIG_PATH, self._fixed(lambda: self.config))
+        app.router.add_get("/global/health", self._fixed(lambda: HEALTH))
         app.router.add_get("/api/session/active", self._fixed(lambda: self.v2_active))
         app.router.add_get("/api/session/{sid}/message", self._message(Api.V2))
         app.router.add_get("/session/status", self.status)
