@@ -14,6 +14,7 @@ from bench.fake_upstream import Upstream
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.server_line import LINE_1_18, ServerLine
 
+
 @pytest.fixture
 async def upstream_api(
     aiohttp_server: Callable[[web.Application], Awaitable[TestServer]],
