@@ -12,7 +12,8 @@ from yarl import URL
 from bench import shapes
 from bench.fake_upstream import Upstream
 from proxy.opencode.client import Credentials, UpstreamApi
-from proxy.opencode.server_line import LINE_1_18, ServerLine
+from proxy.opencode.dialects import LINE_1_18
+from proxy.opencode.server_line import ServerLine
 
 
 @pytest.fixture
