@@ -189,10 +189,16 @@ def test_turns_started_while_a_write_back_is_pending_are_never_written(
 
 
 def _fetch_then_prompt(proxy_url: str, opencode_url: str, pending: Pending) -> None:
-    """Fetch the stale view through the proxy (it settles and schedules the write), then prompt."""
-    reply = request("GET", proxy_url + pending.stale.turn.messages_path)
-    assert reply.status == 200
-    assert SETTLED_HEADER in reply.headers, f"{pending.stale.session_id}: the stale view was not settled"
+    """Fetch the stale view through the proxy until it settles and schedules the write (a fetch
+    within the freshness margin of the crash is left open, and decided afresh on the next), then
+    prompt."""
+
+    def settled() -> bool | None:
+        reply = request("GET", proxy_url + pending.stale.turn.messages_path)
+        assert reply.status == 200
+        return True if SETTLED_HEADER in reply.headers else None
+
+    poll(settled, what=f"{pending.stale.session_id}: the stale view settled", timeout=15)
     time.sleep(pending.delay_s)
     send_prompt(opencode_url, pending.stale.turn, pending.prompt)
 
