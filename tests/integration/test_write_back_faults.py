@@ -49,6 +49,7 @@ Measured on 1.18.33 (pinned by the tests named):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -63,6 +64,7 @@ from .kill_rounds import Killed, kill_rounds, report
 from .mock_model import MockModel
 from .opencode_server import OpencodeServer, running_opencode
 from .pairs import ForcedRace, Pairs, run_pairs
+from .polling import wait_past_freshness
 from .turns import observe_running
 
 pytestmark = pytest.mark.integration
@@ -101,7 +103,9 @@ def crashed(server: OpencodeServer) -> Crashed:
         server.url, server.project, {key: (key[1], "-".join(map(str, key))) for key in STALE}
     )
     server.crash()
+    crashed_at = int(time.time() * 1000)
     server.restart()
+    wait_past_freshness(server.url, crashed_at)  # every proxy's first fetch then settles
     return Crashed(stale, read_stored(server.database, list(stale.values())))
 
 
