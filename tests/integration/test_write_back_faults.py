@@ -62,9 +62,8 @@ from .faults import (
 )
 from .kill_rounds import Killed, kill_rounds, report
 from .mock_model import MockModel
-from .opencode_server import OpencodeServer, running_opencode
+from .opencode_server import OpencodeServer, running_opencode, wait_past_freshness
 from .pairs import ForcedRace, Pairs, run_pairs
-from .polling import wait_past_freshness
 from .turns import observe_running
 
 pytestmark = pytest.mark.integration
