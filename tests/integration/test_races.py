@@ -30,7 +30,6 @@ from typing import Any
 import pytest
 
 from .event_tap import EventTap
-from .http_client import request
 from .live_races import (
     DECISIONS,
     LIVE_GRACE_S,
@@ -49,7 +48,6 @@ from .polling import poll
 from .proxy_process import ProxyProcess, running, wait_all_decided, write_back_proxies
 from .races import (
     RACE_S,
-    SETTLED_HEADER,
     TURN_TIMEOUT_S,
     Race,
     Urls,
@@ -64,6 +62,7 @@ from .turns import (
     Observed,
     Runtime,
     Turn,
+    fetch_settled,
     send_prompt,
     start_turn,
     wait_tool_running,
@@ -192,13 +191,7 @@ def _fetch_then_prompt(proxy_url: str, opencode_url: str, pending: Pending) -> N
     """Fetch the stale view through the proxy until it settles and schedules the write (a fetch
     within the freshness margin of the crash is left open, and decided afresh on the next), then
     prompt."""
-
-    def settled() -> bool | None:
-        reply = request("GET", proxy_url + pending.stale.turn.messages_path)
-        assert reply.status == 200
-        return True if SETTLED_HEADER in reply.headers else None
-
-    poll(settled, what=f"{pending.stale.session_id}: the stale view settled", timeout=15)
+    fetch_settled(proxy_url + pending.stale.turn.messages_path)
     time.sleep(pending.delay_s)
     send_prompt(opencode_url, pending.stale.turn, pending.prompt)
 

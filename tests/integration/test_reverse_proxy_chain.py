@@ -14,12 +14,10 @@ import aiohttp
 import pytest
 
 from .front_proxies import FrontProxy
-from .http_client import Reply
 from .http_client import request as http_request
 from .opencode_server import OpencodeServer, directory_header
-from .polling import poll
 from .proxy_process import ProxyProcess
-from .turns import Turn, start_turn, wait_tool_running
+from .turns import Turn, fetch_settled, start_turn, wait_tool_running
 
 pytestmark = pytest.mark.integration
 
@@ -50,14 +48,8 @@ def chain(request: pytest.FixtureRequest, opencode: OpencodeServer, tmp_path: Pa
 
 
 def test_settled_view_through_the_chain(chain: str, stale_turn: Turn, opencode: OpencodeServer) -> None:
-    def settled() -> Reply | None:
-        """The view through the chain once settled: a fetch within the freshness margin of the crash
-        is left open, and decided afresh on the next."""
-        reply = http_request("GET", chain + stale_turn.messages_path)
-        assert reply.status == 200
-        return reply if reply.headers.get("x-settle-settled") == "1" else None
-
-    reply = poll(settled, what="the stale view settled through the chain", timeout=15)
+    reply = fetch_settled(chain + stale_turn.messages_path)
+    assert reply.headers.get("x-settle-settled") == "1"
     tool = next(p for m in reply.json() for p in m["parts"] if p["type"] == "tool")
     assert tool["state"]["status"] == "error"
     assert tool["state"]["metadata"]["interrupted"] is True

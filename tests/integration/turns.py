@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from .http_client import request
+from proxy.addons.settle import SETTLED_HEADER
+
+from .http_client import Reply, request
 from .opencode_server import directory_header
 from .polling import poll
 
@@ -242,3 +244,15 @@ def _stably_running(tool: dict[str, Any], runtime: Runtime) -> bool:
 def _expect(ok: bool, what: str, status: int, body: bytes) -> None:
     if not ok:
         raise AssertionError(f"{what} -> {status}: {body[:500]!r}")
+
+
+def fetch_settled(url: str, *, timeout: float = 15.0) -> Reply:
+    """GET `url`, a stale view through a proxy, until it comes back settled, as a client polls it:
+    a fetch within the freshness margin of the crash is left open, and decided afresh on the next."""
+
+    def settled() -> Reply | None:
+        reply = request("GET", url)
+        assert reply.status == 200, reply.body[:300]
+        return reply if reply.headers.get(SETTLED_HEADER) is not None else None
+
+    return poll(settled, what=f"{url} settled", timeout=timeout)
