@@ -20,9 +20,6 @@ from urllib.parse import quote
 
 import orjson
 
-from proxy.opencode.server_clock import parse_date
-from rules.liveness import FRESH_MARGIN_MS
-
 from .http_client import free_port, get_json, request, with_credentials
 from .opencode_config import opencode_environment, project_config
 from .polling import poll
@@ -97,9 +94,7 @@ class OpencodeServer:
     @property
     def pid(self) -> int:
         """The server's process id (its tools are its descendants)."""
-        if self._process is None:
-            raise RuntimeError("opencode is not running")
-        return self._process.pid
+        return self._require_process().pid
 
     @property
     def database(self) -> Path:
@@ -289,15 +284,3 @@ def running_opencode(
         yield server
     finally:
         server.stop()
-
-
-def wait_past_freshness(server_url: str, since_ms: int) -> None:
-    """Return once the server's own clock, read from its `Date` as the proxy reads it, is past
-    `FRESH_MARGIN_MS` after `since_ms`: a reading the proxy takes from then on vouches for anything
-    last alive before `since_ms` (a crash), so a first fetch settles it."""
-
-    def past() -> bool | None:
-        now = parse_date(request("GET", server_url + "/global/health").headers.get("Date"))
-        return True if now is not None and now > since_ms + FRESH_MARGIN_MS else None
-
-    poll(past, what="the server's clock past the freshness margin of the crash", timeout=10)

@@ -60,9 +60,10 @@ from .faults import (
     keys_of,
     read_stored,
 )
+from .freshness import wait_past_freshness
 from .kill_rounds import Killed, kill_rounds, report
 from .mock_model import MockModel
-from .opencode_server import OpencodeServer, running_opencode, wait_past_freshness
+from .opencode_server import OpencodeServer, running_opencode
 from .pairs import ForcedRace, Pairs, run_pairs
 from .turns import observe_running
 
