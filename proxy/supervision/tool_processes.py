@@ -115,7 +115,7 @@ class ToolProcesses:
         self.recorder: Recorder | None = None
         self._reported: Bounded[Identity, None] = Bounded(_REMEMBERED)
         self._writes: set[asyncio.Task[None]] = set()
-        self._calls: Bounded[str, ToolCall] = Bounded(_REMEMBERED, forgotten=self._forget)
+        self._calls: Bounded[str, ToolCall] = Bounded(_REMEMBERED, forgotten=self._forgotten)
         self._runtimes: dict[str, Api] = {}
         self._awaiting: set[str] = set()
         self._processes: Bounded[Identity, str] = Bounded(_REMEMBERED)
@@ -190,7 +190,7 @@ class ToolProcesses:
         self._awaiting.add(call)
         self._write(self._tie())
 
-    def _forget(self, call: str, _: ToolCall) -> None:
+    def _forgotten(self, call: str, _: ToolCall) -> None:
         """A call forgotten to make room for newer ones (past `_REMEMBERED`) waits for no process."""
         self._runtimes.pop(call, None)
         self._awaiting.discard(call)
