@@ -28,6 +28,7 @@ from .turns import (
     Runtime,
     find_running_tool,
     observe_running,
+    payload,
     read_messages,
     start_turn,
     wait_tool_running,
@@ -81,20 +82,20 @@ def _message_id(message: dict[str, Any], runtime: Runtime) -> str:
 
 def _pick_message(body: Any, runtime: Runtime, message_id: str) -> dict[str, Any]:
     """The message `message_id` out of a list or single-message body of either runtime."""
-    payload = body if runtime == "v1" else body["data"]
-    if isinstance(payload, dict):
-        return payload
-    matches: list[dict[str, Any]] = [m for m in payload if _message_id(m, runtime) == message_id]
+    listed = payload(body, runtime)
+    if isinstance(listed, dict):
+        return listed
+    matches: list[dict[str, Any]] = [m for m in listed if _message_id(m, runtime) == message_id]
     assert len(matches) == 1, f"message {message_id} appears {len(matches)} times"
     return matches[0]
 
 
 def _other_messages(body: Any, runtime: Runtime, message_id: str) -> list[dict[str, Any]]:
     """Every message of a list body except `message_id` (empty for a single-message body)."""
-    payload = body if runtime == "v1" else body["data"]
-    if isinstance(payload, dict):
+    listed = payload(body, runtime)
+    if isinstance(listed, dict):
         return []
-    return [m for m in payload if _message_id(m, runtime) != message_id]
+    return [m for m in listed if _message_id(m, runtime) != message_id]
 
 
 def _assert_passes_through(opencode_url: str, proxy_url: str, observed: Observed) -> None:

@@ -24,7 +24,7 @@ from .opencode_db import rows
 from .opencode_server import OpencodeServer
 from .polling import poll
 from .proxy_process import ProxyProcess
-from .turns import Observed, Runtime, start_turn, wait_tool_running
+from .turns import Observed, Runtime, payload, start_turn, wait_tool_running
 
 pytestmark = pytest.mark.integration
 
@@ -35,10 +35,9 @@ CASES: tuple[tuple[str, Runtime], ...] = (("db", "v1"), ("db", "v2"), ("api", "v
 
 
 def _tools(body: bytes, runtime: Runtime) -> list[dict[str, Any]]:
-    messages = json.loads(body)
     return [
         item
-        for message in (messages if runtime == "v1" else messages["data"])
+        for message in payload(json.loads(body), runtime)
         for item in message.get("parts" if runtime == "v1" else "content", [])
         if item.get("type") == "tool"
     ]

@@ -42,6 +42,7 @@ from .turns import (
     find_running_tool,
     is_active,
     observe_running,
+    payload,
     read_messages,
 )
 
@@ -149,8 +150,7 @@ def _observe(server: OpencodeServer, keys: list[Key]) -> dict[Key, Observed]:
 def _view(base_url: str, observed: Observed) -> tuple[dict[str, str], list[dict[str, Any]]]:
     reply = request("GET", f"{base_url}{observed.turn.messages_path}")
     assert reply.status == 200, reply.body[:300]
-    body = reply.json()
-    return dict(reply.headers.items()), body if observed.turn.runtime == "v1" else body["data"]
+    return dict(reply.headers.items()), payload(reply.json(), observed.turn.runtime)
 
 
 def _wait_written(server: OpencodeServer, stale: dict[Key, Observed]) -> dict[Key, list[dict[str, Any]]]:

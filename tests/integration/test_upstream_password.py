@@ -29,8 +29,10 @@ from .turns import (
     RUNTIMES,
     Observed,
     Runtime,
+    fetch_settled,
     find_running_tool,
     observe_running,
+    payload,
     read_messages,
 )
 
@@ -41,8 +43,6 @@ PROXY_CREDENTIALS = ("none", "own")
 """Proxies under test: without credentials of their own, and with `OPENCODE_SERVER_PASSWORD`."""
 
 _EVENTS_TIMEOUT_S = 15.0
-_SETTLED_TIMEOUT_S = 15.0
-"""Well past `rules.liveness.FRESH_MARGIN_MS` after the crash."""
 
 
 @dataclass(frozen=True)
@@ -84,10 +84,6 @@ def _tool(messages: list[dict[str, Any]], runtime: Runtime, tool_id: str) -> dic
     return found[0]
 
 
-def _settled(state: dict[str, Any]) -> dict[str, Any] | None:
-    return None if state["status"] == "running" else state
-
-
 def _same_refusal(direct: Reply, proxied: Reply) -> None:
     assert direct.status == 401, f"premise: the server should refuse, got {direct.status}"
     assert proxied.status == 401, f"the proxy let through what the server refuses: {proxied.status}"
@@ -106,13 +102,8 @@ def test_client_with_credentials_sees_the_stale_tool_settled(
     assert direct.tool["id"] == observed.tool_id, "premise: the same tool"
 
     through = with_credentials(proxy.url, "opencode", PASSWORD)
-    # A view read within `FRESH_MARGIN_MS` of the crash is left open and decided afresh on the next
-    # fetch, as a client polls it: the restart can be quicker than that.
-    state = poll(
-        lambda: _settled(_tool(read_messages(through, observed.turn), runtime, observed.tool_id)["state"]),
-        what="the stale tool settled through the proxy",
-        timeout=_SETTLED_TIMEOUT_S,
-    )
+    settled = fetch_settled(through + observed.turn.messages_path)
+    state = _tool(payload(settled.json(), runtime), runtime, observed.tool_id)["state"]
 
     assert state["status"] == "error"
     assert state["error"] == (V1_PART_ERROR if runtime == "v1" else V2_TOOL_ERROR)

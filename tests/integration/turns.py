@@ -210,9 +210,13 @@ def read_messages(base_url: str, turn: Turn) -> list[dict[str, Any]]:
     """The turn's messages as a plain list (unwrapping the v2 `{"data": [...]}` envelope)."""
     reply = request("GET", f"{base_url}{turn.messages_path}")
     _expect(reply.status == 200, f"GET {turn.messages_path}", reply.status, reply.body)
-    body = reply.json()
-    messages: list[dict[str, Any]] = body if turn.runtime == "v1" else body["data"]
+    messages: list[dict[str, Any]] = payload(reply.json(), turn.runtime)
     return messages
+
+
+def payload(body: Any, runtime: Runtime) -> Any:
+    """What a message view of `runtime` holds: the v1 body itself, the v2 envelope's `data`."""
+    return body if runtime == "v1" else body["data"]
 
 
 def find_running_tool(messages: list[dict[str, Any]], runtime: Runtime) -> RunningTool | None:
