@@ -1,6 +1,6 @@
-"""Small modules and functions stay small: no Python file of the project over 300 lines, no
-function or method over 60 (its decorators aside), so that a piece of the proxy can be read
-whole. A file that grows past the bound is split by concept, a function by step."""
+"""Functions stay small and modules hold one concept: no function or method over 60 lines (its
+decorators aside), so that a step can be read whole; a module may be as long as its one concept
+needs, up to 600 lines, past which it surely holds two. Splits follow concepts, not a count."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TREES = ("proxy", "rules", "tests", "bench", "scripts")
-MODULE_LINES = 300
+MODULE_LINES = 600
 FUNCTION_LINES = 60
 
 

@@ -20,14 +20,6 @@ _FAILED = pytest.StashKey[bool]()
 _LOG_LINES_SHOWN = 120
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Register the marker here so `-m integration` works without touching pyproject.toml."""
-    config.addinivalue_line(
-        "markers", "integration: runs the real opencode server (slow, needs the npm binary)"
-    )
-    config.addinivalue_line("markers", "slow: takes seconds to minutes (load, races, real-server faults)")
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
