@@ -77,9 +77,32 @@ def in_the_source(message: str) -> bool:
     return any(pattern.search(literal) for literal in LITERALS)
 
 
+def said_by_the_source(line: str) -> bool:
+    """Whether some literal of the source, its values filled in, is `line` (a literal with little
+    text of its own, such as a lone `%s`, says nothing)."""
+    for literal in LITERALS:
+        pieces = literal.split("…")
+        if sum(map(len, pieces)) >= 12 and re.fullmatch(".+?".join(map(re.escape, pieces)), line):
+            return True
+    return False
+
+
+def test_the_banner_is_what_the_proxy_prints() -> None:
+    """The README's log lines, less their time, level and logger, and the fields after them."""
+    (banner,) = [body for lang, body in _BLOCK.findall(README) if lang == "text"]
+    lines = banner.strip().splitlines()
+    assert len(lines) >= 2
+    for line in lines:
+        message = re.sub(r"^\S+ \S+ [A-Z]+ [\w.]+: ", "", line)
+        message = re.sub(r"( \w+=\S+)+$", "", message)
+        assert said_by_the_source(message), message
+
+
 def test_a_message_not_in_the_source_is_not_found() -> None:
     assert in_the_source("write-back of … failed (mode=…); nothing half-written: …")
     assert not in_the_source("write-back of … succeeded (mode=…)")
+    assert said_by_the_source("following /global/event: liveness now comes from events")
+    assert not said_by_the_source("following /global/event: liveness now comes from guesses")
 
 
 TROUBLESHOOTING = (DOCS / "troubleshooting.md").read_text()

@@ -8,6 +8,7 @@ transcript of a failure; `tests/test_docs.py` runs those.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -122,6 +123,8 @@ async def test_each_command_is_true(page: str, command: str, monkeypatch: pytest
         _parses(arguments if program == "settle-proxy" else words[3:])
     elif program == "curl":
         await _names_a_route(arguments)
+    elif program in ("python", "python3"):
+        _runs_what_exists(arguments)
     elif program == "pip":
         _installs_what_exists(arguments)
     elif program in EXTERNAL:
@@ -151,6 +154,14 @@ async def _names_a_route(arguments: list[str]) -> None:
     resource = match.route.resource
     assert resource is not None
     assert resource.canonical == url.path, f"{url.path} is no route of the proxy"
+
+
+def _runs_what_exists(arguments: list[str]) -> None:
+    """`python3 -m MODULE` names a module of the checkout, `python3 FILE` a file in it."""
+    if arguments[0] == "-m":
+        assert importlib.util.find_spec(arguments[1]) is not None, arguments[1]
+    else:
+        assert (ROOT / arguments[0]).is_file(), arguments[0]
 
 
 def _installs_what_exists(arguments: list[str]) -> None:
