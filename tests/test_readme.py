@@ -14,20 +14,22 @@ import os
 import re
 import shlex
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import make_mocked_request
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from yarl import URL
 
 from proxy import Settings
 from proxy.cli import run as run_command
 from proxy.cli.main import PARSERS
 from proxy.service.app import create_app
+from proxy.supervision.server_command import free_loopback_port
 from tests.fixtures import load
+from tests.proxy.fake_opencode import FakeOpencode
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
@@ -217,3 +219,26 @@ def test_settle_view_example() -> None:
 )
 def test_every_json_block_parses(page: str, block: str) -> None:
     json.loads(block)
+
+
+async def test_the_up_answer_is_what_the_readme_shows(
+    aiohttp_server: Callable[[web.Application], Awaitable[TestServer]],
+    aiohttp_client: Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]],
+) -> None:
+    """The README's `curl …/_settle/up` prints its ```json block while the server answers."""
+    upstream = await aiohttp_server(FakeOpencode().app())
+    proxy = await aiohttp_client(create_app(Settings(upstream=URL(str(upstream.make_url("/"))))))
+    answer = await proxy.get("/_settle/up")
+    (shown,) = blocks("json")
+    assert answer.status == 200
+    assert await answer.text() == shown.strip()
+
+
+async def test_up_says_down_with_a_503_while_the_server_cannot_be_reached(
+    aiohttp_client: Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]],
+) -> None:
+    nobody = URL.build(scheme="http", host="127.0.0.1", port=free_loopback_port())
+    proxy = await aiohttp_client(create_app(Settings(upstream=nobody)))
+    answer = await proxy.get("/_settle/up")
+    assert answer.status == 503
+    assert await answer.json() == {"status": "down"}
