@@ -75,7 +75,7 @@ def rows(parser: argparse.ArgumentParser) -> Iterator[Row]:
 def _default(action: argparse.Action) -> str:
     if action.nargs == 0:
         return "off"
-    if action.default in (None, ""):
+    if action.default is None or action.default in ("", []):  # `append` flags default to a list
         return "none"
     return f"`{str(action.default).replace(str(Path.home()), '~')}`"
 
