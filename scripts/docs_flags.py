@@ -6,17 +6,19 @@ page differs from what this renders. After changing a flag, run
 
     python3 scripts/docs_flags.py --write
 
-Every parser is built with an empty environment, so a default shows as a user without any
-`SETTLE_*` or `XDG_*` variable gets it, and the home directory as `~`.
+Every parser is built in an environment without `SETTLE_*`, `XDG_*` or `OPENCODE_*` variables, so
+a default shows as such a user gets it, and the home directory as `~`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the checkout's own code, wherever the script is run from
@@ -87,12 +89,21 @@ def _meaning(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _without_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` less every variable that would change a default: the parsers read `os.environ`."""
+    return {name: value for name, value in environ.items() if not name.startswith(_SETTINGS)}
+
+
+_SETTINGS = ("SETTLE_", "XDG_", "OPENCODE_")
+
+
 def table() -> str:
     """The markdown table: a flag shared by several commands with the same meaning is one row."""
     merged: dict[Row, list[str]] = {}
-    for word, build in PARSERS.items():
-        for row in rows(build(environ={})):  # type: ignore[call-arg]
-            merged.setdefault(row, []).append(f"`{command_name(word)}`")
+    with mock.patch.dict(os.environ, _without_settings(os.environ), clear=True):
+        for word, build in PARSERS.items():
+            for row in rows(build()):
+                merged.setdefault(row, []).append(f"`{command_name(word)}`")
     lines = ["| flag | variable | commands | default | what it does |", "| --- | --- | --- | --- | --- |"]
     lines += [
         f"| {row.flag} | {row.variable} | {', '.join(commands)} | {row.default} | {row.meaning} |"
