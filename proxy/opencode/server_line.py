@@ -147,8 +147,10 @@ class ServerLine:
         self.listeners: list[Callable[[KnownServer], None]] = []
 
     def user(self) -> str | None:
-        """The user the known server's line always takes (2.x: `opencode`), if it fixes one."""
-        return self.current.dialect.username if self.current is not None else None
+        """The user the line of the server known last always takes (2.x: `opencode`), if it fixes
+        one: while a restarted server is asked again, its line is still the likeliest."""
+        known = self.current or self._last
+        return known.dialect.username if known is not None else None
 
     def health_route(self, dialect: Dialect) -> str:
         """The route to ask whether a server of `dialect` is up: the one the server last known

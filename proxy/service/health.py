@@ -42,6 +42,7 @@ class SettleRoutes:
             settings.authorization,
             self._status_without_credentials,
             behind_own_auth=settings.auth is not None,
+            user=self._line_user,
         )
 
     def add_to(self, app: web.Application) -> None:
@@ -146,6 +147,10 @@ class SettleRoutes:
                 return {"reachable": True, "status": response.status, "route": path} | said
         except (aiohttp.ClientError, TimeoutError) as error:
             return {"reachable": False, "error": str(error) or type(error).__name__} | said
+
+    def _line_user(self) -> str | None:
+        """The user the upstream's line fixes (the line is built when the application starts)."""
+        return self._assembly.line.user()
 
     def _server_now(self) -> object:
         """Which server a reading is of: the one the line knows (none once its stream was lost),

@@ -48,6 +48,22 @@ FROM_SOURCE = "local"
 branch @2092350c: /work/shared/OPENCODE.md, "opencode v2 measured")."""
 
 
+VARIANTS: dict[str, dict[str, Any]] = {
+    "2.1.2": {},
+    "from source": {"version": FROM_SOURCE, "health_route": "health"},
+    "from source, compressing": {"version": FROM_SOURCE, "health_route": "health", "compress": True},
+}
+"""The servers a test of the proxy in front of 2.x runs against, by name: a release; the `v2`
+branch built from source @2092350c (`StandIn.from_source`); and it compressing what a client
+accepts compressed, as newer 2.x servers do (`Process.compress`)."""
+VARIANT_FLAGS: dict[str, tuple[str, ...]] = {
+    "2.1.2": (),
+    "from source": ("--from-source",),
+    "from source, compressing": ("--from-source", "--compress"),
+}
+"""The same variants as `tests/opencode2/serve.py` flags."""
+
+
 def random_password() -> str:
     """What plain `serve` makes without `OPENCODE_PASSWORD`: `randomBytes(32).toString("base64url")`
     (`packages/cli/src/server-process.ts` `processEffect` @05647a255acf)."""
