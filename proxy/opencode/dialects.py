@@ -76,8 +76,9 @@ class HealthShape:
 
 @dataclass(frozen=True, slots=True)
 class Dialect:
-    """What one server line serves. `versions` is `[first, past)`: a patch release of a known line
-    is that line (1.18.34 behaves as 1.18.33, measured)."""
+    """What one server line serves. `versions` is `[first, past)`, the releases it was measured on
+    and the only ones written into (a patch release is among them: 1.18.34 behaves as 1.18.33,
+    measured); a server of the line outside them is still read, followed, told and resumed as it."""
 
     name: str
     versions: tuple[Version, Version]
