@@ -303,20 +303,28 @@ def _say(known: KnownServer) -> None:
         log.info("upstream is opencode %s: the %s line", version, line, extra={"fields": fields})
     elif known.from_source:
         log.info(
-            "upstream is opencode, version %s, from-source build: the %s line, by its %s answer; read, "
-            "followed, told and resumed as that line; nothing is written into it",
+            "upstream is opencode, version %s, from-source build: the %s line, by its %s answer; %s",
             version,
             line,
             route,
+            _done(known),
             extra={"fields": fields | {"build": "from source"}},
         )
     else:
         log.warning(
             "opencode %s is past the releases of the %s line this proxy was measured on (%s): it answers %s "
-            "as that line does, so it is read, followed, told and resumed as it; nothing is written into it",
+            "as that line does; %s",
             version,
             line,
             known.dialect.releases(),
             route,
+            _done(known),
             extra={"fields": fields},
         )
+
+
+def _done(known: KnownServer) -> str:
+    """What is done on a server of a known line that is not written into."""
+    if known.refusal("resume") is None:
+        return "read, followed, told and resumed as that line; nothing is written into it"
+    return "read, followed and told as that line; nothing is written into it, so no turn is resumed"

@@ -116,6 +116,11 @@ async def test_each_shape_and_version_gives_a_line_followed_and_told_and_written
     assert said[0].levelno == (logging.WARNING if not writable and not from_source else logging.INFO)
     if from_source:
         assert f"version {version}, from-source build" in said[0].getMessage()
+    if not writable:
+        done = (
+            "resumed as that line" if line is LINE_2X else "nothing is written into it, so no turn is resumed"
+        )
+        assert done in said[0].getMessage()
 
 
 def _captured() -> Routes:

@@ -175,7 +175,7 @@ async def test_a_release_past_the_line_is_that_line_and_written_into_never(
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "opencode 3.0.0 is past the releases of the 2.x line" in warnings[0]
-    assert "read, followed, told and resumed as it; nothing is written into it" in warnings[0]
+    assert "read, followed, told and resumed as that line; nothing is written into it" in warnings[0]
 
 
 async def test_an_unreachable_server_is_not_known() -> None:
