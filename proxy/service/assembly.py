@@ -162,7 +162,8 @@ class Assembly:
     async def _assemble(self, stack: AsyncExitStack) -> None:
         settings, metrics = self.settings, self.metrics
         session = self.session = await stack.enter_async_context(upstream_session(settings.connect_timeout))
-        upstream = UpstreamApi(session, settings.upstream)
+        self._server_line(session, stack)
+        upstream = UpstreamApi(session, settings.upstream, user=self.line.user)
         probe = self._liveness(upstream, stack)
         written = await writer(settings.write_back, self.where, upstream, stack, metrics.write_backs)
         scheduled = self.write_back = write_back(settings, probe, written, self.line)
@@ -198,6 +199,7 @@ class Assembly:
             supervisor=self.supervisor,
             watcher=self.tool_processes,
             clients=clients,
+            line=self.line,
         )
         parts = [*addons, self.routes.guard, self.tool_processes, self.resuming]
         dispatcher = wire(
@@ -220,12 +222,19 @@ class Assembly:
             elsewhere=others,
             lookups=metrics.liveness_requests,
         )
-        line = self.line = ServerLine(upstream, Credentials.configured(settings.authorization))
+        return probe
+
+    def _server_line(self, session: aiohttp.ClientSession, stack: AsyncExitStack) -> None:
+        """Which server the upstream is, asked on its own client (each route as the user of the
+        line it belongs to), and asked again, under `run`, each time the server exits."""
+        settings = self.settings
+        line = self.line = ServerLine(
+            UpstreamApi(session, settings.upstream), Credentials.configured(settings.authorization)
+        )
         line.listeners.append(modes_said(settings))
         if (supervisor := self.supervisor) is not None:
             supervisor.exited.append(line.forget)
             stack.callback(supervisor.exited.remove, line.forget)
-        return probe
 
     def _forwarder(self, addons: Addons, stack: AsyncExitStack) -> Forwarder:
         """The catch-all handler's forwarder, and its transport (closed with `stack`)."""
