@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 NEWEST = "4"
 """Messages asked for to find the session's newest assistant message (a person's queued message
 may be newer)."""
-_PAUSES_S = (0.0, 0.5, 1.0, 2.0)
+PAUSES_S = (0.0, 0.5, 1.0, 2.0)
 """Before each attempt to read the session: a server that has just restarted may not answer at once."""
 _FAILURES = (UpstreamRefused, aiohttp.ClientError, OSError, TimeoutError, ValueError)
 
@@ -135,7 +135,7 @@ class Notices(Addon):
 
     async def _place(self, notice: Notice) -> Place | None:
         error: BaseException | None = None
-        for pause in _PAUSES_S:
+        for pause in PAUSES_S:
             await asyncio.sleep(pause)
             try:
                 return await self._read(notice)
