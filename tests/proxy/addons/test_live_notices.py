@@ -2,6 +2,7 @@
 later and after a view of its messages, and taken back when the wait ends."""
 
 import asyncio
+import logging
 from typing import Any
 
 import orjson
@@ -9,8 +10,12 @@ import pytest
 
 from proxy import testing
 from proxy.addons import live_notices
+from proxy.addons.context import SettleContext
 from proxy.addons.live import LiveSettle
+from proxy.opencode.client import UpstreamApi
+from proxy.opencode.liveness import LivenessProbe
 from proxy.service.app import ASSEMBLY
+from proxy.service.metrics import Metrics
 from proxy.testing import WAIT_S
 from tests.proxy.addons.live_streams import MESSAGE, V1, events
 from tests.proxy.addons.test_live_clients import SSE, drained
@@ -156,3 +161,29 @@ async def test_the_assemblys_announcer_tells_a_client_stream_through_the_proxy(
     assert again["payload"]["properties"]["part"]["id"] == told["payload"]["properties"]["part"]["id"]
     announcer.ended(V1)
     assert (await anext(stream))["payload"]["type"] == "message.part.removed"
+
+
+async def test_a_dry_run_tells_nothing_and_says_so(
+    upstream_api: UpstreamApi, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+) -> None:
+    serving(fake, MESSAGE)
+    ctx = SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0, dry_run=True)
+    live = LiveSettle(ctx)
+    caplog.set_level(logging.INFO)
+    async with testing.streaming(live, global_stream()) as stream:
+        live.notices.waiting(V1, "/cwd", TITLE, SAID)
+        await told(live)
+        assert drained(stream.injected) == []
+    assert f"session {V1} waits for a person: the client streams would be told (dry run)" in caplog.text
+
+
+async def test_a_2x_stream_is_not_told_what_only_1_18_clients_draw(
+    live: LiveSettle, fake: FakeOpencode
+) -> None:
+    serving(fake, MESSAGE)
+    api = testing.flow("GET", "/api/event", response_headers=SSE)
+    async with testing.streaming(live, api) as stream, testing.streaming(live, global_stream()) as other:
+        live.notices.waiting(V1, "/cwd", TITLE, SAID)
+        await told(live)
+        assert drained(stream.injected) == []
+        assert notice_of(drained(other.injected))["text"] == TEXT
