@@ -122,9 +122,9 @@ class Assembly:
     write_back: WriteBack | None
     """The write-back's scheduler: an embedding application may await its `settled`."""
     tool_processes: ToolProcesses | None
-    announcer: Notices | None
-    """Tells the client streams that a turn waits for a person (the resume's Announcer); None
-    without the live-settle addon."""
+    notices: Notices | None
+    """Tells the client streams that a turn waits for a person: the resume's Announcer unless the
+    application gives one; None without the live-settle addon."""
 
     def __init__(
         self,
@@ -190,7 +190,7 @@ class Assembly:
         self.tool_processes = await tool_processes(settings.state_db, self.supervisor, self.others, stack)
         clients = next((addon for addon in addons if isinstance(addon, ResumeClients)), None)
         live = next((addon for addon in addons if isinstance(addon, LiveSettle)), None)
-        self.announcer = live.notices if live is not None else None
+        self.notices = live.notices if live is not None else None
         ledger = await resume_ledger(settings, stack)
         self.journal = Journal(metrics.registry, enabled=ledger is not None, dry_run=settings.dry_run)
         self.resuming = resuming(
@@ -205,7 +205,7 @@ class Assembly:
             watcher=self.tool_processes,
             clients=clients,
         )
-        parts = [*addons, self.announcer, self.routes.guard, self.tool_processes, self.resuming]
+        parts = [*addons, self.notices, self.routes.guard, self.tool_processes, self.resuming]
         dispatcher = wire(
             parts, tracker=tracker, background=self.background, errors=metrics.addon_errors, stack=stack
         )

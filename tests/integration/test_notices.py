@@ -3,7 +3,7 @@ across a crash and opened after it, show the notice the resume's Announcer gives
 when the wait ends.
 
 The proxy runs in this process (an aiohttp runner on a free port) in front of the real server, so
-the test calls what the resume calls: the assembly's `announcer` (`waiting`, then `ended`). A v1
+the test calls what the resume calls: the assembly's `notices` (`waiting`, then `ended`). A v1
 turn runs `echo hello && sleep 600`; a TUI and a page watch it through the proxy; the server is
 SIGKILLed and restarted; the turn is announced waiting; a second TUI and a second page open. Each
 of the four is waited on until it shows the notice's text (bounded; the failure shows the
@@ -57,8 +57,8 @@ async def in_process_proxy(upstream: str) -> AsyncIterator[tuple[str, Notices]]:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         host, port = runner.addresses[0][:2]
-        announcer = app[ASSEMBLY].announcer
-        assert announcer is not None, "the assembly exposes no announcer"
+        announcer = app[ASSEMBLY].notices
+        assert announcer is not None, "the assembly exposes no notices"
         yield f"http://{host}:{port}", announcer
     finally:
         await runner.cleanup()

@@ -146,10 +146,10 @@ async def test_a_session_whose_messages_cannot_be_read_is_said_in_the_log(
 async def test_the_assemblys_announcer_tells_a_client_stream_through_the_proxy(
     live_proxy: ProxyClient, fake: FakeOpencode
 ) -> None:
-    """What the resume is handed (`Assembly.announcer`) is wired: its stream is the live addon's,
+    """What the resume is handed (`Assembly.notices`) is wired: its stream is the live addon's,
     and a view of the session's messages through the proxy is followed by the notice again."""
     serving(fake, MESSAGE)
-    announcer = live_proxy.app[ASSEMBLY].announcer
+    announcer = live_proxy.app[ASSEMBLY].notices
     assert announcer is not None
     stream = events(await live_proxy.get("/global/event"))
     assert (await anext(stream))["payload"]["type"] == "server.connected"
