@@ -21,6 +21,7 @@ from prometheus_client import Counter
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live import LiveSettle
+from proxy.addons.live_notices import Notices
 from proxy.addons.mounted_links import MountedLinks
 from proxy.addons.resume_clients import ResumeClients
 from proxy.addons.routing import Routing
@@ -121,6 +122,9 @@ class Assembly:
     write_back: WriteBack | None
     """The write-back's scheduler: an embedding application may await its `settled`."""
     tool_processes: ToolProcesses | None
+    notices: Notices | None
+    """Tells the client streams that a turn waits for a person: the resume's Announcer unless the
+    application gives one; None without the live-settle addon."""
 
     def __init__(
         self,
@@ -186,6 +190,8 @@ class Assembly:
         addons = [factory(Built(settings, ctx, tracker, self.line, self.prefix)) for factory in self._addons]
         self.tool_processes = await tool_processes(settings.state_db, self.supervisor, self.others, stack)
         clients = next((addon for addon in addons if isinstance(addon, ResumeClients)), None)
+        live = next((addon for addon in addons if isinstance(addon, LiveSettle)), None)
+        self.notices = live.notices if live is not None else None
         ledger = await resume_ledger(settings, stack)
         self.journal = Journal(metrics.registry, enabled=ledger is not None, dry_run=settings.dry_run)
         self.resuming = resuming(
@@ -201,7 +207,7 @@ class Assembly:
             clients=clients,
             line=self.line,
         )
-        parts = [*addons, self.routes.guard, self.tool_processes, self.resuming]
+        parts = [*addons, self.notices, self.routes.guard, self.tool_processes, self.resuming]
         dispatcher = wire(
             parts, tracker=tracker, background=self.background, errors=metrics.addon_errors, stack=stack
         )
