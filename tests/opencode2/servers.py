@@ -122,6 +122,24 @@ class Server2x(ABC):
             assert answer.status == 200, (path, answer.status, await answer.text())
             return await answer.json(content_type=None)
 
+    async def post(self, path: str, body: dict[str, Any]) -> Any:
+        """POST `body` to the server itself, parsed; anything but 200 fails."""
+        async with (
+            aiohttp.ClientSession(headers=self.headers) as http,
+            http.post(f"{self.url}{path}", json=body, timeout=aiohttp.ClientTimeout(total=_BOOT_S)) as answer,
+        ):
+            assert answer.status == 200, (path, answer.status, await answer.text())
+            return await answer.json(content_type=None)
+
+    async def closed(self, path: str) -> Any:
+        """The message `path` names, once the server itself has closed it (`time.completed`)."""
+        async with asyncio.timeout(_BOOT_S):
+            while True:
+                message = (await self.get(path))["data"]
+                if "completed" in message["time"]:
+                    return message
+                await asyncio.sleep(0.25)
+
     async def version(self) -> str:
         """The version the server reports: `/api/info` (2.0.x), else early 2.0's `/api/health`."""
         for route in ("/api/info", "/api/health"):
@@ -249,26 +267,18 @@ class RealServer(Server2x):
     async def running_call(self) -> RunningCall:
         """A session of the project whose turn runs the mock model's `shell` call, once its view
         shows the call `running`."""
-        created = await self._post(
+        created = await self.post(
             "/api/session",
             {"location": {"directory": str(self.project)}, "model": {"id": "m", "providerID": "mock"}},
         )
         session = created["data"]["id"]
-        await self._post(f"/api/session/{session}/prompt", {"text": PROMPT})
+        await self.post(f"/api/session/{session}/prompt", {"text": PROMPT})
         async with asyncio.timeout(_BOOT_S):
             while True:
                 call = _running(await self.get(f"/api/session/{session}/message"), session)
                 if call is not None:
                     return call
                 await asyncio.sleep(0.25)
-
-    async def _post(self, path: str, body: dict[str, Any]) -> Any:
-        async with (
-            aiohttp.ClientSession(headers=self.headers) as http,
-            http.post(f"{self.url}{path}", json=body, timeout=aiohttp.ClientTimeout(total=_BOOT_S)) as answer,
-        ):
-            assert answer.status == 200, (path, answer.status, await answer.text())
-            return await answer.json(content_type=None)
 
 
 def _process(pid: int) -> tuple[int, int, str] | None:

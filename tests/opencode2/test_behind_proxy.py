@@ -114,6 +114,25 @@ async def test_views_are_settled_after_a_crash(server_2x: Server2x, tmp_path: Pa
     assert stored["state"]["status"] == "running"
     assert shown["state"] == {"status": "error", "input": stored["state"]["input"], "error": INTERRUPTED}
     assert tool_of(message, call)["state"] == shown["state"]
+    assert message["time"]["completed"] == shown["time"]["completed"]
+
+
+async def test_the_settled_view_is_what_the_server_settles_on_the_next_prompt(
+    server_2x: Server2x, tmp_path: Path
+) -> None:
+    """The proxy's view of the crashed turn, against the server's own once a prompt sent to it
+    directly has settled it: the same message, but for the times the server takes from its drain."""
+    call = await crashed(server_2x)
+    one = f"/api/session/{call.session_id}/message/{call.message_id}"
+    async with proxy_in_front(server_2x, tmp_path) as proxy:
+        shown = (await through(proxy, server_2x, one))["data"]
+    await server_2x.post(f"/api/session/{call.session_id}/prompt", {"text": "go on"})
+    theirs = await server_2x.closed(one)
+    assert shown["time"]["completed"] <= theirs["time"]["completed"]
+    for message in (shown, theirs):
+        message["time"].pop("completed")
+        tool_of(message, call)["time"].pop("completed")
+    assert shown == theirs
 
 
 async def test_a_client_of_api_event_is_told_the_call_failed_across_a_sigkill(
