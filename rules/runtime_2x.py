@@ -86,10 +86,19 @@ class Runtime2x(V2Shapes):
             "time": {"completed": self.tool_settled_at(message, index)},
         }
 
-    def finished(self, message: V2Message, last_alive: int) -> JSONObject | None:
-        """None: `session.tool.failed` leaves the message's own `time.completed` alone (the next
-        step's `session.step.started` sets it), and so does the proxy."""
-        return None
+    def finished(self, message: V2Message, last_alive: int) -> JSONObject:
+        """Closed at its last sign of life, as the server's own settlement leaves it: the settle
+        itself (`session.tool.failed`) does not touch the message, but the drain that runs it
+        starts a step at once, and `session.step.started` closes the current open assistant
+        message (`time.completed` = the step's `created`, `retry` dropped: `message-updater.ts`,
+        anomalyco/opencode @2092350cf). Measured on that build after a SIGKILL and the next prompt
+        (`tests/fixtures/opencode-2.x/measured-2092350c-message-server-settled.json`): the message
+        closed, no `finish`, no `error`. The proxy cannot know when that next step will come, so it
+        takes the last moment the message was known alive, which is also its tools' end."""
+        patch: JSONObject = {"time": {"completed": last_alive}}
+        if extra(message, "retry") is not None:
+            patch["retry"] = None
+        return patch
 
     def settled_as_interrupted(self, state: Mapping[str, Any]) -> bool:
         error = state.get("error")

@@ -102,7 +102,9 @@ class Api:
         response: web.StreamResponse = await handler(request)
         if request.method == "POST" and self.written is not None:
             self.written()
-        if self.process.compress and isinstance(response, web.Response) and accepts_gzip(request):
+        # An empty body is never compressed (aiohttp's gzip of an empty 404 cuts the connection).
+        compressible = isinstance(response, web.Response) and bool(response.body)
+        if self.process.compress and compressible and accepts_gzip(request):
             response.enable_compression(web.ContentCoding.gzip)
         return response
 

@@ -1,15 +1,13 @@
-"""The real proxy process (`python -m proxy`) in front of the stand-in process, across a SIGKILL and a
-restart of the stand-in: a client of `/api/event` is told the call failed, and `--resume` sends one
-continuation through `/synthetic`; on a release, and on the `v2` branch built from source (version
-`local`, only `/api/health`), compressing or not."""
+"""The real proxy process (`python -m proxy`) in front of a 2.x server process across a SIGKILL and a
+restart of the server: views are settled, a client of `/api/event` is told the call failed, write-back
+is refused with nothing written, and health names the server. Each scene runs against the stand-in and,
+when `SETTLE_TEST_OPENCODE2` names one, a real 2.x server (`servers.py`); `--resume` sends one
+continuation through `/synthetic` (the stand-in only)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,42 +17,22 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.integration.http_client import free_port
+from tests.integration.http_client import request, with_credentials
 from tests.integration.polling import poll
-from tests.integration.proxy_process import ProxyProcess
-from tests.opencode2.auth import basic
-from tests.opencode2.stand_in import VARIANT_FLAGS
+from tests.integration.proxy_process import ProxyProcess, wait_all_decided
+from tests.opencode2.servers import Server2x, StandInServer
+from tests.opencode2.stand_in import VARIANT_FLAGS, RunningCall
 
-SERVE = str(Path(__file__).parent / "serve.py")
-PASSWORD = "pw"
-HEADERS = {"Authorization": basic(PASSWORD)}
+INTERRUPTED = {"type": "aborted", "message": "Tool execution interrupted: shell"}
 
 
 @asynccontextmanager
-async def stand_in(database: Path, port: int, *extra: str) -> AsyncIterator[asyncio.subprocess.Process]:
-    """The stand-in on `port`, once it says it listens; SIGKILLed after (if still running)."""
-    environment = {k: v for k, v in os.environ.items() if "OPENCODE" not in k} | {
-        "OPENCODE_PASSWORD": PASSWORD
-    }
-    command = [sys.executable, SERVE, "serve", "--port", str(port), "--database", str(database), *extra]
-    process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, env=environment)
-    assert process.stdout is not None
-    assert (await process.stdout.readline()).startswith(b"server listening on ")
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGKILL)
-        await process.wait()
-
-
-@asynccontextmanager
-async def proxy_in_front(port: int, tmp_path: Path, *args: str) -> AsyncIterator[ProxyProcess]:
+async def proxy_in_front(server: Server2x, tmp_path: Path, *args: str) -> AsyncIterator[ProxyProcess]:
     proxy = ProxyProcess(
-        f"http://127.0.0.1:{port}",
+        server.url,
         tmp_path / "proxy.log",
         ("--grace", "0", *args),
-        environment={"OPENCODE_SERVER_PASSWORD": PASSWORD},
+        environment={"OPENCODE_PASSWORD": server.password},
     )
     await asyncio.to_thread(proxy.start)
     try:
@@ -75,15 +53,38 @@ async def until_logged(proxy: ProxyProcess, text: str) -> str:
     return line
 
 
+async def through(proxy: ProxyProcess, server: Server2x, path: str) -> Any:
+    """`path` through the proxy, parsed."""
+    async with (
+        aiohttp.ClientSession(headers=server.headers) as http,
+        http.get(f"{proxy.url}{path}", timeout=aiohttp.ClientTimeout(total=30)) as answer,
+    ):
+        assert answer.status == 200, (path, answer.status)
+        return await answer.json(content_type=None)
+
+
+def tool_of(message: dict[str, Any], call: RunningCall) -> dict[str, Any]:
+    (tool,) = [item for item in message["content"] if item.get("id") == call.call_id]
+    return dict(tool)
+
+
+async def crashed(server: Server2x) -> RunningCall:
+    """A call left running by a SIGKILL of the server, which is then restarted."""
+    call = await server.running_call()
+    await server.kill()
+    await server.restart()
+    return call
+
+
 async def api_events(
-    http: aiohttp.ClientSession, proxy: ProxyProcess, session_id: str
+    http: aiohttp.ClientSession, proxy: ProxyProcess, server: Server2x, session_id: str
 ) -> list[dict[str, Any]]:
     """`/api/event` through the proxy, reconnected until the session's execution is said to end."""
     got: list[dict[str, Any]] = []
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(120):
         while not (got and got[-1]["type"] == "session.execution.interrupted"):
             with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(f"{proxy.url}/api/event", headers=HEADERS) as stream:
+                async with http.get(f"{proxy.url}/api/event", headers=server.headers) as stream:
                     got += [event async for event in _session_events(stream, session_id)]
             await asyncio.sleep(0.1)  # the server is down: a client reconnects after a pause
     return got
@@ -102,49 +103,118 @@ async def _session_events(stream: aiohttp.ClientResponse, session_id: str) -> As
                     return
 
 
-@pytest.mark.parametrize("variant", VARIANT_FLAGS)
-async def test_a_client_of_api_event_is_told_the_call_failed_across_a_sigkill(
-    tmp_path: Path, variant: str
+async def test_views_are_settled_after_a_crash(server_2x: Server2x, tmp_path: Path) -> None:
+    call = await crashed(server_2x)
+    one = f"/api/session/{call.session_id}/message/{call.message_id}"
+    async with proxy_in_front(server_2x, tmp_path) as proxy:
+        stored = tool_of((await server_2x.get(one))["data"], call)
+        shown = tool_of((await through(proxy, server_2x, one))["data"], call)
+        listed = await through(proxy, server_2x, f"/api/session/{call.session_id}/message")
+    (message,) = [m for m in listed["data"] if m["id"] == call.message_id]
+    assert stored["state"]["status"] == "running"
+    assert shown["state"] == {"status": "error", "input": stored["state"]["input"], "error": INTERRUPTED}
+    assert tool_of(message, call)["state"] == shown["state"]
+    assert message["time"]["completed"] == shown["time"]["completed"]
+
+
+async def test_the_settled_view_is_what_the_server_settles_on_the_next_prompt(
+    server_2x: Server2x, tmp_path: Path
 ) -> None:
-    database, seed, port = tmp_path / "db.json", tmp_path / "seed.json", free_port()
-    flags = VARIANT_FLAGS[variant]
-    async with (
-        stand_in(database, port, "--seed", str(seed), *flags) as server,
-        proxy_in_front(port, tmp_path) as proxy,
-    ):
-        call = orjson.loads(seed.read_bytes())
+    """The proxy's view of the crashed turn, against the server's own once a prompt sent to it
+    directly has settled it: the same message, but for the times the server takes from its drain."""
+    call = await crashed(server_2x)
+    one = f"/api/session/{call.session_id}/message/{call.message_id}"
+    async with proxy_in_front(server_2x, tmp_path) as proxy:
+        shown = (await through(proxy, server_2x, one))["data"]
+    await server_2x.post(f"/api/session/{call.session_id}/prompt", {"text": "go on"})
+    theirs = await server_2x.closed(one)
+    assert shown["time"]["completed"] <= theirs["time"]["completed"]
+    for message in (shown, theirs):
+        message["time"].pop("completed")
+        tool_of(message, call)["time"].pop("completed")
+    assert shown == theirs
+
+
+async def test_a_client_of_api_event_is_told_the_call_failed_across_a_sigkill(
+    server_2x: Server2x, tmp_path: Path
+) -> None:
+    async with proxy_in_front(server_2x, tmp_path) as proxy:
         await until_logged(proxy, "following /api/event")
-        async with aiohttp.ClientSession() as http:  # it accepts gzip
-            told = asyncio.create_task(api_events(http, proxy, call["session_id"]))
-            server.send_signal(signal.SIGKILL)
-            await server.wait()
-            async with stand_in(database, port, *flags):
-                failed, ended = (await told)[-2:]
+        call = await server_2x.running_call()
+        async with aiohttp.ClientSession() as http:
+            told = asyncio.create_task(api_events(http, proxy, server_2x, call.session_id))
+            await server_2x.kill()
+            await server_2x.restart()
+            failed, ended = (await told)[-2:]
     assert failed["type"] == "session.tool.failed"
-    assert failed["data"]["id"] == call["call_id"]
-    assert failed["data"]["error"] == {"type": "aborted", "message": "Tool execution interrupted: shell"}
-    assert ended["data"] == {"sessionID": call["session_id"], "reason": "shutdown"}
+    assert failed["data"]["id"] == call.call_id
+    assert failed["data"]["error"] == INTERRUPTED
+    assert ended["data"] == {"sessionID": call.session_id, "reason": "shutdown"}
+
+
+@pytest.mark.parametrize("mode", ["api", "db"])
+async def test_write_back_is_refused_and_nothing_is_written(
+    server_2x: Server2x, tmp_path: Path, mode: str
+) -> None:
+    call = await crashed(server_2x)
+    one = f"/api/session/{call.session_id}/message/{call.message_id}"
+    async with proxy_in_front(
+        server_2x, tmp_path, "--write-back", mode, "--db", str(server_2x.database)
+    ) as proxy:
+        refused = await until_logged(proxy, f"--write-back {mode} does nothing on opencode")
+        shown = tool_of((await through(proxy, server_2x, one))["data"], call)
+        decided = with_credentials(proxy.url, "opencode", server_2x.password)
+        await asyncio.to_thread(wait_all_decided, decided, within=30)
+        stored = tool_of((await server_2x.get(one))["data"], call)
+    assert "WARNING" in refused
+    assert shown["state"]["error"] == INTERRUPTED
+    assert stored["state"]["status"] == "running"
+
+
+async def test_health_names_the_2x_server_and_its_stream_is_followed(
+    server_2x: Server2x, tmp_path: Path
+) -> None:
+    async with proxy_in_front(server_2x, tmp_path) as proxy:
+
+        def known() -> dict[str, Any] | None:
+            found: dict[str, Any] = proxy_health(proxy, server_2x)
+            return found if "version" in found["upstream"] else None
+
+        health = await asyncio.to_thread(poll, known, what="the server known", timeout=30)
+        assert health["status"] == "ok", health
+        upstream = health["upstream"]
+        version = upstream["version"]
+        assert version == await server_2x.version()
+        # The line is known by the server's shape; a version is a known release only when it parses.
+        assert (upstream["dialect"], upstream["known_line"]) == ("2.x", True)
+        assert upstream["known_version"] is (version != "local"), upstream
+        await until_logged(proxy, "following /api/event")
+        assert proxy_health(proxy, server_2x)["liveness"]["source"] == "events"
+
+
+def proxy_health(proxy: ProxyProcess, server: Server2x) -> dict[str, Any]:
+    """The proxy's `/_settle/health` (200 or 503: either says what it knows)."""
+    reply = request("GET", f"{proxy.url}/_settle/health", headers=server.headers, timeout=10)
+    assert reply.status in (200, 503), reply.body[:300]
+    return dict(reply.json())
 
 
 @pytest.mark.parametrize("variant", ["2.1.2", "from source"])
 async def test_resume_sends_one_continuation_through_synthetic_across_a_sigkill(
     tmp_path: Path, variant: str
 ) -> None:
-    """On the from-source build the readiness wait asks `/api/health`, the route the line was
-    found on (it has no `/api/info`)."""
-    database, seed, port = tmp_path / "db.json", tmp_path / "seed.json", free_port()
-    flags, variant_flags = ("--resume", "--write-back", "api"), VARIANT_FLAGS[variant]
-    async with (
-        stand_in(database, port, "--seed", str(seed), *variant_flags) as server,
-        proxy_in_front(port, tmp_path, *flags) as proxy,
-    ):
-        call = orjson.loads(seed.read_bytes())
-        await until_logged(proxy, "following /api/event")
-        server.send_signal(signal.SIGKILL)
-        await server.wait()
-        async with stand_in(database, port, *variant_flags):
-            decided = await until_logged(proxy, f"resume resumed: session {call['session_id']}")
-    messages = orjson.loads(database.read_bytes())["messages"][call["session_id"]]
+    server = StandInServer(tmp_path / "server", VARIANT_FLAGS[variant])
+    await server.start()
+    try:
+        async with proxy_in_front(server, tmp_path, "--resume", "--write-back", "api") as proxy:
+            call = await server.running_call()
+            await until_logged(proxy, "following /api/event")
+            await server.kill()
+            await server.restart()
+            decided = await until_logged(proxy, f"resume resumed: session {call.session_id}")
+    finally:
+        await server.stop()
+    messages = orjson.loads(server.database.read_bytes())["messages"][call.session_id]
     continuations = [m for m in messages if m["type"] == "synthetic"]
     assert "2.x's own drain" in decided
     assert len(continuations) == 1

@@ -53,3 +53,19 @@ def test_the_measured_2_0_24_settle_matches_the_derived_one() -> None:
     assert after["status"] == settled["state"]["status"]
     assert after["error"] == settled["state"]["error"]
     assert after["ran"] == settled["time"]["ran"]
+
+
+def test_the_stand_in_settles_as_a_real_v2_server_settled_measured_on_2092350c() -> None:
+    """The stand-in's settle, on the call a real v2 build left running across a SIGKILL, publishes
+    the event that server published on its next prompt and projects it into the message it stored
+    (the call's part of it: the message is closed by the next step, `store.run_turn`)."""
+    running = load("measured-2092350c-message-after-restart.json")["data"]
+    events = load("measured-2092350c-events-next-prompt.json")
+    failed = next(event for event in events if event["type"] == "session.tool.failed")
+    session = failed["data"]["sessionID"]
+    messages = [copy.deepcopy(running)]
+    [published] = tool_failures(session, messages, Settle.CHILD)
+    assert (published.type, published.data) == (failed["type"], failed["data"])
+    project_tool_failed(messages, published.data, failed["created"])
+    settled = load("measured-2092350c-message-server-settled.json")["data"]
+    assert messages[0]["content"] == settled["content"]

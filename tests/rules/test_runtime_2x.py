@@ -129,7 +129,11 @@ def test_a_view_is_settled_in_the_runtime_it_is_given() -> None:
     view = {"data": [compaction(), assistant(tool("shell", running))], "cursor": {}}
     found = settle_view(view, Api.V2, INACTIVE, runtime=V2X)
     assert found is not None
-    assert [change.rule for change in found.changes] == ["stale-compaction", "orphaned-tool"]
+    assert [change.rule for change in found.changes] == [
+        "stale-compaction",
+        "orphaned-tool",
+        "unfinished-message",
+    ]
     assert found.document["cursor"] == {}
 
 
@@ -165,9 +169,11 @@ def test_the_proxy_settles_as_the_stand_in_built_separately_settles(
 ) -> None:
     """The captures of the 2.x stand-in (`tests/fixtures/opencode-2.x/`, written from the same
     source by other hands): equal but for the call's `time.completed`, which 2.x takes from the
-    moment its settle runs (the next drain) and the proxy from the call's last sign of life."""
+    moment its settle runs (the next drain) and the proxy from the call's last sign of life, and
+    the message's, which the captures (the settle's projection alone) leave open."""
     ours = settled(load(open_file))
     theirs = load(settled_file)
+    assert ours["time"].pop("completed") == ours["content"][-1]["time"]["completed"]
     for message in (ours, theirs):
         for item in message["content"]:
             item["time"].pop("completed", None)
@@ -178,6 +184,24 @@ def test_a_compaction_fails_as_the_stand_in_fails_it() -> None:
     assert settled(load("compaction-running.json")) == load("compaction-failed.json")
 
 
-def test_the_message_itself_is_left_open_as_2x_leaves_it() -> None:
-    message = load("assistant-tool-running.json")
-    assert "completed" not in settled(message)["time"]
+def test_the_settled_view_is_what_a_real_server_settles_measured_on_2092350c() -> None:
+    """The view a real v2 build served after a SIGKILL and restart, settled, against what that
+    server stored once its next prompt settled it: the same fields, call and message alike closed
+    (`time.completed`), the message with no `finish` nor `error`; only the times differ, the
+    server's being the moments of its next drain (the call's) and next step (the message's)."""
+    ours = settled(load("measured-2092350c-message-after-restart.json")["data"])
+    theirs = load("measured-2092350c-message-server-settled.json")["data"]
+    ran = ours["content"][0]["time"]["ran"]
+    assert (ours["time"]["completed"], ours["content"][0]["time"]["completed"]) == (ran, ran)
+    assert theirs["time"]["completed"] > theirs["content"][0]["time"]["completed"] > ran
+    for message in (ours, theirs):
+        message["time"]["completed"] = message["content"][0]["time"]["completed"] = "closed"
+    assert ours == theirs
+
+
+def test_a_retry_the_message_waited_on_goes_with_it() -> None:
+    """`session.step.started` drops the `retry` of the message it closes (`message-updater.ts`
+    @2092350cf)."""
+    message = load("measured-2092350c-message-after-restart.json")["data"]
+    message["retry"] = {"attempt": 2, "error": {"type": "unknown", "message": "overloaded"}}
+    assert "retry" not in settled(message)
