@@ -61,10 +61,11 @@ class LiveSettle(Addon, StreamListener):
         self._ctx = ctx
         self._memory = StreamMemory()
         self._clients = ClientStreams(ctx.metrics.injected_events)
-        self._default = DefaultDirectory(ctx.upstream, self._clients.learned_default)
+        server = server or ServerLine.told(TOLD_1_18)
+        self._default = DefaultDirectory(ctx.upstream, server, self._clients.learned_default)
         self._parts = OpenParts(ctx, self._memory, self._clients)
         self._turns = DeadTurns(ctx, self._memory, self._clients)
-        self._calls = OpenCalls(ctx, self._clients, server or ServerLine.told(TOLD_1_18))
+        self._calls = OpenCalls(ctx, self._clients, server)
         self._followed = False
         self.tasks: Together = Together(
             self._default, self._parts.tasks, self._turns.tasks, self._calls.tasks
