@@ -2,7 +2,9 @@
 
 It runs first, in `request_headers`, and stores the match in the flow (`ROUTE`); the other
 addons read it instead of matching the path again in each hook. It also owns the start-timeout
-policy of the routes it names, so the relay stays ignorant of opencode's routes.
+policy of the routes it names, so the relay stays ignorant of opencode's routes: a route's own,
+and for a session's stream whether the server is booting (the server line not known: at start,
+and from a lost stream or, under `run`, the server's exit until its health answers again).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from proxy.opencode.routes import Route, match_route
+from proxy.opencode.server_line import ServerLine
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow, FlowKey
 
@@ -24,14 +27,17 @@ class Routing(Addon):
 
     name: ClassVar[str] = "routing"
 
-    def __init__(self, prefix: str = "") -> None:
-        """`prefix`: where the proxy is mounted, which opencode's paths do not have."""
+    def __init__(self, prefix: str = "", *, line: ServerLine | None = None) -> None:
+        """`prefix`: where the proxy is mounted, which opencode's paths do not have; `line`: which
+        server the upstream is, not known while it boots (given none, it never boots)."""
         self._prefix = prefix
+        self._line = line
         self._matched: Bounded[tuple[str, str], Route] = Bounded(REMEMBERED_ROUTES)
 
     async def request_headers(self, flow: Flow) -> None:
         route = flow[ROUTE] = self._route(flow.request.method, flow.request.path.removeprefix(self._prefix))
-        flow.start_timeout = route.start_timeout(flow.start_timeout)
+        booting = self._line is not None and self._line.current is None
+        flow.start_timeout = route.start_timeout(flow.start_timeout, booting=booting)
 
     def _route(self, method: str, path: str) -> Route:
         """`match_route`, remembered: a route depends on nothing else, and a few regular
