@@ -79,6 +79,11 @@ class Replays:
         of a message it does not hold, so a prompt replayed in the order kept lost its text."""
         return [replayed for kept in self.sessions.values() for replayed in _messages_first(kept.values())]
 
+    def told_idle(self, session_id: str) -> bool:
+        """Whether the session is idle in its replay (told so by the proxy, or by the server since)."""
+        kept = self.sessions.get(session_id)
+        return kept is not None and STATUS_SUBJECT in kept
+
     def heard(self, event: GlobalEvent) -> None:
         """Take what the followed stream says of a session with a replay, or of a call settled
         as interrupted (a write-back's, when the stream had not shown the call open): a client

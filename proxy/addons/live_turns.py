@@ -5,6 +5,13 @@ its busy bar. When the stream comes back, wait the grace period, read each such 
 afresh, take a reading after that read, and if the session is inactive and the stream did not
 speak of it meanwhile (`live_watch`) send the message as the rules close it (`message.updated`)
 and `session.status` idle.
+
+The same is owed for a part settled as a crash's interruption that this process never saw open
+(a write-back of it or of the proxy that ran before it, after the proxy itself crashed and a new
+one started on the same data): the server announces the part, never the session idle nor the
+message closed, and a client that kept its state across (the TUI) keeps its busy bar for good. So
+unless this process already told the session idle since (or the server did), its message is
+confirmed and closed the same way, and the session told idle once a reading says it is inactive.
 """
 
 from __future__ import annotations
@@ -20,8 +27,14 @@ from proxy.addons.live_memory import Place, StreamMemory
 from proxy.addons.live_watch import Confirmations, Ticket
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent
-from proxy.opencode.vocabulary import SESSION_STATUS, idle_status, message_updated, session_idle
-from rules import Api, Liveness, UnexpectedShape, settle_view
+from proxy.opencode.vocabulary import (
+    SESSION_STATUS,
+    idle_status,
+    message_updated,
+    session_idle,
+    settled_part_id,
+)
+from rules import V1, Api, Liveness, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +56,19 @@ class DeadTurns:
 
     def heard(self, event: GlobalEvent) -> None:
         self._confirmations.heard(event)
+        if (place := _settled_unseen(event)) is None:
+            return
+        session_id = place.session_id
+        if self._memory.has_open(session_id) or self._clients.replays.told_idle(session_id):
+            return  # its parts' confirmation tells the whole story, or the session was told idle
+        log.info(
+            "part of %s settled as interrupted, not seen open here: its turn is closed in client streams "
+            "once a reading says the session is inactive",
+            session_id,
+            extra={"fields": {"session": session_id, "message": place.message_id, "decision": "close turn"}},
+        )
+        self._memory.unfinished[place.message_id] = place
+        self.schedule(session_id)
 
     async def _close_turn(self, ticket: Ticket) -> None:
         session_id = ticket.session_id
@@ -122,3 +148,15 @@ class DeadTurns:
         idle = state[-1]["type"] == SESSION_STATUS
         moment = [session_idle(place.session_id)] if idle else []
         self._clients.publish(place.message_id or "status", Orphan(place, state, moment))
+
+
+def _settled_unseen(event: GlobalEvent) -> Place | None:
+    """Where a v1 tool part `event` shows settled as a crash's interruption lives (None: it shows
+    none), as the server announces a write-back's."""
+    if event.api or event.session_id is None or settled_part_id(event.kind, event.properties) is None:
+        return None
+    part = event.properties["part"]
+    state, message_id = part.get("state"), part.get("messageID")
+    if not isinstance(state, dict) or not isinstance(message_id, str) or not V1.settled_as_interrupted(state):
+        return None
+    return Place(event.session_id, message_id, event.directory, event.project)

@@ -20,6 +20,7 @@ from proxy import testing
 from proxy.addons import live_held
 from proxy.addons.context import SettleContext
 from proxy.addons.live import LiveSettle
+from proxy.addons.session_streams import SessionStreamSettle
 from proxy.opencode import other_processes as processes
 from proxy.opencode import surveys
 from proxy.opencode.client import UpstreamApi
@@ -29,6 +30,7 @@ from proxy.opencode.server_line import KnownServer, ServerLine
 from proxy.opencode.tracker import GlobalEvent
 from proxy.relay.hooks import Flow
 from proxy.service.metrics import Metrics
+from tests.fixtures import compact
 from tests.fixtures.opencode2 import load
 from tests.proxy.addons import test_live_hooks as hooks
 from tests.proxy.addons.live_streams import GRACE_S, MESSAGE, V1
@@ -38,6 +40,9 @@ from tests.proxy.system.fake_proc import BOOT_S, DB, FakeProc
 HOLDER = 200
 V1_CREATED = 1795988598698
 """When the assistant message of the stale v1 fixture was created."""
+V2 = "ses_dd6bd0f33ffejRStwdnQDIkDom"
+V2_LAST_ALIVE = 1795988584703
+"""The latest time in `v2-message-stale-running.json` (its tool's `ran`), after the holder started."""
 LINE_2 = ServerLine.told(KnownServer("2.0.0", LINE_2X, True, "(told)"))
 
 
@@ -127,3 +132,20 @@ async def test_a_2x_call_held_back_by_a_holder_is_told_once_it_exits(
         told = await next_kinds(flow, 2)
         await live.close()
     assert told == ["session.tool.failed", "session.execution.interrupted"]
+
+
+async def test_a_1_18_v2_call_held_back_by_a_holder_is_told_on_its_session_stream_once_it_exits(
+    holder: FakeProc, bounded: LivenessProbe, upstream_api: UpstreamApi, fake: FakeOpencode
+) -> None:
+    assert V2_LAST_ALIVE > V1_CREATED - 60_000  # the holder started before the call
+    fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
+    streams = SessionStreamSettle(SettleContext(bounded, upstream_api, Metrics(), grace=GRACE_S))
+    stream = testing.flow("GET", f"/api/session/{V2}/event", response_headers=hooks.SSE)
+    async with testing.streaming(streams, stream) as flow:
+        await streams.tasks.idle()
+        assert flow.injected is not None
+        assert flow.injected.empty()
+        shutil.rmtree(holder.root / str(HOLDER))
+        told = await next_kinds(flow, 1)
+        await streams.close()
+    assert told == ["session.next.tool.failed"]
