@@ -48,6 +48,7 @@ from proxy.opencode.server_line import TOLD_1_18, ServerLine
 from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.relay.hooks import Addon, Flow
 from proxy.relay.tasks import Together
+from rules import Api, OpenTool, Target
 
 
 class LiveSettle(Addon, StreamListener):
@@ -65,6 +66,7 @@ class LiveSettle(Addon, StreamListener):
         self._default = DefaultDirectory(ctx.upstream, server, self._clients.learned_default)
         self._parts = OpenParts(ctx, self._memory, self._clients)
         self._turns = DeadTurns(ctx, self._memory, self._clients)
+        ctx.views.listeners.append(self._view_settled)
         self._calls = OpenCalls(ctx, self._clients, server)
         self._followed = False
         self.tasks: Together = Together(
@@ -92,6 +94,27 @@ class LiveSettle(Addon, StreamListener):
         self._calls.heard(event)
         if (idle := self._memory.observe(event)) is not None:
             self._parts.schedule(idle)
+
+    def _view_settled(self, api: Api, session_id: str, targets: frozenset[Target]) -> None:
+        """A client's fetch settled a v1 view (`SettledViews`): a client stream that kept its state
+        from before (the TUI after the proxy itself crashed) must be told, unless the session's
+        parts are being confirmed or it was told idle since. Its parts are confirmed as if the
+        stream had shown them open, a message alone as a turn cut before any tool."""
+        if (
+            api is not Api.V1
+            or self._memory.has_open(session_id)
+            or self._clients.replays.told_idle(session_id)
+        ):
+            return
+        parts = [target for target in targets if target.part is not None]
+        for target in parts:
+            self._memory.parts[str(target.part)] = OpenTool(
+                Api.V1, session_id, target.message, str(target.part), target.tool
+            )
+        if parts:
+            self._parts.schedule(session_id)
+        else:
+            self._turns.view_settled(session_id, sorted({target.message for target in targets}))
 
     # Client streams.
 

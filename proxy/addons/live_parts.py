@@ -26,6 +26,7 @@ from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_held import HeldBack
 from proxy.addons.live_memory import StreamMemory
+from proxy.addons.live_turns import directory_of
 from proxy.addons.live_watch import Confirmations, Ticket
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.runtimes import V1_HTTP
@@ -98,9 +99,16 @@ class OpenParts:
         )
         if not parts:
             return None
+        parts = [await self._placed(part) for part in parts]
         messages = await self._messages(session_id, parts)
         liveness = await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
         return _Read(parts, messages, liveness)
+
+    async def _placed(self, part: OpenTool) -> OpenTool:
+        """`part` with its session's directory, asked of the server when only a view named it."""
+        if part.directory is not None:
+            return part
+        return dataclasses.replace(part, directory=await directory_of(self._ctx, part.session_id))
 
     async def _messages(self, session_id: str, parts: list[OpenTool]) -> dict[str, Any]:
         """The messages holding `parts`, read afresh; one the server no longer has is left out,

@@ -13,10 +13,14 @@ import pytest
 
 from proxy import testing
 from proxy.addons.live import LiveSettle
+from proxy.addons.settle import SETTLED_HEADER
 from proxy.relay.hooks import Flow
 from rules import Api, Liveness, settle_view
+from tests.fixtures import compact
 from tests.proxy.addons import test_live_hooks as hooks
-from tests.proxy.addons.live_streams import MESSAGE, PART, V1
+from tests.proxy.addons.live_streams import MESSAGE, PART, V1, events
+from tests.proxy.addons.test_live_default import TOLD
+from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
 
 PATH = f"/session/{V1}/message/{MESSAGE['info']['id']}"
@@ -30,6 +34,10 @@ def written(fake: FakeOpencode) -> dict[str, Any]:
     part = next(part for part in view.document["parts"] if part["id"] == PART["id"])
     fake.bodies[PATH] = orjson.dumps({**MESSAGE, "parts": [*MESSAGE["parts"][:1], part]})
     return dict(part)
+
+
+async def next_events(stream: Any, count: int) -> list[Any]:
+    return [await anext(stream) for _ in range(count)]
 
 
 def payloads(flow: Flow) -> list[dict[str, Any]]:
@@ -84,3 +92,19 @@ async def test_a_session_told_idle_by_its_own_confirmation_is_not_told_again(
         await live.tasks.idle()
         kinds = [payload["type"] for payload in payloads(flow)]
     assert kinds == ["message.part.updated", "message.updated", "session.status", "session.idle"]
+
+
+async def test_a_view_settled_for_another_client_is_told_to_a_stream_that_never_saw_the_call(
+    live_proxy: ProxyClient, fake: FakeOpencode
+) -> None:
+    """No write-back: a client's fetch settles the view only; the TUI on `/global/event`, which
+    kept the call running across the proxy's own crash and never fetches, is told it all."""
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    stream = events(await live_proxy.get("/global/event"))
+    assert (await anext(stream))["payload"]["type"] == "server.connected"
+    view = await live_proxy.get(f"/session/{V1}/message")
+    assert view.headers[SETTLED_HEADER] == "1"
+    told = [event["payload"] for event in await next_events(stream, 4)]
+    assert [event["type"] for event in told] == TOLD
+    assert told[0]["properties"]["part"]["state"]["status"] == "error"
+    assert "completed" in told[1]["properties"]["info"]["time"]
