@@ -30,10 +30,18 @@ of `/api/event` in 2.x's shape (`live_calls`).
 A plain `/event` (no directory asked, as the official SDK's default client subscribes) is the
 stream of the server's default directory, which the proxy asks the server for each time the
 followed stream (re)connects (`live_default`).
+
+Whatever the proxy settles it tells completely, whichever process of it saw the call start: a
+view another client's fetch settled (`SettledViews`), or a part the server announces settled as
+interrupted that this process never saw open (a write-back after the proxy itself crashed and a
+new one started), is confirmed and told as if the stream had shown it open, unless the session
+was told idle since. A confirmation another holder of the database held back is made again once
+that process exits (`live_held`).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import ClassVar
 
 from proxy.addons.context import SettleContext
@@ -49,6 +57,8 @@ from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.relay.hooks import Addon, Flow
 from proxy.relay.tasks import Together
 from rules import Api, OpenTool, Target
+
+log = logging.getLogger(__name__)
 
 
 class LiveSettle(Addon, StreamListener):
@@ -107,6 +117,11 @@ class LiveSettle(Addon, StreamListener):
         ):
             return
         parts = [target for target in targets if target.part is not None]
+        log.info(
+            "view of %s settled for a client: confirmed for the client streams, which may hold it open",
+            session_id,
+            extra={"fields": {"session": session_id, "parts": len(parts), "decision": "confirm for streams"}},
+        )
         for target in parts:
             self._memory.parts[str(target.part)] = OpenTool(
                 Api.V1, session_id, target.message, str(target.part), target.tool
