@@ -73,10 +73,9 @@ class DefaultDirectory:
 
     async def _has_plain_streams(self, credentials: Credentials) -> bool:
         """Whether the server's line serves `/path` and plain `/event` (its v1 family); a server
-        that cannot say which it is yet is a failed attempt, asked again."""
-        if (known := await self._server.known(credentials)) is None:
-            raise ValueError(f"which server the upstream is is not known: {self._server.why_unknown}")
-        return known.dialect.runtime(Api.V1) is not None
+        that cannot say which it is is asked, as a client's plain `/event` says it may have one."""
+        known = await self._server.known(credentials)
+        return known is None or known.dialect.runtime(Api.V1) is not None
 
     @property
     def busy(self) -> bool:
