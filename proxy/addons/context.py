@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -10,6 +11,22 @@ from prometheus_client import Counter
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.writeback.scheduler import WriteBack
+from rules import Api, Target
+
+ViewListener = Callable[[Api, str, frozenset[Target]], None]
+"""Told the runtime, the session and what the rules changed in a view the settle addon settled."""
+
+
+@dataclass(slots=True)
+class SettledViews:
+    """Who hears that a message view was settled: a client that kept its state from a stream (the
+    TUI, which never fetches again) must be told too, though only another client fetched."""
+
+    listeners: list[ViewListener] = field(default_factory=list)
+
+    def settled(self, api: Api, session_id: str, targets: frozenset[Target]) -> None:
+        for listener in self.listeners:
+            listener(api, session_id, targets)
 
 
 class SettleMetrics(Protocol):
@@ -43,3 +60,4 @@ class SettleContext:
     credentials: Credentials = field(default_factory=Credentials)
     write_back: WriteBack | None = None
     dry_run: bool = False
+    views: SettledViews = field(default_factory=SettledViews)

@@ -30,10 +30,18 @@ of `/api/event` in 2.x's shape (`live_calls`).
 A plain `/event` (no directory asked, as the official SDK's default client subscribes) is the
 stream of the server's default directory, which the proxy asks the server for each time the
 followed stream (re)connects (`live_default`).
+
+Whatever the proxy settles it tells completely, whichever process of it saw the call start: a
+view another client's fetch settled (`SettledViews`), or a part the server announces settled as
+interrupted that this process never saw open (a write-back after the proxy itself crashed and a
+new one started), is confirmed and told as if the stream had shown it open, unless the session
+was told idle since. A confirmation another holder of the database held back is made again once
+that process exits (`live_held`).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import ClassVar
 
 from proxy.addons.context import SettleContext
@@ -49,6 +57,9 @@ from proxy.opencode.server_line import TOLD_1_18, ServerLine
 from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.relay.hooks import Addon, Flow
 from proxy.relay.tasks import Together
+from rules import Api, OpenTool, Target
+
+log = logging.getLogger(__name__)
 
 
 class LiveSettle(Addon, StreamListener):
@@ -62,10 +73,12 @@ class LiveSettle(Addon, StreamListener):
         self._ctx = ctx
         self._memory = StreamMemory()
         self._clients = ClientStreams(ctx.metrics.injected_events)
-        self._default = DefaultDirectory(ctx.upstream, self._clients.learned_default)
+        server = server or ServerLine.told(TOLD_1_18)
+        self._default = DefaultDirectory(ctx.upstream, server, self._clients.learned_default)
         self._parts = OpenParts(ctx, self._memory, self._clients)
         self._turns = DeadTurns(ctx, self._memory, self._clients)
-        self._calls = OpenCalls(ctx, self._clients, server or ServerLine.told(TOLD_1_18))
+        ctx.views.listeners.append(self._view_settled)
+        self._calls = OpenCalls(ctx, self._clients, server)
         self.notices = Notices(ctx, self._clients)
         """What a resume announces a turn that waits for a person with (`live_notices`), an
         addon of its own (the assembly wires it)."""
@@ -95,6 +108,32 @@ class LiveSettle(Addon, StreamListener):
         self._calls.heard(event)
         if (idle := self._memory.observe(event)) is not None:
             self._parts.schedule(idle)
+
+    def _view_settled(self, api: Api, session_id: str, targets: frozenset[Target]) -> None:
+        """A client's fetch settled a v1 view (`SettledViews`): a client stream that kept its state
+        from before (the TUI after the proxy itself crashed) must be told, unless the session's
+        parts are being confirmed or it was told idle since. Its parts are confirmed as if the
+        stream had shown them open, a message alone as a turn cut before any tool."""
+        if (
+            api is not Api.V1
+            or self._memory.has_open(session_id)
+            or self._clients.replays.told_idle(session_id)
+        ):
+            return
+        parts = [target for target in targets if target.part is not None]
+        log.info(
+            "view of %s settled for a client: confirmed for the client streams, which may hold it open",
+            session_id,
+            extra={"fields": {"session": session_id, "parts": len(parts), "decision": "confirm for streams"}},
+        )
+        for target in parts:
+            self._memory.parts[str(target.part)] = OpenTool(
+                Api.V1, session_id, target.message, str(target.part), target.tool
+            )
+        if parts:
+            self._parts.schedule(session_id)
+        else:
+            self._turns.view_settled(session_id, sorted({target.message for target in targets}))
 
     # Client streams.
 

@@ -16,6 +16,7 @@ as for 1.18's parts (`live_parts`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -24,6 +25,7 @@ from typing import Any
 from proxy.addons.after_grace import found_active, read_after_grace
 from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams, Orphan
+from proxy.addons.live_held import HeldBack
 from proxy.addons.live_memory import REMEMBERED, Place
 from proxy.addons.live_watch import Confirmations, Ticket, says_idle
 from proxy.opencode.client import UpstreamRefused
@@ -33,6 +35,7 @@ from proxy.opencode.server_line import ServerLine
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import API_CALL_ENDED, API_CALL_OPENING, is_open_tool
 from proxy.relay.bounded import Bounded
+from proxy.relay.tasks import Together
 from rules import Api, Liveness, Runtime, settle_view
 
 log = logging.getLogger(__name__)
@@ -68,7 +71,8 @@ class OpenCalls:
         self._server = server
         self._open: Bounded[str, OpenCall] = Bounded(REMEMBERED)
         self._confirmations = Confirmations("live-settle", "open calls", ctx.metrics.withdrawn_confirmations)
-        self.tasks = self._confirmations.tasks
+        self._held = HeldBack(ctx.probe, "open calls")
+        self.tasks = Together(self._confirmations.tasks, self._held)
 
     def following(self) -> None:
         for session_id in dict.fromkeys(call.session_id for call in self._open.values()):
@@ -102,13 +106,34 @@ class OpenCalls:
             return
         if found_active(session_id, read.liveness.active):
             return
-        told = [self._settle(call, read) for call in read.calls]
+        held = self._held_back(read)
+        told = [self._settle(call, read) for call in read.calls if call.call_id not in held]
         settled = [event for event in told if event is not None]
         if settled and not self._ctx.dry_run:
             call = read.calls[-1]
             place = Place(session_id, call.message_id, call.directory, None)
             ended = api_execution_interrupted(session_id, settled[-1]["created"], call.directory)
             self._clients.publish(f"execution {session_id}", Orphan(place, [ended], api=True))
+        if held and read.liveness.elsewhere_since is not None:
+            self._held.wait(
+                session_id,
+                read.liveness.elsewhere_since,
+                lambda: self._confirmations.schedule(session_id, self._confirm),
+                lambda: any(call.call_id in held for call in self._calls(session_id)),
+            )
+
+    def _held_back(self, read: _Read) -> set[str]:
+        """The calls left open that only the bound of other processes on the database held back (a
+        reading without it would settle them): they stay remembered, to be confirmed again."""
+        if read.liveness.elsewhere_since is None:
+            return set()
+        unbounded = dataclasses.replace(read.liveness, elsewhere_since=None)
+        held = set()
+        for message in read.messages.values():
+            bounded = settle_view(message, Api.V2, read.liveness, single=True, runtime=read.rules)
+            free = settle_view(message, Api.V2, unbounded, single=True, runtime=read.rules)
+            held |= _changed(free) - _changed(bounded)
+        return held & {call.call_id for call in read.calls}
 
     async def _read(self, session_id: str) -> _Read | None:
         """The session's open calls, their messages read afresh, and a reading taken after them;
@@ -145,6 +170,9 @@ class OpenCalls:
         self._open.pop(call.call_id, None)
         if item is None or is_open_tool(item, Api.V2) or not isinstance(item["state"].get("error"), dict):
             return None
+        if call.call_id not in _changed(view):
+            _log_settled_by_server(call)
+            return None
         event = api_tool_failed(
             call.session_id, call.message_id, item, key=call.key, directory=call.directory
         )
@@ -168,3 +196,26 @@ class OpenCalls:
             place = Place(call.session_id, call.message_id, call.directory, None)
             self._clients.publish(call.call_id, Orphan(place, [event], api=True))
         return event
+
+
+def _changed(view: Any) -> set[str]:
+    """The items a settled view changed (none for no view)."""
+    return set() if view is None else {str(change.target.part) for change in view.changes}
+
+
+def _log_settled_by_server(call: OpenCall) -> None:
+    """The server holds the call settled itself: it published that (`durable`), and its view and
+    log say it to any client that reads them; a copy would only repeat it."""
+    log.info(
+        "call %s of %s: the server settled it itself; not repeated to clients",
+        call.call_id,
+        call.session_id,
+        extra={
+            "fields": {
+                "session": call.session_id,
+                "message": call.message_id,
+                "call": call.call_id,
+                "decision": "settled by the server",
+            }
+        },
+    )

@@ -7,6 +7,9 @@ back to `process.cwd()`). Only the server knows it: `GET /path` asked without a 
 it (`{"directory": ...}`). A restarted server may run somewhere else, so it is asked again each
 time the followed stream (re)connects; until it answers, the directory is unknown and plain
 `/event` streams wait for it (`live_clients`), never a guess.
+
+Only a server of a line that serves the v1 family (`/path`, `/event`: 1.18) is asked: 2.x has
+neither, and asking it would only log a 404 at every reconnect (`KnownServer.dialect`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections.abc import Callable
 import aiohttp
 
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
+from proxy.opencode.server_line import ServerLine
+from rules import Api
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +36,9 @@ _ATTEMPT_TIMEOUT_S = 5.0
 class DefaultDirectory:
     """Learns the server's default directory in the background and hands it to `learned`."""
 
-    def __init__(self, upstream: UpstreamApi, learned: Callable[[str], None]) -> None:
+    def __init__(self, upstream: UpstreamApi, server: ServerLine, learned: Callable[[str], None]) -> None:
         self._upstream = upstream
+        self._server = server
         self._learned = learned
         self._task: asyncio.Task[None] | None = None
 
@@ -48,6 +54,8 @@ class DefaultDirectory:
             await asyncio.sleep(pause)
             try:
                 async with asyncio.timeout(_ATTEMPT_TIMEOUT_S):
+                    if not await self._has_plain_streams(credentials):
+                        return
                     answer = await self._upstream.get(PATH, credentials)
             except (UpstreamRefused, aiohttp.ClientError, OSError, TimeoutError, ValueError) as failure:
                 error = failure
@@ -62,6 +70,12 @@ class DefaultDirectory:
             error,
             extra={"fields": {"route": PATH, "why": str(error), "decision": "plain /event not told"}},
         )
+
+    async def _has_plain_streams(self, credentials: Credentials) -> bool:
+        """Whether the server's line serves `/path` and plain `/event` (its v1 family); a server
+        that cannot say which it is is asked, as a client's plain `/event` says it may have one."""
+        known = await self._server.known(credentials)
+        return known is None or known.dialect.runtime(Api.V1) is not None
 
     @property
     def busy(self) -> bool:

@@ -15,6 +15,7 @@ of the session's idle status, which the server's write-back does not announce.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -23,12 +24,15 @@ from typing import Any
 from proxy.addons.after_grace import found_active, read_after_grace
 from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams, Orphan
+from proxy.addons.live_held import HeldBack
 from proxy.addons.live_memory import StreamMemory
+from proxy.addons.live_turns import directory_of
 from proxy.addons.live_watch import Confirmations, Ticket
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import is_open_tool, part_settled, session_idle, settled_part_id
+from proxy.relay.tasks import Together
 from rules import Api, Liveness, OpenTool, settle_view
 
 log = logging.getLogger(__name__)
@@ -52,7 +56,8 @@ class OpenParts:
         self._memory = memory
         self._clients = clients
         self._confirmations = Confirmations("live-settle", "open parts", ctx.metrics.withdrawn_confirmations)
-        self.tasks = self._confirmations.tasks
+        self._held = HeldBack(ctx.probe, "open parts")
+        self.tasks = Together(self._confirmations.tasks, self._held)
         self._settled_meanwhile: dict[str, dict[str, OpenTool]] = {}
         """Per session under confirmation, the open parts the server settled meanwhile."""
 
@@ -94,9 +99,16 @@ class OpenParts:
         )
         if not parts:
             return None
+        parts = [await self._placed(part) for part in parts]
         messages = await self._messages(session_id, parts)
         liveness = await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
         return _Read(parts, messages, liveness)
+
+    async def _placed(self, part: OpenTool) -> OpenTool:
+        """`part` with its session's directory, asked of the server when only a view named it."""
+        if part.directory is not None:
+            return part
+        return dataclasses.replace(part, directory=await directory_of(self._ctx, part.session_id))
 
     async def _messages(self, session_id: str, parts: list[OpenTool]) -> dict[str, Any]:
         """The messages holding `parts`, read afresh; one the server no longer has is left out,
@@ -126,14 +138,25 @@ class OpenParts:
         document = view.document if view is not None else message
         changed = set() if view is None else {change.target.part for change in view.changes}
         current = {part["id"]: part for part in document["parts"]}
+        held = _held_back(message, {part.part for part in parts} - changed, liveness)
         for part in parts:
             part_id = part.part
             now = current.get(part_id)
+            if part_id in held:
+                continue  # still remembered: confirmed again once the other process is gone
             self._memory.parts.pop(part_id, None)
             if now is not None and not is_open_tool(now, Api.V1):
                 # Settled by the rules, or by the server while the stream was down: either way
                 # a client that saw the part open must be told its state now.
                 self._orphan(part_id, part, now, document["info"], settled_here=part_id in changed)
+        if held and liveness.elsewhere_since is not None:
+            session_id = parts[0].session_id
+            self._held.wait(
+                session_id,
+                liveness.elsewhere_since,
+                lambda: self.schedule(session_id),
+                lambda: any(part.part in held for part in self._memory.open_parts(session_id)),
+            )
 
     def _orphan(
         self,
@@ -151,6 +174,15 @@ class OpenParts:
         self._clients.publish(part_id, Orphan(part, state, [session_idle(part.session_id)]))
         if settled_here and self._ctx.write_back is not None:
             self._ctx.write_back.schedule(Api.V1, part.session_id, self._ctx.credentials, {part_id})
+
+
+def _held_back(message: Any, left: set[str], liveness: Liveness) -> set[str]:
+    """The parts of `left` (left open) that only the bound of other processes on the database held
+    back: a reading without it would settle them."""
+    if not left or liveness.elsewhere_since is None:
+        return set()
+    unbounded = settle_view(message, Api.V1, dataclasses.replace(liveness, elsewhere_since=None), single=True)
+    return set() if unbounded is None else left & {change.target.part for change in unbounded.changes}
 
 
 def _log_orphan(

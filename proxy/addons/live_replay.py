@@ -79,6 +79,11 @@ class Replays:
         of a message it does not hold, so a prompt replayed in the order kept lost its text."""
         return [replayed for kept in self.sessions.values() for replayed in _messages_first(kept.values())]
 
+    def told_idle(self, session_id: str) -> bool:
+        """Whether the session is idle in its replay (told so by the proxy, or by the server since)."""
+        kept = self.sessions.get(session_id)
+        return kept is not None and STATUS_SUBJECT in kept
+
     def heard(self, event: GlobalEvent) -> None:
         """Take what the followed stream says of a session with a replay, or of a call settled
         as interrupted (a write-back's, when the stream had not shown the call open): a client
@@ -113,14 +118,16 @@ def _messages_first(replays: Iterable[Replayed]) -> list[Replayed]:
 
 def _heard_2x(event: GlobalEvent, place: Place, kept: Bounded[str, Replayed]) -> None:
     """2.x: the server's end of an execution, or its failure of a replayed call, agrees and is kept
-    as the server said it; any other news of a call or of the execution ends that replay."""
+    as the server said it; any other news of a call or of the execution ends that replay. So does
+    what the server stored itself (`durable`): a copy would repeat it under a new id and no `seq`,
+    while its view and log already say it to any client that reads them."""
     subjects = news_subjects(event.kind, event.properties)
     if not subjects:
         return
     agrees = ends_turn(event.kind, event.properties) or (
         event.kind == API_TOOL_FAILED and subjects[0] in kept
     )
-    if agrees:
+    if agrees and not event.durable:
         said = api_event(event.kind, event.properties, int(time.time() * 1000), event.directory)
         kept[subjects[0]] = Replayed(place, said, True)
     else:

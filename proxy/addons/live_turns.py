@@ -5,10 +5,18 @@ its busy bar. When the stream comes back, wait the grace period, read each such 
 afresh, take a reading after that read, and if the session is inactive and the stream did not
 speak of it meanwhile (`live_watch`) send the message as the rules close it (`message.updated`)
 and `session.status` idle.
+
+The same is owed for a part settled as a crash's interruption that this process never saw open
+(a write-back of it or of the proxy that ran before it, after the proxy itself crashed and a new
+one started on the same data): the server announces the part, never the session idle nor the
+message closed, and a client that kept its state across (the TUI) keeps its busy bar for good. So
+unless this process already told the session idle since (or the server did), its message is
+confirmed and closed the same way, and the session told idle once a reading says it is inactive.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from functools import partial
 from typing import Any
@@ -18,10 +26,17 @@ from proxy.addons.context import SettleContext
 from proxy.addons.live_clients import ClientStreams, Orphan
 from proxy.addons.live_memory import Place, StreamMemory
 from proxy.addons.live_watch import Confirmations, Ticket
+from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent
-from proxy.opencode.vocabulary import SESSION_STATUS, idle_status, message_updated, session_idle
-from rules import Api, Liveness, UnexpectedShape, settle_view
+from proxy.opencode.vocabulary import (
+    SESSION_STATUS,
+    idle_status,
+    message_updated,
+    session_idle,
+    settled_part_id,
+)
+from rules import V1, Api, Liveness, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +58,31 @@ class DeadTurns:
 
     def heard(self, event: GlobalEvent) -> None:
         self._confirmations.heard(event)
+        if (place := _settled_unseen(event)) is not None:
+            self._owed([place], f"part of {place.session_id} settled as interrupted, not seen open here")
+
+    def view_settled(self, session_id: str, messages: list[str]) -> None:
+        """A client's fetch settled the session's unfinished `messages` (no part of theirs)."""
+        places = [Place(session_id, message_id, None, None) for message_id in messages]
+        self._owed(places, f"view of {session_id} settled")
+
+    def _owed(self, places: list[Place], said: str) -> None:
+        """A settlement of the session's `places` was made that no client stream may have been
+        told the end of: unless its parts' confirmation tells the whole story, or the session was
+        told idle since (by the proxy or the server), its turn is confirmed over and told so."""
+        session_id = places[0].session_id
+        if self._memory.has_open(session_id) or self._clients.replays.told_idle(session_id):
+            return
+        log.info(
+            "%s: its turn is closed in client streams once a reading says the session is inactive",
+            said,
+            extra={"fields": {"session": session_id, "decision": "close turn"}},
+        )
+        for place in places:
+            known = self._memory.unfinished.get(place.message_id)
+            if known is None or known.directory is None:
+                self._memory.unfinished[place.message_id] = place
+        self.schedule(session_id)
 
     async def _close_turn(self, ticket: Ticket) -> None:
         session_id = ticket.session_id
@@ -68,12 +108,18 @@ class DeadTurns:
             return None
         read = [
             (
-                place,
+                await self._placed(place),
                 await self._ctx.upstream.get(V1_HTTP.messages_path(session_id, mid), self._ctx.credentials),
             )
             for mid, place in self._memory.unfinished_messages(session_id)
         ]
         return read, await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
+
+    async def _placed(self, place: Place) -> Place:
+        """`place` with its session's directory, asked of the server when only a view named it."""
+        if place.directory is not None:
+            return place
+        return dataclasses.replace(place, directory=await directory_of(self._ctx, place.session_id))
 
     def _closed(
         self, session_id: str, read: list[tuple[Place, Any]], liveness: Liveness
@@ -122,3 +168,24 @@ class DeadTurns:
         idle = state[-1]["type"] == SESSION_STATUS
         moment = [session_idle(place.session_id)] if idle else []
         self._clients.publish(place.message_id or "status", Orphan(place, state, moment))
+
+
+def _settled_unseen(event: GlobalEvent) -> Place | None:
+    """Where a v1 tool part `event` shows settled as a crash's interruption lives (None: it shows
+    none), as the server announces a write-back's."""
+    if event.api or event.session_id is None or settled_part_id(event.kind, event.properties) is None:
+        return None
+    part = event.properties["part"]
+    state, message_id = part.get("state"), part.get("messageID")
+    if not isinstance(state, dict) or not isinstance(message_id, str) or not V1.settled_as_interrupted(state):
+        return None
+    return Place(event.session_id, message_id, event.directory, event.project)
+
+
+async def directory_of(ctx: SettleContext, session_id: str) -> str:
+    """The session's directory (what `/global/event` and `/event` are framed by), asked of the server."""
+    info = await ctx.upstream.get(f"/session/{session_id}", ctx.credentials)
+    directory = info.get("directory") if isinstance(info, dict) else None
+    if not isinstance(directory, str):
+        raise LivenessUnknown(f"/session/{session_id}: no `directory`")
+    return directory

@@ -2,8 +2,10 @@
 
 It runs first, in `request_headers`, and stores the match in the flow (`ROUTE`); the other
 addons read it instead of matching the path again in each hook. It also owns the start-timeout
-policy of the routes it names, so the relay stays ignorant of opencode's routes, and asks every
-event stream uncompressed: events are slipped in between the server's own, which compressed
+policy of the routes it names, so the relay stays ignorant of opencode's routes: a route's own,
+and for a session's stream whether the server is booting (the server line not known: at start,
+and from a lost stream or, under `run`, the server's exit until its health answers again). It asks
+every event stream uncompressed: events are slipped in between the server's own, which compressed
 bytes cannot take (newer 2.x servers compress what a client accepts compressed).
 """
 
@@ -14,6 +16,7 @@ from typing import ClassVar
 from aiohttp import hdrs
 
 from proxy.opencode.routes import Route, match_route
+from proxy.opencode.server_line import ServerLine
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow, FlowKey
 
@@ -28,14 +31,17 @@ class Routing(Addon):
 
     name: ClassVar[str] = "routing"
 
-    def __init__(self, prefix: str = "") -> None:
-        """`prefix`: where the proxy is mounted, which opencode's paths do not have."""
+    def __init__(self, prefix: str = "", *, line: ServerLine | None = None) -> None:
+        """`prefix`: where the proxy is mounted, which opencode's paths do not have; `line`: which
+        server the upstream is, not known while it boots (given none, it never boots)."""
         self._prefix = prefix
+        self._line = line
         self._matched: Bounded[tuple[str, str], Route] = Bounded(REMEMBERED_ROUTES)
 
     async def request_headers(self, flow: Flow) -> None:
         route = flow[ROUTE] = self._route(flow.request.method, flow.request.path.removeprefix(self._prefix))
-        flow.start_timeout = route.start_timeout(flow.start_timeout)
+        booting = self._line is not None and self._line.current is None
+        flow.start_timeout = route.start_timeout(flow.start_timeout, booting=booting)
         if route.stream is not None:
             flow.upstream_headers[hdrs.ACCEPT_ENCODING] = "identity"
 

@@ -26,6 +26,7 @@ only speak on a stream the server has opened).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,6 +35,7 @@ from typing import Any, ClassVar
 from proxy.addons.after_grace import read_after_grace
 from proxy.addons.context import SettleContext
 from proxy.addons.events import event_frame
+from proxy.addons.live_held import HeldBack
 from proxy.addons.live_watch import Confirmations, Ticket
 from proxy.addons.routing import event_stream, route_of
 from proxy.opencode.client import Credentials
@@ -43,8 +45,8 @@ from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.opencode.vocabulary import CALL_ENDED, CALL_STARTED, tool_failed
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow, FlowKey
-from proxy.relay.tasks import KeyedTasks
-from rules import Api, Change, Liveness, Settlement, UnexpectedShape, settle_view
+from proxy.relay.tasks import Together
+from rules import Api, Change, Liveness, Settlement, UnexpectedShape, ViewSettlement, settle_view
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,8 @@ class SessionStreamSettle(Addon, StreamListener):
         self.scope = event_stream
         self._ctx = ctx
         self._confirmations = Confirmations(self.name, "session streams", ctx.metrics.withdrawn_confirmations)
-        self.tasks: KeyedTasks[str] = self._confirmations.tasks
+        self._held = HeldBack(ctx.probe, "open calls")
+        self.tasks: Together = Together(self._confirmations.tasks, self._held)
         self._credentials = ctx.credentials
         self._streams: dict[SessionStream, None] = {}
         """An ordered set: each is also kept in its flow (`STREAM`)."""
@@ -136,20 +139,16 @@ class SessionStreamSettle(Addon, StreamListener):
         if found is None:
             return
         document, liveness = found
+        if liveness.active:
+            log.log(quiet, "stream settle of %s: the session is active, nothing told", session_id)
+            return
         try:
-            view = None if liveness.active else settle_view(document, Api.V2, liveness)
+            view = settle_view(document, Api.V2, liveness)
         except UnexpectedShape as error:
             log.info("stream settle of %s: %s", session_id, error)
             return
-        if view is None:
-            log.log(quiet, "stream settle of %s: the session is active, nothing told", session_id)
-            return
-        calls = {
-            call.call_id: call
-            for _, settlement in view.messages.settled
-            for change in settlement.changes
-            if (call := _failed_call(session_id, settlement, change)) is not None
-        }
+        calls = {} if view is None else _failed_calls(session_id, view)
+        self._hold_back(session_id, document, liveness, calls, credentials)
         if not calls:
             log.log(quiet, "stream settle of %s: no call left open to settle", session_id)
             return
@@ -163,6 +162,29 @@ class SessionStreamSettle(Addon, StreamListener):
                 self._tell(stream, calls)
         if self._ctx.write_back is not None:
             self._ctx.write_back.schedule(Api.V2, session_id, credentials, calls)
+
+    def _hold_back(
+        self,
+        session_id: str,
+        document: Any,
+        liveness: Liveness,
+        calls: dict[str, FailedCall],
+        credentials: Credentials,
+    ) -> None:
+        """Calls only the bound of other processes on the database left open are confirmed again,
+        with every open stream of the session told then, once that process exits (`live_held`)."""
+        if liveness.elsewhere_since is None:
+            return
+        free = settle_view(document, Api.V2, dataclasses.replace(liveness, elsewhere_since=None))
+        if free is None or not (_failed_calls(session_id, free).keys() - calls.keys()):
+            return
+        again = partial(self._settle, credentials, after_loss=True)
+        self._held.wait(
+            session_id,
+            liveness.elsewhere_since,
+            lambda: self._confirmations.schedule(session_id, again),
+            lambda: True,
+        )
 
     async def _read(self, session_id: str, credentials: Credentials) -> tuple[Any, Liveness]:
         """The session's messages read afresh, then a reading."""
@@ -202,6 +224,16 @@ class FailedCall:
     @property
     def call_id(self) -> str:
         return str(self.event["data"]["callID"])
+
+
+def _failed_calls(session_id: str, view: ViewSettlement) -> dict[str, FailedCall]:
+    """The calls a settled view failed, by call id."""
+    return {
+        call.call_id: call
+        for _, settlement in view.messages.settled
+        for change in settlement.changes
+        if (call := _failed_call(session_id, settlement, change)) is not None
+    }
 
 
 def _failed_call(session_id: str, settlement: Settlement, change: Change) -> FailedCall | None:

@@ -72,6 +72,7 @@ class Settle(Addon):
         self._server = server or ServerLine.told(TOLD_1_18)
         self._metrics = ctx.metrics
         self._write_back = ctx.write_back
+        self._settled = ctx.views
         self._dry_run = ctx.dry_run
         self._reported: Bounded[tuple[str, str], None] = Bounded(REPORTED)
         self._counters: dict[tuple[str, Api], Counter] = {}
@@ -139,12 +140,15 @@ class Settle(Addon):
 
     def _deliver(self, flow: Flow, route: MessageRoute, rewritten: Rewritten) -> None:
         """The settled body to the client, in the codings it takes and with the headers that say
-        what changed; and to the write-back, which makes it durable if the session stays idle."""
+        what changed; to the write-back, which makes it durable if the session stays idle; and to
+        whoever tells the client streams (`SettledViews`)."""
         _send(flow, rewritten.body)
         _label(flow, rewritten)
         if self._write_back is not None:
             credentials = self._views.credentials(flow.request)
             self._write_back.schedule(route.api, route.session_id, credentials, _targets(rewritten))
+        targets = frozenset(change.target for change in rewritten.messages.changes)
+        self._settled.settled(route.api, route.session_id, targets)
 
     def _decoded(self, route: MessageRoute, flow: Flow) -> bytes | None:
         """The body with its content codings undone, or None (logged) when they do not decode."""

@@ -44,6 +44,9 @@ class GlobalEvent:
     api: bool = False
     id: str | None = None
     """The server's id of the event (ids ascend with creation in one server); None if it has none."""
+    durable: bool = False
+    """2.x: the server stored it in the session's durable log (`durable: {aggregateID, seq, …}`), so
+    its view and log already say it to any client that reads them."""
 
     @property
     def session_id(self) -> str | None:
@@ -126,7 +129,9 @@ def parse_api_event(data: bytes) -> GlobalEvent | None:
         return None
     location = envelope.get("location")
     directory = location.get("directory") if isinstance(location, dict) else None
-    return GlobalEvent(directory if isinstance(directory, str) else None, None, kind, properties, api=True)
+    durable = isinstance(envelope.get("durable"), dict)
+    where = directory if isinstance(directory, str) else None
+    return GlobalEvent(where, None, kind, properties, api=True, durable=durable)
 
 
 def _loads(data: bytes) -> dict[str, Any]:

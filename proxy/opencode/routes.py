@@ -75,17 +75,19 @@ class Route:
     stream_session: str | None = None
     """The session a `SESSION` stream follows."""
 
-    def start_timeout(self, timeout: float | None) -> float | None:
+    def start_timeout(self, timeout: float | None, *, booting: bool = False) -> float | None:
         """How long the upstream may take to start answering, given the proxy's `timeout`.
 
         opencode's event streams answer at once when it is healthy, but a subscription sent the
         instant its port opens after a restart can go unanswered for 20 s and more (measured on
         1.18.33), and a client waiting on it misses everything meanwhile. So a stream must start
         within `STREAM_START_TIMEOUT_S`, or the client gets a 504 and reconnects. A session's
-        stream starts with its next event, however long that takes, so it is never timed; nor is
-        any stream once open.
+        stream starts with its next event, however long that takes, so it is not timed while the
+        server is known healthy; while it is `booting` (not known to answer yet) it is timed too,
+        as 1.18.33 takes one sent then and never answers it (40 s and more, though the session has
+        news). No stream is timed once open.
         """
-        if self.stream is EventStream.SESSION:
+        if self.stream is EventStream.SESSION and not booting:
             return None
         if self.stream is not None:
             return STREAM_START_TIMEOUT_S if timeout is None else min(timeout, STREAM_START_TIMEOUT_S)

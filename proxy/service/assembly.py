@@ -71,7 +71,7 @@ AddonFactory = Callable[[Built], Addon | None]
 
 ADDONS: tuple[AddonFactory, ...] = (
     lambda built: MountedLinks(built.prefix) if built.prefix else None,
-    lambda built: Routing(built.prefix),
+    lambda built: Routing(built.prefix, line=built.line),
     lambda built: Settle(built.ctx, tracker=built.tracker, server=built.line),
     lambda built: LiveSettle(built.ctx, server=built.line),
     lambda built: SessionStreamSettle(built.ctx),

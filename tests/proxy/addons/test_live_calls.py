@@ -171,3 +171,60 @@ async def test_a_call_is_not_told_while_the_server_cannot_say_which_it_is(
     told = await crashed_with_a_call_open(upstream_api, fake, ServerLine(upstream_api, Credentials()))
     assert told == []
     assert "live settle of ses_2x: not confirmed (which server the upstream is is not known: " in caplog.text
+
+
+async def later_client(proxy: ProxyClient, server: StandIn, seen: Any) -> list[str]:
+    """What a client of `/api/event` that opens now is sent up to a marker the server publishes
+    after it opened (its replay comes first): the kinds of every frame."""
+    response = await proxy.get("/api/event", headers=server.headers)
+    later = frames(response)
+    kinds = [(await anext(later))["type"]]  # `server.connected`: the stream is open
+    server.publish("session.execution.started", {"sessionID": "ses_marker"})
+    async with asyncio.timeout(10):
+        while kinds[-1] != "session.execution.started":
+            kinds.append((await anext(later))["type"])
+    response.close()
+    return kinds
+
+
+async def test_what_the_server_stored_itself_is_never_replayed_as_a_copy(aiohttp_client: Client) -> None:
+    """The proxy told its settlement; then the server's own drain settled the call and ended the
+    execution (durable events), and the server restarted cleanly: a client back after that is
+    not sent copies (new ids, no `durable`) of what the server said and stored itself."""
+    async with StandIn(password=PASSWORD) as server:
+        session = server.add_session()
+        call = server.add_running_call(session)
+        async with proxied(server, aiohttp_client) as (proxy, seen):
+            call_opened(server, call)
+            await seen.until(lambda: any(e.kind == "session.tool.called" for e in seen.events))
+            await server.crash()
+            await server.restart()
+            assert next(e["type"] for e in await told(proxy, server, session)) == "session.tool.failed"
+            server.store.settle_stale(session)  # the next prompt's drain
+            server.publish("session.execution.succeeded", {"sessionID": session})
+            await seen.until(lambda: seen.events[-1].kind == "session.execution.succeeded")
+            followed = seen.followed
+            await server.stop()
+            await server.restart()
+            await seen.until(lambda: seen.followed > followed)
+            kinds = await later_client(proxy, server, seen)
+    assert kinds == ["server.connected", "session.execution.started"]
+
+
+async def test_a_call_the_server_settled_itself_while_the_stream_was_down_is_not_repeated(
+    aiohttp_client: Client,
+) -> None:
+    async with StandIn(password=PASSWORD) as server:
+        session = server.add_session()
+        call = server.add_running_call(session)
+        async with proxied(server, aiohttp_client) as (proxy, seen):
+            call_opened(server, call)
+            await seen.until(lambda: any(e.kind == "session.tool.called" for e in seen.events))
+            decided = Said("the server settled it itself; not repeated")
+            await server.crash()
+            server.store.settle_stale(session)  # as `serve --service` does at boot
+            await server.restart()
+            await decided.wait()
+            kinds = await later_client(proxy, server, seen)
+    assert server.messages(session)[-1]["content"][0]["state"]["status"] == "error"
+    assert kinds == ["server.connected", "session.execution.started"]

@@ -12,7 +12,12 @@ import orjson
 import pytest
 
 from proxy import testing
+from proxy.addons.context import SettleContext
 from proxy.addons.live import LiveSettle
+from proxy.opencode.client import UpstreamApi
+from proxy.opencode.dialects import LINE_2X
+from proxy.opencode.liveness import LivenessProbe
+from proxy.opencode.server_line import KnownServer, ServerLine
 from proxy.relay.hooks import Flow
 from proxy.service.metrics import Metrics
 from tests.proxy.addons import test_live_hooks as hooks
@@ -121,3 +126,17 @@ async def test_a_plain_event_stream_asks_again_once_the_proxy_gave_up(
     assert {"directory": "/cwd", "waiting": 1} in [
         getattr(record, "fields", None) for record in caplog.records
     ]
+
+
+async def test_a_2x_server_is_never_asked_for_the_default_directory(
+    upstream_api: UpstreamApi, fake: FakeOpencode, metrics: Metrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    """2.x has no `/path` and no plain `/event`: asking it would only log a 404 at each reconnect."""
+    caplog.set_level(logging.INFO)
+    line = ServerLine.told(KnownServer("2.0.0", LINE_2X, True, "(told)"))
+    live = LiveSettle(SettleContext(LivenessProbe(upstream_api), upstream_api, metrics, grace=0), server=line)
+    live.following()
+    live.following()  # a reconnect
+    await live.tasks.idle()
+    assert path_requests(fake) == 0
+    assert "plain /event streams are told nothing" not in caplog.text

@@ -19,9 +19,11 @@ from rules import Api
 V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
 
 
-async def routed(path: str, start_timeout: float | None, method: str = "GET") -> Flow:
+async def routed(
+    path: str, start_timeout: float | None, method: str = "GET", *, routing: Routing | None = None
+) -> Flow:
     flow = Flow(make_mocked_request(method, path, app=web.Application()), CIMultiDict(), start_timeout)
-    await Routing().request_headers(flow)
+    await (routing or Routing()).request_headers(flow)
     return flow
 
 
