@@ -84,9 +84,17 @@ class ServerLine:
     another version or line than before (first of all, at start)."""
 
     def __init__(
-        self, upstream: UpstreamApi | None, credentials: Credentials, *, timeout: float = ASK_TIMEOUT_S
+        self,
+        upstream: UpstreamApi | None,
+        credentials: Credentials,
+        *,
+        timeout: float = ASK_TIMEOUT_S,
+        starting: Callable[[], bool] = lambda: False,
     ) -> None:
         self._upstream = upstream
+        self._starting = starting
+        """Whether the upstream is a server being started (under `run`): while it is, that it
+        cannot be reached is no news, and is not said."""
         self._credentials = credentials
         self._timeout = timeout
         self._lock = asyncio.Lock()
@@ -221,7 +229,7 @@ class ServerLine:
 
     def _not_known(self, why: str, *, unreachable: bool) -> None:
         self.why_unknown = why
-        if self._said_unknown:
+        if self._said_unknown or (unreachable and self._starting()):
             return
         self._said_unknown = True
         log.log(

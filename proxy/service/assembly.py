@@ -220,9 +220,12 @@ class Assembly:
             elsewhere=others,
             lookups=metrics.liveness_requests,
         )
-        line = self.line = ServerLine(upstream, Credentials.configured(settings.authorization))
+        supervisor = self.supervisor
+        starting = supervisor.starting if supervisor is not None else (lambda: False)
+        credentials = Credentials.configured(settings.authorization)
+        line = self.line = ServerLine(upstream, credentials, starting=starting)
         line.listeners.append(modes_said(settings))
-        if (supervisor := self.supervisor) is not None:
+        if supervisor is not None:
             supervisor.exited.append(line.forget)
             stack.callback(supervisor.exited.remove, line.forget)
         return probe

@@ -151,11 +151,18 @@ class ToolProcesses:
         ]
 
     async def _report_left_running(self) -> None:
-        for orphan in await self.left_running():
+        for orphan in self.first_found(await self.left_running()):
+            log.warning("orphaned process %s", described(orphan), extra={"fields": orphan.as_json()})
+
+    def first_found(self, orphans: list[Orphan]) -> list[Orphan]:
+        """Those of `orphans` found for the first time: each running process is reported once."""
+        found = []
+        for orphan in orphans:
             identity = Identity.of(orphan.pid)
             if identity is not None and identity not in self._reported:
                 self._reported[identity] = None
-                log.warning("orphaned process %s", described(orphan), extra={"fields": orphan.as_json()})
+                found.append(orphan)
+        return found
 
     def event(self, event: GlobalEvent) -> None:
         if event.kind == PART_UPDATED:
