@@ -36,7 +36,11 @@ from proxy.system.reaper import adopted, become_subreaper, end_groups, own_child
 log = logging.getLogger(__name__)
 
 ANSWER_POLL_S = 0.1
-"""How often a started server's port is tried until it accepts a connection: it answers."""
+"""How often a started server is asked until it answers."""
+ANSWER_WITHIN_S = 1.0
+"""How long one ask may take: a server whose port opened may not answer yet (opencode 1.18)."""
+PROBE = b"GET /global/health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+"""What it is asked: 1.x's health route. Any HTTP answer is one (2.x: 401, a password first)."""
 RESTARTS_PER_WINDOW = 5
 WINDOW_S = 60.0
 """More than `RESTARTS_PER_WINDOW` restarts within `WINDOW_S` seconds is a storm: give up."""
@@ -320,20 +324,26 @@ class Supervisor:
             answering.cancel()
 
     async def _until_answering(self, pid: int) -> None:
-        """Try the server's port until it accepts a connection: then it has answered."""
-        while True:
-            try:
-                async with asyncio.timeout(1.0):
-                    _, writer = await asyncio.open_connection(LOOPBACK, self._port)
-            except (OSError, TimeoutError):
-                await asyncio.sleep(ANSWER_POLL_S)
-                continue
-            writer.close()
-            break
+        """Ask the server until it answers HTTP on its port (its port open is not enough)."""
+        while not await self._answers():  # noqa: ASYNC110 - nothing to wait on but the server itself
+            await asyncio.sleep(ANSWER_POLL_S)
         self._answered_at = time.monotonic()
         self._restarts.answered_ever = True
         clients = f" (its own port, for the proxy only: clients use {self.address})" if self.address else ""
         self._set(ChildState.RUNNING, f"server answering, pid {pid}, on {LOOPBACK}:{self._port}{clients}")
+
+    async def _answers(self) -> bool:
+        try:
+            async with asyncio.timeout(ANSWER_WITHIN_S):
+                reader, writer = await asyncio.open_connection(LOOPBACK, self._port)
+                try:
+                    writer.write(PROBE)
+                    first = await reader.readline()
+                finally:
+                    writer.close()
+        except (OSError, TimeoutError):
+            return False
+        return first.startswith(b"HTTP/")
 
     def _restarts_after(self, code: int) -> bool:
         return self._restart is Restart.ALWAYS or (self._restart is Restart.ON_FAILURE and code != 0)

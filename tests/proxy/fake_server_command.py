@@ -14,6 +14,7 @@ import argparse
 import signal
 import subprocess
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -52,6 +53,7 @@ def main() -> None:
     server = ThreadingHTTPServer((args.hostname, args.port), Answer)
     print(f"listening on http://{args.hostname}:{args.port}", flush=True)
     if args.answer_for is not None:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
         time.sleep(args.answer_for)
         sys.exit(args.exit)
     server.serve_forever()

@@ -152,7 +152,7 @@ async def test_a_restart_storm_is_given_up(
     monkeypatch.setattr(supervisor, "BACKOFF_S", (0.01,))
     monkeypatch.setattr(supervisor, "RESTARTS_PER_WINDOW", 3)
     monkeypatch.setattr(supervisor, "become_subreaper", lambda: False)  # not for the test runner itself
-    command = ServerCommand.parse([sys.executable, FAKE_SERVER, "--answer-for", "0.3", "--exit", str(code)])
+    command = ServerCommand.parse([sys.executable, FAKE_SERVER, "--answer-for", "1", "--exit", str(code)])
     child = Supervisor(command, free_loopback_port(), restart)
     exits: list[int] = []
     child.exited.append(lambda: exits.append(child.restarts))

@@ -106,7 +106,7 @@ async def test_the_server_is_given_the_password_and_the_log_shows_it_once(
     seen = tmp_path / "seen"
     # Each start appends the password it was given, answers a moment, then exits (a crash that is
     # restarted); `--port P --hostname H` land in $0 to $3, and are handed on.
-    answer = f'exec "{sys.executable}" "{FAKE_SERVER}" --answer-for 0.2 --exit 1 "$0" "$@"'
+    answer = f'exec "{sys.executable}" "{FAKE_SERVER}" --answer-for 1 --exit 1 "$0" "$@"'
     command = ServerCommand.parse(["sh", "-c", f'echo "$OPENCODE_PASSWORD" >> {seen}; {answer}'])
     child = Supervisor(
         command,
