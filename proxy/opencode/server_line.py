@@ -168,7 +168,10 @@ class ServerLine:
                     self._pause = not_yet.booting
                     break
                 continue
-            except (aiohttp.ClientError, TimeoutError) as error:
+            except TimeoutError:  # it took the connection, and did not answer: booting, or stuck
+                self._not_known(f"{path} did not answer within {self._timeout:g} s", unreachable=True)
+                return
+            except aiohttp.ClientError as error:
                 why = str(error) or type(error).__name__
                 self._not_known(f"it cannot be reached: {why}", unreachable=True)
                 return

@@ -64,12 +64,13 @@ class Restarts:
             )
         failures = self.failures + 1
         seconds = self.backoff[min(failures, len(self.backoff)) - 1]
-        had = "never answered" if answered_for is None else f"answered for only {answered_for:.1f} s"
-        return Pause(
-            seconds,
-            f"this start {had} (less than {self.startsecs:g} s): exit {failures} in a row of a "
-            "server that did not serve, each waits longer",
+        had = (
+            "never answered"
+            if answered_for is None
+            else f"answered for only {answered_for:.1f} s (less than {self.startsecs:g} s)"
         )
+        row = f"exit {failures} in a row of a server that did not serve, each waits longer"
+        return Pause(seconds, f"this start {had}: {row}")
 
     def _served(self, answered_for: float | None) -> bool:
         return answered_for is not None and answered_for >= self.startsecs
