@@ -1,14 +1,17 @@
 """How `settle-proxy run` ends, as a user sees it from a terminal: a server that never starts is
 one line and no restart loop; Ctrl-C reaches the proxy only, which stops the server in its own
-order (SIGTERM), and a second Ctrl-C stops at once; each stop ends with one line saying so."""
+order (SIGTERM), and a second Ctrl-C stops at once; each stop (the plain proxy's too) ends with
+one line saying so."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
+from proxy.supervision.server_command import free_loopback_port
 from tests.integration.polling import poll
 from tests.proxy.conftest import settle_proxy
 from tests.proxy.supervision.test_run import FAKE_SERVER, alive, running, serving
@@ -90,3 +93,34 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path: Path) -> None:
     poll(lambda: not alive(server) or None, what="the server SIGKILLed", timeout=10)
     assert "SIGINT again: stopping at once (SIGKILL)" in log
     assert signals.read_text() == "SIGTERM\n"  # never the terminal's SIGINT
+
+
+def test_run_help_does_not_offer_the_upstream_it_refuses() -> None:
+    result = settle_proxy("run", "--help")
+    assert result.returncode == 0
+    assert "--upstream" not in result.stdout
+    assert "SETTLE_UPSTREAM" not in result.stdout
+
+
+def test_a_plain_proxy_says_it_stopped_on_sigterm(tmp_path: Path) -> None:
+    port, output = free_loopback_port(), tmp_path / "proxy.log"
+    upstream = f"http://127.0.0.1:{free_loopback_port()}"
+    with output.open("ab") as written:
+        proxy = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "--upstream", upstream, "--port", str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=written,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        poll(
+            lambda: f"on http://127.0.0.1:{port}" in output.read_text() or None, what="the banner", timeout=30
+        )
+        proxy.send_signal(signal.SIGTERM)
+        assert proxy.wait(timeout=30) == 0
+    finally:
+        if proxy.poll() is None:
+            proxy.kill()
+            proxy.wait()
+    (stopped,) = [line for line in output.read_text().splitlines() if "stopped on SIGTERM in" in line]
+    assert stopped.endswith(": the proxy")
