@@ -50,8 +50,10 @@ def build_run_parser(environ: Environ = os.environ) -> OneLineParser:
         "--restart",
         choices=[policy.value for policy in Restart],
         default=Restart.ON_FAILURE.value,
-        help="when to start the server again after it exits (default %(default)s); restarts back off, "
-        "and more than 5 within 60 s make the proxy give up and exit 1",
+        help="when to start the server again after it exits (default %(default)s): a server that "
+        "answered for 10 s restarts after 0.5 s, exits in a row of one that did not back off, one that "
+        "never answered is a failed start and not restarted, and more than 5 restarts within 60 s "
+        "make the proxy give up and exit 1",
     )
     parser.add_argument(
         "--orphans",

@@ -26,16 +26,13 @@ class ServerOutput:
 
     def __init__(self, program: str) -> None:
         self._prefix = f"{Path(program).name}| ".encode()
-        self._readers: list[threading.Thread] = []
         self._closed = False
 
     def pipe(self, into: int) -> int:
         """The write end of a new pipe for the server (the caller closes it once the server has
         it); every line written into it reaches the file descriptor `into`, prefixed."""
         read, write = os.pipe()
-        reader = threading.Thread(target=self._relay, args=(read, into), name="server output", daemon=True)
-        reader.start()
-        self._readers = [thread for thread in self._readers if thread.is_alive()] + [reader]
+        threading.Thread(target=self._relay, args=(read, into), name="server output", daemon=True).start()
         return write
 
     def _relay(self, read: int, into: int) -> None:
