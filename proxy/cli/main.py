@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -15,6 +14,7 @@ from proxy.cli import offline
 from proxy.cli import orphans as orphans_command
 from proxy.cli import run as run_command
 from proxy.cli.options import build_parser, settings_from
+from proxy.cli.stopping import Stopping
 from proxy.opencode.other_processes import is_loopback
 from proxy.service import logs
 from proxy.service.app import create_app
@@ -64,9 +64,9 @@ async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int
     app = create_app(settings, supervisor=supervisor)
     runner = app_runner(app)
     await runner.setup()
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    stopping = Stopping(supervisor)
+    stopping.install(asyncio.get_running_loop())
+    stop = stopping.requested
     try:
         await web.TCPSite(runner, settings.host, settings.port).start()
         log.info(
@@ -79,10 +79,12 @@ async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int
         if supervisor is None:
             await stop.wait()
             return 0
+        supervisor.address = f"http://{settings.host}:{settings.port}"
         return await supervised(supervisor, stop, runner.cleanup)
     finally:
         if runner.server is not None:  # not yet cleaned up by `supervised`
             await runner.cleanup()
+        stopping.said()
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -104,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if arguments[:1] == ["run"]:
         args, settings, supervisor = run_command.parse(arguments[1:])
+        run_command.refuse_an_unstartable_server(supervisor)
     else:
         args = build_parser().parse_args(arguments)
         settings, supervisor = settings_from(args), None

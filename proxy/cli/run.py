@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -26,7 +27,7 @@ from proxy.cli.options import (
     with_password,
 )
 from proxy.service.config import Settings
-from proxy.supervision.server_command import LOOPBACK, ServerCommand, free_loopback_port
+from proxy.supervision.server_command import LOOPBACK, ServerCommand, free_loopback_port, unstartable
 from proxy.supervision.server_password import stable_password, wants_a_password
 from proxy.supervision.supervisor import Orphans, Restart, Supervisor
 
@@ -44,12 +45,15 @@ def build_run_parser(environ: Environ = os.environ) -> OneLineParser:
     )
     parser.usage = USAGE
     parser.allow_abbrev = False  # `--po 1` would slip past the check of an explicit --port
+    _without_upstream(parser)
     parser.add_argument(
         "--restart",
         choices=[policy.value for policy in Restart],
         default=Restart.ON_FAILURE.value,
-        help="when to start the server again after it exits (default %(default)s); restarts back off, "
-        "and more than 5 within 60 s make the proxy give up and exit 1",
+        help="when to start the server again after it exits (default %(default)s): a server that "
+        "answered for 10 s restarts after 0.5 s, exits in a row of one that did not back off, one that "
+        "never answered is a failed start and not restarted, and more than 5 restarts within 60 s "
+        "make the proxy give up and exit 1",
     )
     parser.add_argument(
         "--orphans",
@@ -61,6 +65,20 @@ def build_run_parser(environ: Environ = os.environ) -> OneLineParser:
         "(default %(default)s)",
     )
     return parser
+
+
+def _without_upstream(parser: OneLineParser) -> None:
+    """`run` starts its own upstream: its parser has no --upstream to offer (`parse` refuses one
+    by name), and the settings get the default that `run` then replaces."""
+    for action in [action for action in parser._actions if "--upstream" in action.option_strings]:
+        parser._remove_action(action)
+        for group in parser._action_groups:
+            if action in group._group_actions:
+                group._group_actions.remove(action)
+        for option in action.option_strings:
+            parser._option_string_actions.pop(option, None)
+        default = action.default
+        parser.set_defaults(**{action.dest: action.type(default) if callable(action.type) else default})
 
 
 def parse(arguments: Sequence[str]) -> tuple[argparse.Namespace, Settings, Supervisor]:
@@ -129,3 +147,11 @@ def _server_password(command: ServerCommand, settings: Settings) -> str | None:
     if opencode_password() is not None or not wants_a_password(command.argv[0]):
         return None
     return stable_password((settings.state_db or state_path()).parent / "server-password")
+
+
+def refuse_an_unstartable_server(supervisor: Supervisor) -> None:
+    """Exit 2 with one line when the server's program cannot be started (not found, not
+    executable), before the proxy starts anything: no restart repeats that."""
+    if (why := unstartable(supervisor.program)) is not None:
+        print(f"settle-proxy run: error: cannot start the server: {why}", file=sys.stderr)
+        sys.exit(2)

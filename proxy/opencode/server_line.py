@@ -131,9 +131,17 @@ class ServerLine:
     another version or line than before (first of all, at start)."""
 
     def __init__(
-        self, upstream: UpstreamApi | None, credentials: Credentials, *, timeout: float = ASK_TIMEOUT_S
+        self,
+        upstream: UpstreamApi | None,
+        credentials: Credentials,
+        *,
+        timeout: float = ASK_TIMEOUT_S,
+        starting: Callable[[], bool] = lambda: False,
     ) -> None:
         self._upstream = upstream
+        self._starting = starting
+        """Whether the upstream is a server being started (under `run`): while it is, that it
+        cannot be reached is no news, and is not said."""
         self._credentials = credentials
         self._timeout = timeout
         self._lock = asyncio.Lock()
@@ -219,7 +227,10 @@ class ServerLine:
                     self._pause = not_yet.booting
                     break
                 continue
-            except (aiohttp.ClientError, TimeoutError) as error:
+            except TimeoutError:  # it took the connection, and did not answer: booting, or stuck
+                self._not_known(f"{path} did not answer within {self._timeout:g} s", unreachable=True)
+                return
+            except aiohttp.ClientError as error:
                 why = str(error) or type(error).__name__
                 self._not_known(f"it cannot be reached: {why}", unreachable=True)
                 return
@@ -272,7 +283,7 @@ class ServerLine:
 
     def _not_known(self, why: str, *, unreachable: bool) -> None:
         self.why_unknown = why
-        if self._said_unknown:
+        if self._said_unknown or (unreachable and self._starting()):
             return
         self._said_unknown = True
         log.log(

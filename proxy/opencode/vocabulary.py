@@ -23,8 +23,10 @@ __all__ = [
     "ANSWERED",
     "API_CALL_ENDED",
     "API_CALL_OPENING",
+    "API_CALL_STARTED",
     "API_EXECUTION_ENDED",
     "API_EXECUTION_STARTED",
+    "API_INPUT_STARTED",
     "API_INTERRUPTED",
     "API_SESSION_PREFIX",
     "API_SHUTDOWN",
@@ -127,7 +129,11 @@ API_EXECUTION_ENDED = ("session.execution.succeeded", "session.execution.failed"
 API_SHUTDOWN = "shutdown"
 """A server going away: the projection appends no `idle` message ("the drain continues")."""
 API_TOOL_FAILED = "session.tool.failed"
-API_CALL_OPENING = ("session.tool.input.started", "session.tool.called")  # `streaming`, `running`
+API_INPUT_STARTED = "session.tool.input.started"
+"""A 2.x call's input begins to stream (`streaming`): the one event of a call that names its tool."""
+API_CALL_STARTED = "session.tool.called"
+"""A 2.x call runs (`running`), its `input` whole; it names no tool (`Tool.Called`, @03130971e20a)."""
+API_CALL_OPENING = (API_INPUT_STARTED, API_CALL_STARTED)  # `streaming`, `running`
 API_CALL_ENDED = ("session.tool.success", API_TOOL_FAILED)
 """How a 2.x call ends; `session.tool.progress` and `session.step.*` come while it still runs."""
 

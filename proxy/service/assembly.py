@@ -214,31 +214,31 @@ class Assembly:
         self.forwarder = self._forwarder(dispatcher, stack)
 
     def _liveness(self, upstream: UpstreamApi, stack: AsyncExitStack) -> LivenessProbe:
-        """Where liveness is asked, bounded by the other processes on the database; and which
-        server the upstream is (asked again, under `run`, each time the server exits)."""
+        """Where liveness is asked, bounded by the other processes on the database."""
         settings, metrics = self.settings, self.metrics
         mark_this_process()
         others = self.others = OtherProcesses(settings.upstream)
         self.background.add(others)
         stack.push_async_callback(others.close)
-        probe = LivenessProbe(
+        return LivenessProbe(
             upstream,
             authorization=settings.authorization,
             timeout=settings.liveness_timeout,
             elsewhere=others,
             lookups=metrics.liveness_requests,
         )
-        return probe
 
     def _server_line(self, session: aiohttp.ClientSession, stack: AsyncExitStack) -> None:
         """Which server the upstream is, asked on its own client (each route as the user of the
-        line it belongs to), and asked again, under `run`, each time the server exits."""
+        line it belongs to), and asked again, under `run`, each time the server exits; quiet
+        while the supervisor starts the server."""
         settings = self.settings
-        line = self.line = ServerLine(
-            UpstreamApi(session, settings.upstream), Credentials.configured(settings.authorization)
-        )
+        supervisor = self.supervisor
+        starting = supervisor.starting if supervisor is not None else (lambda: False)
+        credentials = Credentials.configured(settings.authorization)
+        line = self.line = ServerLine(UpstreamApi(session, settings.upstream), credentials, starting=starting)
         line.listeners.append(modes_said(settings))
-        if (supervisor := self.supervisor) is not None:
+        if supervisor is not None:
             supervisor.exited.append(line.forget)
             stack.callback(supervisor.exited.remove, line.forget)
 

@@ -8,9 +8,12 @@ over and the server gets a free loopback port instead. Any command that takes `-
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
 _PORT, _HOSTNAME = "--port", "--hostname"
@@ -58,3 +61,27 @@ def free_loopback_port() -> int:
     with socket.socket() as probe:
         probe.bind((LOOPBACK, 0))
         return int(probe.getsockname()[1])
+
+
+def unstartable(program: str, path: str | None = None) -> str | None:
+    """Why `program` (a server command's first word) cannot be started, with the fix; None when
+    it can. `path` is the search path of a bare name (default: `PATH`)."""
+    if os.sep not in program:
+        if shutil.which(program, path=path) is not None:
+            return None
+        search = path if path is not None else os.environ.get("PATH", os.defpath)
+        present = [Path(folder, program) for folder in search.split(os.pathsep) if folder]
+        present = [candidate for candidate in present if candidate.is_file()]
+        if not present:
+            return f"{program}: not found on PATH (install it, or give its full path)"
+        return f"{program}: {present[0]} is not executable (chmod +x {present[0]})"
+    file = Path(program)
+    if not file.exists():
+        why = "no such file"
+    elif file.is_dir():
+        why = "a directory, not a program"
+    elif not os.access(file, os.X_OK):
+        why = f"not executable (chmod +x {program})"
+    else:
+        return None
+    return f"{program}: {why}"

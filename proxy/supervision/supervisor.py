@@ -1,9 +1,13 @@
 """`settle-proxy run`: the proxy starts the server itself, restarts it after a crash, and never
 lets it (or what it left running) outlive the proxy.
 
-Restarts are what a terminal user needs and no more: a bounded backoff, and a cap on restarts
-within a window, past which the proxy gives up and exits so that whatever supervises *it*
-(a shell, systemd) sees the failure. Every change of the child's state is one log line.
+Restarts are what a terminal user needs and no more: a crash of a server that served restarts
+after a short pause, exits in a row of one that did not wait longer each time (`restarts`), a
+server that never answered is not restarted at all, and more restarts within a window than a cap
+make the proxy give up and exit, so that whatever supervises *it* (a shell, systemd) sees the
+failure. Every change of the child's state is one log line. The server runs in a session of its
+own, so a terminal's Ctrl-C reaches the proxy only, which stops the server in its own order; its
+output is the proxy's, each line prefixed with its program's name (`server_output`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,14 +27,18 @@ from enum import StrEnum
 from pathlib import Path
 
 from proxy.supervision.process_records import ProcessRecords
-from proxy.supervision.server_command import ServerCommand
+from proxy.supervision.restarts import BACKOFF_S, Pause, Restarts
+from proxy.supervision.server_command import LOOPBACK, ServerCommand
+from proxy.supervision.server_output import STDERR, STDOUT, ServerOutput
 from proxy.supervision.tool_processes import Orphan, ToolProcesses, described
 from proxy.system.reaper import adopted, become_subreaper, end_groups, own_child, reap
 
 log = logging.getLogger(__name__)
 
-BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
-"""Pauses before the first, second, … restart in a row; the last one repeats."""
+ANSWER_POLL_S = 0.1
+"""How often a started server's port is tried until it takes a connection: then it answers.
+Only connected, never asked anything: a request sent the instant opencode's port opens can
+hang (measured on 1.18.33), and the proxy's own first requests are its look-ups, not this one."""
 RESTARTS_PER_WINDOW = 5
 WINDOW_S = 60.0
 """More than `RESTARTS_PER_WINDOW` restarts within `WINDOW_S` seconds is a storm: give up."""
@@ -59,7 +68,9 @@ class Orphans(StrEnum):
 
 class ChildState(StrEnum):
     STARTING = "starting"
+    """Started, not yet answering on its port."""
     RUNNING = "running"
+    """Answering on its port."""
     BACKING_OFF = "backing off"
     STOPPED = "stopped"
     GAVE_UP = "gave up"
@@ -87,6 +98,7 @@ class Supervisor:
         shown_password: str | None = None,
     ) -> None:
         self._command = command.listening_on(port)
+        self._port = port
         self._environment = environment
         """The server's environment; None: the proxy's own."""
         self._shown_password = shown_password
@@ -97,8 +109,18 @@ class Supervisor:
         self.tool_processes = ToolProcesses(self._server_pid)
         """Follows the event stream (the app adds it) to tie tool processes to their calls."""
         self._process: asyncio.subprocess.Process | None = None
+        self._output = ServerOutput(command.argv[0])
         self._stopping = False
         self._restarts_at: deque[float] = deque()
+        self._restarts = Restarts(BACKOFF_S)
+        self._answered_at: float | None = None
+        """When the server of this start first answered on its port (None: not yet)."""
+        self._ended_with: Pause | None = None
+        """The pause decided at the last exit, or why there is none (restarts ended)."""
+        self.address: str | None = None
+        """Where clients reach the proxy, said when the server answers (its own port is not it)."""
+        self.stopped: list[str] = []
+        """What `stop()` stopped, for the proxy's shutdown line."""
         self.state = ChildState.STARTING
         self.restarts = 0
         self.last_exit: int | None = None
@@ -116,8 +138,17 @@ class Supervisor:
         return list(self._command)
 
     @property
+    def program(self) -> str:
+        """The server command's program, as given."""
+        return self._command[0]
+
+    @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None and self._process.returncode is None else None
+
+    def starting(self) -> bool:
+        """Whether the server is being started (or started again) and has not answered yet."""
+        return self.state in (ChildState.STARTING, ChildState.BACKING_OFF)
 
     async def _server_pid(self) -> int | None:
         return self.pid
@@ -137,6 +168,7 @@ class Supervisor:
             "restarts": self.restarts,
             "last_exit": None if self.last_exit is None else describe_exit(self.last_exit),
             "restart": str(self._restart),
+            "next_restart": self._next_restart().as_json(),
             "orphans": str(self._orphans),
             "command": self._command,
         }
@@ -163,43 +195,76 @@ class Supervisor:
                 self.tool_processes.recorder = None
 
     async def _supervise(self) -> None:
-        failures_in_a_row = 0
         while not self._stopping:
-            started = time.monotonic()
             code = await self._run_once()
+            answered_for = self._answered_for()
             for told in self.exited:
                 told()
             if self._stopping:
                 break
             self.last_exit = code
             self._account_for_orphans()
-            if not self._restarts_after(code):
-                self._set(
-                    ChildState.STOPPED,
-                    f"server {describe_exit(code)}; not restarted (--restart {self._restart})",
-                )
+            pause = self._restarts.exited(answered_for)
+            if (ending := self._no_restart(code, pause)) is not None:
+                self._end(*ending)
                 break
-            failures_in_a_row = 0 if time.monotonic() - started > WINDOW_S else failures_in_a_row + 1
-            if self._storm():
-                self._set(
-                    ChildState.GAVE_UP,
-                    f"server {describe_exit(code)}; {RESTARTS_PER_WINDOW} restarts "
-                    f"within {WINDOW_S:g} s already, giving up",
-                )
-                break
-            pause = BACKOFF_S[min(failures_in_a_row, len(BACKOFF_S)) - 1]
-            self._set(ChildState.BACKING_OFF, f"server {describe_exit(code)}; restarting in {pause:g} s")
-            await asyncio.sleep(pause)
+            assert pause.seconds is not None
+            self._ended_with = pause
+            self._set(
+                ChildState.BACKING_OFF,
+                f"server {describe_exit(code)}; restarting in {pause.seconds:g} s: {pause.why}",
+            )
+            await asyncio.sleep(pause.seconds)
             self.restarts += 1
         self.finished.set()
 
+    def _no_restart(self, code: int, pause: Pause) -> tuple[ChildState, str] | None:
+        """Why the server that exited with `code` is not started again, if it is not."""
+        exited = f"server {describe_exit(code)}"
+        if not self._restarts_after(code):
+            return ChildState.STOPPED, f"{exited}; not restarted (--restart {self._restart})"
+        if pause.seconds is None:
+            return (
+                ChildState.GAVE_UP,
+                f"{exited} before it ever answered on its port: a failed start, not a crash, so it "
+                f"is not restarted (run `{shlex.join(self._command)}` by itself to see why)",
+            )
+        if self._storm():
+            return (
+                ChildState.GAVE_UP,
+                f"{exited}; {RESTARTS_PER_WINDOW} restarts within {WINDOW_S:g} s already, giving up",
+            )
+        return None
+
+    def _end(self, state: ChildState, message: str) -> None:
+        self._ended_with = Pause(None, message)
+        self._set(state, message)
+
+    def _answered_for(self) -> float | None:
+        """How long the server of this start has answered (None: it has not)."""
+        return None if self._answered_at is None else time.monotonic() - self._answered_at
+
+    def _next_restart(self) -> Pause:
+        """What the next restart waits and why: decided, while the server is down; else what an
+        exit now would earn."""
+        down = self.state in (ChildState.BACKING_OFF, ChildState.STOPPED, ChildState.GAVE_UP)
+        if down and self._ended_with is not None:
+            return self._ended_with
+        if self._restart is Restart.NO:
+            return Pause(None, "not restarted (--restart no)")
+        pause = self._restarts.preview(self._answered_for())
+        return Pause(pause.seconds, f"if it exited now: {pause.why}")
+
     async def stop(self) -> None:
         """End the server (SIGTERM, then SIGKILL after `SERVER_STOP_GRACE_S`) and what it left
-        running (SIGTERM, then SIGKILL after `STOP_GRACE_S`)."""
+        running (SIGTERM, then SIGKILL after `STOP_GRACE_S`); `stopped` says what was."""
         self._stopping = True
         process = self._process
         if process is not None and process.returncode is None:
+            began = time.monotonic()
+            log.info("stopping the server, pid %d: SIGTERM", process.pid)
             process.terminate()
+            how = "SIGTERM"
             try:
                 await asyncio.wait_for(process.wait(), SERVER_STOP_GRACE_S)
             except TimeoutError:
@@ -208,29 +273,71 @@ class Supervisor:
                 )
                 process.kill()
                 await process.wait()
-            self._set(ChildState.STOPPED, "server stopped with the proxy")
+                how = f"SIGKILL after {SERVER_STOP_GRACE_S:g} s"
+            self.stopped.append(f"the server (pid {process.pid}, {how}, {time.monotonic() - began:.1f} s)")
+            self._end(ChildState.STOPPED, "server stopped with the proxy")
         if self._ending is not None:
             await self._ending
         if self.subreaper and (left := adopted()):
             log.info("ending %d process(es) the server left running: pids %s", len(left), left)
             await asyncio.to_thread(end_groups, left, STOP_GRACE_S)
+            self.stopped.append(f"{len(left)} process(es) it left running")
+        self._output.close()
+
+    def kill_now(self) -> None:
+        """Stop at once (a second Ctrl-C): SIGKILL the server's process group and what it left
+        running, without their grace."""
+        if (pid := self.pid) is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)  # its own session: the group is the server's
+        if self.subreaper:
+            end_groups(adopted(), 0)
 
     async def _run_once(self) -> int:
-        self._set(ChildState.STARTING, f"starting {' '.join(self._command)}")
-        # Output goes where the proxy's goes: the user sees the server as if started directly.
-        with own_child() as keep:
-            self._process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "proxy.system.die_with_parent",
-                str(os.getpid()),
-                *self._command,
-                stdin=subprocess.DEVNULL,
-                env=self._environment,
-            )
-            keep(self._process.pid)
-        self._set(ChildState.RUNNING, f"server running, pid {self._process.pid}")
-        return await self._process.wait()
+        self._answered_at = None
+        self._set(ChildState.STARTING, f"starting {shlex.join(self._command)}")
+        out, err = self._output.pipe(STDOUT), self._output.pipe(STDERR)
+        try:
+            with own_child() as keep:
+                self._process = process = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "proxy.system.die_with_parent",
+                    str(os.getpid()),
+                    *self._command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env=self._environment,
+                    start_new_session=True,  # a terminal's Ctrl-C is the proxy's to act on
+                )
+                keep(process.pid)
+        finally:
+            os.close(out)
+            os.close(err)
+        answering = asyncio.create_task(self._until_answering(process.pid))
+        try:
+            return await process.wait()
+        finally:
+            answering.cancel()
+
+    async def _until_answering(self, pid: int) -> None:
+        """Try the server's port until it takes a connection."""
+        while not await self._answers():  # noqa: ASYNC110 - nothing to wait on but the server itself
+            await asyncio.sleep(ANSWER_POLL_S)
+        self._answered_at = time.monotonic()
+        self._restarts.answered_ever = True
+        clients = f" (its own port, for the proxy only: clients use {self.address})" if self.address else ""
+        self._set(ChildState.RUNNING, f"server answering, pid {pid}, on {LOOPBACK}:{self._port}{clients}")
+
+    async def _answers(self) -> bool:
+        try:
+            async with asyncio.timeout(ANSWER_POLL_S * 10):
+                _, writer = await asyncio.open_connection(LOOPBACK, self._port)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        return True
 
     def _restarts_after(self, code: int) -> bool:
         return self._restart is Restart.ALWAYS or (self._restart is Restart.ON_FAILURE and code != 0)
@@ -252,13 +359,22 @@ class Supervisor:
         return self.tool_processes.orphans(adopted())
 
     def _account_for_orphans(self) -> None:
-        """One log line per process the dead server left running; with `--orphans terminate`, the
+        """One log line per process a dead server left running, when first found, then only their
+        count; with `--orphans terminate`, the
         process groups of calls that were running at the crash are ended (SIGTERM, then SIGKILL).
         A process of a call that had completed (a server started on purpose), or that cannot be
         tied to a call, is only reported."""
         found = self.orphans()
-        for orphan in found:
+        first_found = self.tool_processes.first_found(found)
+        for orphan in first_found:
             log.warning("orphaned process %s", described(orphan), extra={"fields": orphan.as_json()})
+        new = {orphan.pid for orphan in first_found}
+        if earlier := [orphan.pid for orphan in found if orphan.pid not in new]:
+            log.info(
+                "%d orphaned process(es) found at an earlier exit still run: pids %s (/_settle/orphans)",
+                len(earlier),
+                earlier,
+            )
         doomed = [orphan.pid for orphan in found if orphan.call_was_running]
         if self._orphans is Orphans.TERMINATE and doomed:
             log.warning("ending the process groups of %d orphaned call(s): pids %s", len(doomed), doomed)

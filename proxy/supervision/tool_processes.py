@@ -2,23 +2,32 @@
 leaves behind can be named, and on request ended, exactly.
 
 opencode's bash tool starts every command as the leader of a process group of its own, a direct
-child of the server (v1 runs the command itself, v2 a `/bin/sh -c`). When the event stream shows
-a call start, the server's new group leaders are tied to it, each by its pid *and* its start time
-(clock ticks since boot, from /proc): a pid the kernel hands out again later never matches, and
-nothing is ever matched by its name alone. A leader that cannot be tied to exactly one call is
-not tied to any: it is only ever reported.
+child of the server (1.18's v1 runs the command itself, its v2 a `/bin/sh -c`). 2.x's `shell` tool
+runs `<shell> -c <command>` with the user's shell (`packages/core/src/shell.ts` `Shell.create`
+@9e3d245ca256, `ShellSelect.args` in `shell/select.ts` @27004baa8387), which bash and dash replace
+with the command itself when it is a single one: a 2.x call fits either. When the event stream
+shows a call start (1.18's `message.part.updated` and `session.next.tool.called`, 2.x's
+`session.tool.called`), the server's new group leaders are tied to it, each by its pid *and* its
+start time (clock ticks since boot, from /proc): a pid the kernel hands out again later never
+matches, and nothing is ever matched by its name alone. A leader that cannot be tied to exactly
+one call is not tied to any: it is only ever reported.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from proxy.opencode.events_2x import api_call_id
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import (
+    API_CALL_ENDED,
+    API_CALL_STARTED,
+    API_INPUT_STARTED,
     CALL_ENDED,
     CALL_STARTED,
     PART_UPDATED,
@@ -33,7 +42,12 @@ from rules import Api
 _SCAN_AFTER_S = (0.2, 1.0, 3.0)
 """When to look for a started call's process: it may start a moment after the call is announced."""
 _REMEMBERED = 10_000
-_V2_SHELL = "/bin/sh -c "
+_SHELL = re.compile(r"(?:\S*/)?(?:ba|da|k|z)?sh -c ")
+"""How a shell-run command's leader reads: `/bin/sh -c …` (1.18's v2), `/usr/bin/bash -c …` (2.x)."""
+DIRECT, SHELL = "direct", "shell"
+"""How a call's process runs its command: as itself, or as the script of a shell's `-c`."""
+_WAYS = {Api.V1: frozenset({DIRECT}), Api.V2: frozenset({SHELL})}
+_EITHER = frozenset({DIRECT, SHELL})
 log = logging.getLogger(__name__)
 
 
@@ -116,7 +130,9 @@ class ToolProcesses:
         self._reported: Bounded[Identity, None] = Bounded(_REMEMBERED)
         self._writes: set[asyncio.Task[None]] = set()
         self._calls: Bounded[str, ToolCall] = Bounded(_REMEMBERED, forgotten=self._forgotten)
-        self._runtimes: dict[str, Api] = {}
+        self._ways: dict[str, frozenset[str]] = {}
+        self._names: Bounded[str, str] = Bounded(_REMEMBERED)
+        """2.x's tool of each call whose input began: `session.tool.called` names none."""
         self._awaiting: set[str] = set()
         self._processes: Bounded[Identity, str] = Bounded(_REMEMBERED)
 
@@ -135,17 +151,26 @@ class ToolProcesses:
         ]
 
     async def _report_left_running(self) -> None:
-        for orphan in await self.left_running():
+        for orphan in self.first_found(await self.left_running()):
+            log.warning("orphaned process %s", described(orphan), extra={"fields": orphan.as_json()})
+
+    def first_found(self, orphans: list[Orphan]) -> list[Orphan]:
+        """Those of `orphans` found for the first time: each running process is reported once."""
+        found = []
+        for orphan in orphans:
             identity = Identity.of(orphan.pid)
             if identity is not None and identity not in self._reported:
                 self._reported[identity] = None
-                log.warning("orphaned process %s", described(orphan), extra={"fields": orphan.as_json()})
+                found.append(orphan)
+        return found
 
     def event(self, event: GlobalEvent) -> None:
         if event.kind == PART_UPDATED:
             self._v1_part(event.properties.get("part"))
         elif event.kind == CALL_STARTED or event.kind in CALL_ENDED:
             self._v2_call(event)
+        elif event.kind in (API_INPUT_STARTED, API_CALL_STARTED, *API_CALL_ENDED):
+            self._api_call(event)
 
     def orphans(self, pids: list[int]) -> list[Orphan]:
         """What `pids` (processes adopted from the dead server) were started for."""
@@ -167,7 +192,8 @@ class ToolProcesses:
             return
         if tool_status(part) == TOOL_RUNNING:
             command = (part["state"].get("input") or {}).get("command")
-            self._started(Api.V1, str(part.get("sessionID")), part["id"], str(part.get("tool")), command)
+            session, tool = str(part.get("sessionID")), str(part.get("tool"))
+            self._started(_WAYS[Api.V1], session, part["id"], tool, command)
         elif not is_open_tool(part, Api.V1):
             self._ended(part["id"])
 
@@ -177,22 +203,41 @@ class ToolProcesses:
             return
         if event.kind == CALL_STARTED:
             command = (event.properties.get("input") or {}).get("command")
-            self._started(Api.V2, str(event.session_id), call, str(event.properties.get("tool")), command)
+            tool = str(event.properties.get("tool"))
+            self._started(_WAYS[Api.V2], str(event.session_id), call, tool, command)
         else:
             self._ended(call)
 
-    def _started(self, api: Api, session_id: str, call: str, tool: str, command: Any) -> None:
+    def _api_call(self, event: GlobalEvent) -> None:
+        """2.x: the call is `data.id` (newer) or `data.callID` (older); its tool is named only when
+        its input begins (`Tool.Input.Started`, `packages/schema/src/session-event.ts` @03130971e20a)."""
+        found = api_call_id(event.properties)
+        if found is None:
+            return
+        _, call = found
+        if event.kind == API_INPUT_STARTED:
+            if isinstance(name := event.properties.get("name"), str):
+                self._names[call] = name
+        elif event.kind == API_CALL_STARTED:
+            command = (event.properties.get("input") or {}).get("command")
+            tool = self._names.get(call) or str(event.properties.get("name") or "unknown")
+            self._started(_EITHER, str(event.session_id), call, tool, command)
+        else:
+            self._ended(call)
+            self._names.pop(call, None)
+
+    def _started(self, ways: frozenset[str], session_id: str, call: str, tool: str, command: Any) -> None:
         if call in self._calls or not isinstance(command, str):
             return  # only calls that run a command start processes; a repeated update starts nothing
-        log.debug("%s call %s started: %r", api, call, command)
+        log.debug("call %s started (%s): %r", call, "/".join(sorted(ways)), command)
         self._calls[call] = ToolCall(session_id, call, tool, command)
-        self._runtimes[call] = api
+        self._ways[call] = ways
         self._awaiting.add(call)
         self._write(self._tie())
 
     def _forgotten(self, call: str, _: ToolCall) -> None:
         """A call forgotten to make room for newer ones (past `_REMEMBERED`) waits for no process."""
-        self._runtimes.pop(call, None)
+        self._ways.pop(call, None)
         self._awaiting.discard(call)
 
     async def _tie(self) -> None:
@@ -246,17 +291,19 @@ class ToolProcesses:
                     self._write(self.recorder.record(identity, command, server, self._calls[call]))
 
     def _call_for(self, command: str) -> str | None:
-        """The one waiting call whose command this process runs. v2 runs `/bin/sh -c <command>`;
-        v1 starts the command itself (for `a && b`, the leader runs `b`). Another child of the
-        server (a language server, a plugin) fits no call, and a process that fits two fits none."""
-        shell = command.removeprefix(_V2_SHELL)
-        if not shell:
+        """The one waiting call whose command this process runs: as a shell's script (1.18's v2,
+        2.x), or as itself (1.18's v1, where for `a && b` the leader runs `b`; 2.x, whose shell
+        replaced itself). Another child of the server (a language server, a plugin) fits no
+        call, and a process that fits two fits none."""
+        shell = _SHELL.match(command)
+        ran = command[shell.end() :] if shell else command
+        if not ran:
             return None  # an ending process's command line reads empty, and would fit every call
-        runtime = Api.V2 if shell != command else Api.V1
+        way = SHELL if shell else DIRECT
         fitting = [
             call
             for call in self._awaiting
-            if self._runtimes.get(call) is runtime and self._calls[call].command.endswith(shell)
+            if way in self._ways.get(call, ()) and self._calls[call].command.endswith(ran)
         ]
         return fitting[0] if len(fitting) == 1 else None
 

@@ -1,7 +1,8 @@
 """`settle-proxy run` starts the server and follows its `/global/event` once it knows which server
-it is: while the server is still starting, the log says once that it is not known yet (it cannot
-be reached), and never that a stream was lost (before, it said "event stream /global/event lost:
-Cannot connect" four times)."""
+it is: while the server is still starting, the log says nothing of it that is not so (before, it
+said "event stream /global/event lost: Cannot connect" four times, later once that it "cannot be
+reached" before it was even started); the server's own lines are prefixed with its program's
+name, and the proxy's line once it answers names the address clients use."""
 
 from __future__ import annotations
 
@@ -28,8 +29,12 @@ def test_a_starting_server_is_waited_for_once_and_nothing_is_said_lost(
         )
         log = server.log_path.read_text(errors="replace").splitlines()
     about_the_stream = [line for line in log if "/global/event" in line]
-    waited = [line for line in log if "is not known yet (it cannot be reached" in line]
-    said = "\n".join(about_the_stream + waited)
-    assert len(waited) == 1, said
+    unreachable = [line for line in log if "cannot be reached" in line]
+    said = "\n".join(about_the_stream + unreachable)
+    assert unreachable == [], said  # nothing said of a server being started that does not answer yet
     assert [line for line in about_the_stream if "lost" in line] == [], said
     assert any("following /global/event" in line for line in about_the_stream)
+    own = [line for line in log if "listening on http://127.0.0.1:" in line]
+    assert own, "\n".join(log)
+    assert all(line.startswith("opencode| ") for line in own), own
+    assert any(f"clients use {server.url})" in line for line in log if "server answering, pid" in line)

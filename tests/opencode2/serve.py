@@ -10,7 +10,11 @@ start. `--from-source` answers as the `v2` branch built from source @2092350c do
 `local`, only `/api/health`); `--compress` gzips what a client accepts gzipped, `/api/event` too.
 `--boot-seconds` answers 503 that long first; `--seed FILE` adds, on a fresh database, one
 session with a running `shell` call, writes its ids to FILE as JSON, and shows its execution to
-the first `/api/event` subscriber (as the live server that ran it would have).
+the first `/api/event` subscriber (as the live server that ran it would have); with `--run-tool`
+the call's command (`sleep 600`) then runs in a real process, as 2.x's `shell` tool runs one
+(`packages/core/src/shell.ts` `Shell.create` @9e3d245ca256: `ChildProcess.make(shell,
+ShellSelect.args(shell, command), {detached, stdin: "ignore"})`, the args `["-c", command]` of
+`shell/select.ts` @27004baa8387), whose pid goes into FILE with `.pid` added.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -46,6 +51,7 @@ def _options(argv: list[str] | None) -> argparse.Namespace:
     serve.add_argument("--from-source", action="store_true", help="as the v2 branch built @2092350c")
     serve.add_argument("--boot-seconds", type=float, default=0.0)
     serve.add_argument("--seed", type=Path)
+    serve.add_argument("--run-tool", action="store_true")
     return parser.parse_args(argv)
 
 
@@ -67,23 +73,49 @@ async def _listen(server: StandIn, port: int | None) -> None:
         return
 
 
-def _seed(server: StandIn, path: Path) -> RunningCall:
+TOOL_COMMAND = "sleep 600"
+"""The seeded call's command when it runs in a process (`--run-tool`)."""
+
+
+def _seed(server: StandIn, path: Path, *, run_tool: bool) -> RunningCall:
     session = server.add_session()
-    call = server.add_running_call(session, active=False)
+    tool_input = {"command": TOOL_COMMAND} if run_tool else None
+    call = server.add_running_call(session, tool_input=tool_input, active=False)
     earlier(server.messages(session), 60_000)  # started a minute ago: past any freshness margin
     server.save()
     path.write_bytes(orjson.dumps(dataclasses.asdict(call)))
     return call
 
 
-async def _announce(server: StandIn, call: RunningCall) -> None:
+async def _announce(server: StandIn, call: RunningCall, tool: Path | None) -> None:
     """Show the seeded call's execution to the first stream that subscribes, as a live server shows
     the call it runs (`session.execution.started`, `session.tool.called`), so that a follower of
-    `/api/event` knows it was running when this process is killed."""
+    `/api/event` knows it was running when this process is killed. With `tool` (where its pid
+    goes), the call then runs its command in a process of its own, as 2.x's `shell` tool does:
+    its input began (`session.tool.input.started`, the one event that names the tool), it is
+    called with its whole input, and the shell runs the command, detached."""
     await server.wait_for_subscribers(1)
     server.publish("session.execution.started", {"sessionID": call.session_id})
     data = {"sessionID": call.session_id, "assistantMessageID": call.message_id, "id": call.call_id}
-    server.publish("session.tool.called", data | {"name": "shell", "input": {}, "executed": False})
+    if tool is None:
+        server.publish("session.tool.called", data | {"name": "shell", "input": {}, "executed": False})
+        return
+    server.publish("session.tool.input.started", data | {"name": "shell"})
+    server.publish("session.tool.called", data | {"input": {"command": TOOL_COMMAND}, "executed": False})
+    _run_tool(tool)
+
+
+def _run_tool(pid_file: Path) -> None:
+    """The shell runs the command in a session of its own (node's `detached`): the server's death
+    leaves it running. Not waited for: the server is killed while it runs."""
+    process = subprocess.Popen(
+        ["/bin/sh", "-c", TOOL_COMMAND],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    pid_file.write_text(str(process.pid))
 
 
 async def serve(options: argparse.Namespace) -> None:
@@ -105,7 +137,9 @@ async def serve(options: argparse.Namespace) -> None:
     )
     announcing = None
     if options.seed is not None and fresh:
-        announcing = asyncio.create_task(_announce(server, _seed(server, options.seed)))
+        call = _seed(server, options.seed, run_tool=options.run_tool)
+        tool = options.seed.with_name(options.seed.name + ".pid") if options.run_tool else None
+        announcing = asyncio.create_task(_announce(server, call, tool))
     await _listen(server, options.port)
     print(f"server listening on {server.url}", flush=True)
     if password is None:

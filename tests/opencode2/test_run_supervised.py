@@ -2,7 +2,8 @@
 `opencode` first on PATH. With no password set, the proxy gives the server one of its own, shown
 once in the log as 2.x shows its own, kept (mode 0600) and the same after a SIGKILL and restart of
 the server and after a restart of the proxy; health names the version of the server that runs now,
-also when a restart brings another. A password the user sets is the server's, and nothing is made."""
+also when a restart brings another. A password the user sets is the server's, and nothing is made.
+A 2.x call's process is tied to its call, so `--orphans terminate` ends the one a crash interrupted."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from tests.integration.http_client import free_port, request
 from tests.integration.opencode_server import REPO_ROOT
@@ -61,11 +64,13 @@ class Supervised:
         (self.root / "version").write_text(version)
 
     @contextlib.contextmanager
-    def running(self) -> Iterator[None]:
-        """The proxy started; SIGTERMed after, and its process group SIGKILLed if it outlives that."""
+    def running(self, own: Sequence[str] = (), serve: Sequence[str] = ()) -> Iterator[None]:
+        """The proxy started (with its `own` options, and `serve`'s for the server); SIGTERMed
+        after, and its process group SIGKILLed if it outlives that."""
+        command = ["opencode", "serve", "--port", str(self.port), *serve]
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "proxy", "run", "--", "opencode", "serve", "--port", str(self.port)],
+                [sys.executable, "-m", "proxy", "run", *own, "--", *command],
                 cwd=REPO_ROOT,
                 env=self.environment,
                 stdin=subprocess.DEVNULL,
@@ -182,3 +187,43 @@ def test_a_password_the_user_sets_is_the_servers_and_nothing_is_made(tmp_path: P
         assert active(supervised, "mine") == 200
     assert shown(supervised) == []
     assert not (tmp_path / "state" / "settle-proxy" / "server-password").exists()
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def tied_in(log: str, group: str, call: str) -> bool | None:
+    """Whether the proxy's debug log ties the tool's process group to its call (it runs `sleep
+    600` itself, or as `/bin/sh -c sleep 600`: the shell may not have replaced itself yet)."""
+    return any(group in line and line.endswith(call) for line in log.splitlines()) or None
+
+
+def test_terminate_ends_the_process_of_an_interrupted_2x_call(tmp_path: Path) -> None:
+    """Issue 36.3: under `run` a 2.x tool process was never tied to its call ("no known tool call
+    started it"), so `--orphans terminate` left it running. The stand-in's seeded call runs
+    `sleep 600` as 2.x's shell tool does, once the proxy follows `/api/event`."""
+    supervised, seed = Supervised(tmp_path), tmp_path / "seed.json"
+    own = ("--orphans", "terminate", "--log-level", "debug")
+    with supervised.running(own, ("--seed", str(seed), "--run-tool")):
+        password = shown_once(supervised)
+        first = supervised.serving(password, 0)
+        tool_pid = seed.with_name("seed.json.pid")
+        tool = int(
+            poll(lambda: (tool_pid.exists() and tool_pid.read_text()) or None, what="the tool", timeout=60)
+        )
+        call = orjson.loads(seed.read_bytes())
+        group, tied = f"server's process group {tool} (", f"): call {call['call_id']}"
+        poll(lambda: tied_in(supervised.log(), group, tied), what="the tool tied to its call", timeout=30)
+        os.kill(first["server"]["pid"], signal.SIGKILL)
+        ending = f"ending the process groups of 1 orphaned call(s): pids [{tool}]"
+        poll(lambda: ending in supervised.log() or None, what="the orphan ended", timeout=60)
+        poll(lambda: not alive(tool) or None, what="the tool process gone", timeout=30)
+        log = supervised.log()
+    (orphaned,) = [line for line in log.splitlines() if f"orphaned process pid {tool} " in line]
+    assert f"shell call {call['call_id']} of session {call['session_id']}, running at the crash" in orphaned
+    assert "no known tool call started it" not in log

@@ -2,16 +2,23 @@
 
 `--orphan PIDFILE` starts `sleep 600` in a process group of its own first (as opencode's bash
 tool runs a command) and writes its pid there; `--exit CODE` exits at once with CODE instead of
-serving. `--port` and `--hostname` come from the proxy, as they would for the real server.
+serving, or with `--answer-for S` after it listened for S seconds; `--signals FILE` writes the
+name of each SIGINT or SIGTERM it gets into FILE, then exits (with `--stay`, it goes on). It prints `listening on URL` once it
+listens, as opencode does. `--port` and `--hostname` come from the proxy, as they would for the
+real server.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
+import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import FrameType
 
 
 class Answer(BaseHTTPRequestHandler):
@@ -32,13 +39,35 @@ def main() -> None:
     parser.add_argument("--hostname", required=True)
     parser.add_argument("--orphan", type=Path)
     parser.add_argument("--exit", type=int)
+    parser.add_argument("--answer-for", type=float)
+    parser.add_argument("--signals", type=Path)
+    parser.add_argument("--stay", action="store_true")
     args = parser.parse_args()
-    if args.exit is not None:
+    if args.exit is not None and args.answer_for is None:
         sys.exit(args.exit)
+    if args.signals is not None:
+        _write_signals(args.signals, stay=args.stay)
     if args.orphan is not None:
         tool = subprocess.Popen(["sleep", "600"], process_group=0)
         args.orphan.write_text(str(tool.pid))
-    ThreadingHTTPServer((args.hostname, args.port), Answer).serve_forever()
+    server = ThreadingHTTPServer((args.hostname, args.port), Answer)
+    print(f"listening on http://{args.hostname}:{args.port}", flush=True)
+    if args.answer_for is not None:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        time.sleep(args.answer_for)
+        sys.exit(args.exit)
+    server.serve_forever()
+
+
+def _write_signals(path: Path, *, stay: bool) -> None:
+    def got(signum: int, _: FrameType | None) -> None:
+        with path.open("a") as written:
+            written.write(f"{signal.Signals(signum).name}\n")
+        if not stay:
+            sys.exit(0)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, got)
 
 
 if __name__ == "__main__":

@@ -187,6 +187,27 @@ async def test_an_unreachable_server_is_not_known() -> None:
     assert str(line.why_unknown).startswith("it cannot be reached")
 
 
+async def test_a_server_being_started_is_not_said_unreachable_until_it_is_started(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under `run`: the supervisor says the server is being started; that it cannot be reached yet
+    is no news. Once it is started, an unreachable server is said, once."""
+    starting = True
+    async with aiohttp.ClientSession() as session:
+        upstream = UpstreamApi(session, URL(f"http://127.0.0.1:{free_loopback_port()}"))
+        line = ServerLine(upstream, Credentials(), starting=lambda: starting)
+        with caplog.at_level(logging.INFO):
+            assert await line.known() is None
+            assert str(line.why_unknown).startswith("it cannot be reached")
+            assert not [record for record in caplog.records if "not known yet" in record.getMessage()]
+            starting = False
+            assert await line.known() is None
+            assert await line.known() is None
+    said = [record.getMessage() for record in caplog.records if "not known yet" in record.getMessage()]
+    assert len(said) == 1
+    assert "it cannot be reached" in said[0]
+
+
 def test_versions_and_lines() -> None:
     assert parse_version("v2.1.2") == (2, 1, 2)
     assert parse_version("2.0.0-beta.3") == (2, 0, 0)

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -26,25 +27,38 @@ from tests.proxy.conftest import settle_proxy
 FAKE_SERVER = str(Path(__file__).parent.parent / "fake_server_command.py")
 
 
+class Proxy(subprocess.Popen[bytes]):
+    """`settle-proxy run` as a user starts it, in a process group of its own as a terminal's job
+    is (so that a signal sent to the group is what a terminal's Ctrl-C sends), its output in a file."""
+
+    def __init__(self, arguments: list[str], output: Path) -> None:
+        self.output = output
+        with output.open("ab") as written:
+            super().__init__(
+                [sys.executable, "-m", "proxy", "run", *arguments],
+                stdin=subprocess.DEVNULL,
+                stdout=written,
+                stderr=subprocess.STDOUT,
+                process_group=0,
+            )
+
+    def log(self) -> str:
+        return self.output.read_text(errors="replace")
+
+
 @contextmanager
-def running(*arguments: str, port: int | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+def running(*arguments: str, port: int | None = None) -> Iterator[tuple[Proxy, int]]:
     """`settle-proxy run [--port P] ARGUMENTS` (the server command after `--`), killed at the end."""
     port = port or free_loopback_port()
     own = [] if "--port" in arguments else ["--port", str(port)]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "run", *own, *arguments],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        yield process, port
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=10)
-        assert process.stderr is not None
-        process.stderr.close()
+    with tempfile.TemporaryDirectory() as folder:
+        process = Proxy([*own, *arguments], Path(folder) / "proxy.log")
+        try:
+            yield process, port
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
 
 
 def health(port: int) -> dict[str, Any] | None:
@@ -90,13 +104,21 @@ def test_a_crashed_server_is_restarted_and_nothing_outlives_a_stopped_proxy(tmp_
         after = serving(port, state="running", restarts=1)
         assert after["server"]["pid"] != first
         assert after["server"]["last_exit"] == "killed by SIGKILL"
+        assert after["server"]["next_restart"]["why"].startswith("if it exited now: this start answered")
         assert alive(orphan)
         assert parent_of(orphan) == proxy.pid  # adopted by the proxy, not by PID 1
         second_orphan = int(poll(lambda: orphan_file.read_text() or None, what="the new pid", timeout=10))
+        os.kill(after["server"]["pid"], signal.SIGKILL)
+        last = serving(port, state="running", restarts=2)
         proxy.send_signal(signal.SIGTERM)
         assert proxy.wait(timeout=30) == 0
-        left = [pid for pid in (after["server"]["pid"], orphan, second_orphan) if alive(pid)]
+        left = [pid for pid in (last["server"]["pid"], orphan, second_orphan) if alive(pid)]
         assert left == []
+        log = proxy.log()
+    # Each orphan is listed once, when first found; at the next exit, the one found before is counted.
+    assert [log.count(f"orphaned process pid {pid} ") for pid in (orphan, second_orphan)] == [1, 1]
+    assert f"1 orphaned process(es) found at an earlier exit still run: pids [{orphan}]" in log
+    assert "stopped on SIGTERM in" in log
 
 
 def test_a_killed_proxy_takes_its_server_down() -> None:
@@ -130,7 +152,7 @@ async def test_a_restart_storm_is_given_up(
     monkeypatch.setattr(supervisor, "BACKOFF_S", (0.01,))
     monkeypatch.setattr(supervisor, "RESTARTS_PER_WINDOW", 3)
     monkeypatch.setattr(supervisor, "become_subreaper", lambda: False)  # not for the test runner itself
-    command = ServerCommand.parse([sys.executable, FAKE_SERVER, "--exit", str(code)])
+    command = ServerCommand.parse([sys.executable, FAKE_SERVER, "--answer-for", "1", "--exit", str(code)])
     child = Supervisor(command, free_loopback_port(), restart)
     exits: list[int] = []
     child.exited.append(lambda: exits.append(child.restarts))
@@ -164,6 +186,8 @@ def test_server_command_listening_flags(argv: list[str], expected: ServerCommand
         (["--", "opencode", "serve", "--port", "x"], "server command: --port must be a port number, got 'x'"),
         (["--upstream", "http://127.0.0.1:1", "--", "opencode"], "--upstream is not for `run`"),
         (["--restart", "sometimes", "--", "opencode"], "argument --restart: invalid choice"),
+        (["--", "/no/such/command"], "cannot start the server: /no/such/command: no such file"),
+        (["--", "no-such-server-x", "serve"], "cannot start the server: no-such-server-x: not found on PATH"),
     ],
 )
 def test_a_bad_run_command_gets_one_line(arguments: list[str], complaint: str) -> None:

@@ -22,7 +22,7 @@ import pytest
 from proxy.opencode.tracker import GlobalEvent
 from proxy.supervision import supervisor, tool_processes
 from proxy.supervision.server_command import ServerCommand, free_loopback_port
-from proxy.supervision.supervisor import Orphans, Restart, Supervisor
+from proxy.supervision.supervisor import ChildState, Orphans, Restart, Supervisor
 from proxy.supervision.tool_processes import ToolProcesses
 from proxy.system.procfs import command_line
 from tests.proxy.supervision.test_run import FAKE_SERVER
@@ -70,7 +70,7 @@ async def until(condition: Callable[[], bool], what: str, within: float) -> None
 async def two_crashes(child: Supervisor, tool: subprocess.Popen[bytes]) -> None:
     running = asyncio.create_task(child.run())
     try:
-        await until(lambda: child.pid is not None, "the first server", 10)
+        await until(lambda: child.state is ChildState.RUNNING, "the first server answering", 10)
         first = child.pid
         assert first is not None
         await tie(child.tool_processes, tool)

@@ -19,6 +19,7 @@ from proxy.supervision import supervisor
 from proxy.supervision.server_command import ServerCommand, free_loopback_port
 from proxy.supervision.server_password import stable_password, wants_a_password
 from proxy.supervision.supervisor import Restart, Supervisor
+from tests.proxy.supervision.test_run import FAKE_SERVER
 from tests.reliability.processes import eventually
 
 
@@ -103,8 +104,10 @@ async def test_the_server_is_given_the_password_and_the_log_shows_it_once(
     monkeypatch.setattr(supervisor, "become_subreaper", lambda: False)  # not for the test runner itself
     monkeypatch.setattr(supervisor, "BACKOFF_S", (0.01,))
     seen = tmp_path / "seen"
-    # Each start appends the password it was given, then exits; `--port`/`--hostname` land in $0, $1.
-    command = ServerCommand.parse(["sh", "-c", f'echo "$OPENCODE_PASSWORD" >> {seen}; exit 1'])
+    # Each start appends the password it was given, answers a moment, then exits (a crash that is
+    # restarted); `--port P --hostname H` land in $0 to $3, and are handed on.
+    answer = f'exec "{sys.executable}" "{FAKE_SERVER}" --answer-for 1 --exit 1 "$0" "$@"'
+    command = ServerCommand.parse(["sh", "-c", f'echo "$OPENCODE_PASSWORD" >> {seen}; {answer}'])
     child = Supervisor(
         command,
         free_loopback_port(),

@@ -152,6 +152,55 @@ async def test_the_same_command_in_both_runtimes_is_told_apart_by_how_it_runs(
     assert [found[tool.pid] for tool in tools] == ["prt_1", "call_2"]
 
 
+def api_event(kind: str, call: str, key: str = "id", **data: Any) -> GlobalEvent:
+    """A 2.x event of `/api/event` about `call`, keyed `id` (newer) or `callID` (older:
+    `packages/schema/src/session-event.ts` `Tool.*` @03130971e20a)."""
+    properties = {"sessionID": "ses_c", "assistantMessageID": "msg_c", key: call, **data}
+    return GlobalEvent("/d", None, kind, properties, api=True)
+
+
+def api_called(call: str, command: str, key: str = "id") -> list[GlobalEvent]:
+    """How 2.x starts a `shell` call: its input begins (naming the tool), then it is called
+    (`Tool.Called`: the whole input, no tool name)."""
+    return [
+        api_event("session.tool.input.started", call, key, name="shell"),
+        api_event("session.tool.called", call, key, input={"command": command}, executed=False),
+    ]
+
+
+async def test_2x_calls_are_tied_whether_the_shell_runs_the_command_or_becomes_it(
+    tools: Tools, watcher: ToolProcesses
+) -> None:
+    for event in [
+        *api_called("call_1", "echo hi && sleep 607"),
+        *api_called("call_2", "sleep 608", "callID"),
+    ]:
+        watcher.event(event)
+    tools.start("/usr/bin/bash", "-c", "echo hi && sleep 607")  # a list: bash runs it itself
+    tools.start("sleep", "608")  # a single command: bash and dash exec it, and it leads the group
+    await watcher.flush()  # its look for the processes (soon after each call started)
+    watcher.event(api_event("session.tool.success", "call_2", "callID", executed=True))
+    found = {orphan.pid: orphan.as_json() for orphan in watcher.orphans([tool.pid for tool in tools])}
+    first, second = (found[tool.pid] for tool in tools)
+    assert (first["part"], first["session"], first["tool"], first["call_was_running"]) == (
+        "call_1",
+        "ses_c",
+        "shell",
+        True,
+    )
+    assert (second["part"], second["call_was_running"]) == ("call_2", False)
+
+
+async def test_a_2x_call_without_a_command_waits_for_no_process(tools: Tools, watcher: ToolProcesses) -> None:
+    watcher.event(
+        api_event("session.tool.called", "call_3", input={"filePath": "/etc/hosts"}, executed=False)
+    )
+    tools.start("sleep", "609")
+    await watcher.flush()
+    (orphan,) = watcher.orphans([tools[0].pid])
+    assert orphan.call is None
+
+
 class _Recorded:
     """A recorder whose every recorded process outlived its server."""
 
