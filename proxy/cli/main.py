@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
+import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 
@@ -22,6 +25,7 @@ from proxy.service.config import Settings
 from proxy.supervision.supervisor import Supervisor, supervised
 from proxy.system.heap import keep_freed_bodies
 from proxy.version import VERSION
+from proxy.writeback.database import NotOpencodeDatabase
 
 log = logging.getLogger("proxy")
 
@@ -68,7 +72,10 @@ async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int
     for signum in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
+        try:
+            await web.TCPSite(runner, settings.host, settings.port).start()
+        except OSError as error:
+            raise CannotListen.because(error) from None
         log.info(
             "settle-proxy %s on http://%s:%d -> %s",
             VERSION,
@@ -114,8 +121,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             code = runner.run(serve(settings, supervisor))
-    except FileNotFoundError as error:
-        sys.exit(f"settle-proxy: error: {error}")
-    except OSError as error:
-        sys.exit(f"settle-proxy: error: cannot listen on {settings.host}:{settings.port}: {error.strerror}")
+    except (FileNotFoundError, NotOpencodeDatabase) as error:
+        print(f"settle-proxy: error: {error}", file=sys.stderr)
+        code = 2
+    except CannotListen as error:
+        sys.exit(f"settle-proxy: error: cannot listen on {settings.host}:{settings.port}: {error}")
     sys.exit(code)
+
+
+class CannotListen(Exception):
+    """The address cannot be listened on; the text says why, and what to do."""
+
+    @classmethod
+    def because(cls, error: OSError) -> CannotListen:
+        # aiohttp's text repeats the address; the errno's own words say it once.
+        why = os.strerror(error.errno) if error.errno and error.errno > 0 else error.strerror or str(error)
+        if error.errno == errno.EADDRINUSE:
+            why += " (another process listens there: choose another --port, or 0 for any free one)"
+        elif isinstance(error, socket.gaierror):
+            why += " (--host is an address or a name this machine resolves, such as 127.0.0.1)"
+        return cls(why)

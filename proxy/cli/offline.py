@@ -38,7 +38,7 @@ from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
 from proxy.opencode.other_processes import mark_this_process
 from proxy.opencode.surveys import OtherProcesses
 from proxy.system.holders import can_see_holders, holders
-from proxy.writeback.database import OpencodeDatabase
+from proxy.writeback.database import NotOpencodeDatabase, OpencodeDatabase
 from proxy.writeback.scheduler import Confirm, Written
 from rules import Api, Liveness, OpenTool
 
@@ -272,7 +272,7 @@ def main(argv: Sequence[str]) -> None:
     except Refused as refusal:
         print(f"settle-proxy settle: refused: {refusal}", file=sys.stderr)
         code = Exit.REFUSED
-    except FileNotFoundError as error:
+    except (FileNotFoundError, NotOpencodeDatabase) as error:
         print(f"settle-proxy settle: error: {error}", file=sys.stderr)
         code = Exit.BAD_USAGE
     sys.exit(code)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -33,6 +34,12 @@ from rules import Api, JSONObject, OpenTool
 log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 5000
+TABLES = ("session", "message", "part", "session_message", "event", "event_sequence")
+"""The tables of opencode's the proxy reads and writes (`db_rows` and the events appended)."""
+
+
+class NotOpencodeDatabase(ValueError):
+    """The path is no SQLite file with opencode's tables; nothing was written to it."""
 
 
 def default_path(environ: Mapping[str, str]) -> Path:
@@ -54,11 +61,21 @@ class OpencodeDatabase:
     @asynccontextmanager
     async def open(cls, path: Path) -> AsyncIterator[OpencodeDatabase]:
         """Connect in autocommit mode, so every transaction is an explicit `BEGIN IMMEDIATE`."""
+        if await asyncio.to_thread(path.is_dir):
+            raise NotOpencodeDatabase(f"not an opencode database: {path}: it is a directory")
         if not await asyncio.to_thread(path.is_file):
             raise FileNotFoundError(f"no opencode database at {path}")
-        async with aiosqlite.connect(path, isolation_level=None) as connection:
+        try:
+            connection = await aiosqlite.connect(path, isolation_level=None)
+        except sqlite3.Error as error:
+            why = f"it cannot be opened ({error})"
+            raise NotOpencodeDatabase(f"not an opencode database: {path}: {why}") from None
+        try:
+            await _require_tables(connection, path)
             await connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             yield cls(connection)
+        finally:
+            await connection.close()
 
     async def open_tools(self) -> list[OpenTool]:
         """Every tool call recorded as open, of both runtimes, oldest first."""
@@ -140,3 +157,18 @@ class OpencodeDatabase:
         """Every row `sql` selects."""
         async with self._db.execute(sql, parameters) as cursor:
             return list(await cursor.fetchall())
+
+
+async def _require_tables(connection: aiosqlite.Connection, path: Path) -> None:
+    """Refuse, before anything is written, a file that is not SQLite or lacks opencode's tables
+    (a `--db` pointing at the wrong file must not get a table of ours, nor a traceback)."""
+    try:
+        async with connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'") as cursor:
+            names = {row[0] for row in await cursor.fetchall()}
+    except sqlite3.Error as error:
+        raise NotOpencodeDatabase(f"not an opencode database: {path}: {error}") from None
+    if missing := [table for table in TABLES if table not in names]:
+        raise NotOpencodeDatabase(
+            f"not an opencode database: {path}: it has no table {', '.join(missing)} "
+            "(opencode keeps its own in $XDG_DATA_HOME/opencode/opencode.db)"
+        )
