@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import errno
 import logging
 import os
@@ -29,8 +30,23 @@ from proxy.writeback.database import NotOpencodeDatabase
 
 log = logging.getLogger("proxy")
 
+COMMANDS = ("serve", "run", "settle", "orphans")
+"""The words that select a command; `serve`, the proxy itself, is also what none selects."""
+USAGE = """%(prog)s [serve] [options]
+       %(prog)s run [options] -- opencode serve [server options]
+       %(prog)s settle [options]
+       %(prog)s orphans [options]"""
+
+
+def proxy_parser() -> argparse.ArgumentParser:
+    """The proxy's parser, whose usage names every command."""
+    parser = build_parser()
+    parser.usage = USAGE
+    return parser
+
+
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
-    "": build_parser,
+    "": proxy_parser,
     "run": run_command.build_run_parser,
     "settle": offline.build_parser,
     "orphans": orphans_command.build_parser,
@@ -100,9 +116,21 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+def _command_word(arguments: list[str]) -> list[str]:
+    """`arguments` without a leading `serve`; an unknown command word is one line suggesting the
+    nearest command, exit 2 (a flag's value never comes first, so a first word is a command)."""
+    if arguments[:1] == ["serve"]:
+        return arguments[1:]
+    if arguments and not arguments[0].startswith("-") and arguments[0] not in COMMANDS:
+        nearest = difflib.get_close_matches(arguments[0], COMMANDS, n=1)
+        hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
+        proxy_parser().error(f"unknown command {arguments[0]!r}{hint} (commands: {', '.join(COMMANDS)})")
+    return arguments
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the console script and of `python -m proxy`; `settle` runs the offline command."""
-    arguments = sys.argv[1:] if argv is None else list(argv)
+    arguments = _command_word(sys.argv[1:] if argv is None else list(argv))
     if arguments[:1] == ["settle"]:
         offline.main(arguments[1:])
         return
@@ -112,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if arguments[:1] == ["run"]:
         args, settings, supervisor = run_command.parse(arguments[1:])
     else:
-        args = build_parser().parse_args(arguments)
+        args = proxy_parser().parse_args(arguments)
         settings, supervisor = settings_from(args), None
     logs.configure(args.log_level, args.log_format)
     keep_freed_bodies()
