@@ -96,7 +96,7 @@ async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int
             "settle-proxy %s on http://%s:%d -> %s",
             VERSION,
             settings.host,
-            settings.port,
+            bound_port(runner, settings.port),
             settings.upstream_origin,
         )
         if supervisor is None:
@@ -106,6 +106,12 @@ async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int
     finally:
         if runner.server is not None:  # not yet cleaned up by `supervised`
             await runner.cleanup()
+
+
+def bound_port(runner: web.AppRunner, asked: int) -> int:
+    """The port the system gave for `--port 0` (any free one); else the one asked for."""
+    ports = [address[1] for address in runner.addresses if isinstance(address, tuple)]
+    return ports[0] if ports else asked
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

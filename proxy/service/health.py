@@ -61,9 +61,10 @@ class SettleRoutes:
             "resume": self.resume,
         }
 
-    async def health(self, _: web.Request) -> web.Response:
+    async def health(self, request: web.Request) -> web.Response:
         """Whether the upstream answers, where liveness comes from, which version runs, and whether
-        other processes share the upstream's database (`other_processes`: who, or why unknown).
+        other processes share the upstream's database (`other_processes`: who, or why unknown),
+        and where the proxy listens (`listening`: the port bound, for `--port 0` too).
 
         503 while the upstream is unreachable, so a supervisor can tell; the proxy itself keeps
         serving (and answering 502 on forwarded routes) until it is back. Under `run`, the server's
@@ -80,7 +81,7 @@ class SettleRoutes:
             "other_processes": (await assembly.others.current()).describe(),
             "write_back": str(settings.write_back),
             "dry_run": settings.dry_run,
-        }
+        } | _listening(request)
         if (supervisor := assembly.supervisor) is not None:
             server = supervisor.health()
             command = server.pop("command", None)
@@ -208,6 +209,13 @@ class UpstreamHealth:
             taking.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await taking
+
+
+def _listening(request: web.Request) -> Answer:
+    """Where the proxy listens, as the socket this request came in on says: the port bound for
+    `--port 0` too."""
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    return {"listening": {"host": sockname[0], "port": sockname[1]}} if isinstance(sockname, tuple) else {}
 
 
 def _status(upstream: Answer) -> str:
