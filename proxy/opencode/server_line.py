@@ -197,11 +197,13 @@ class ServerLine:
         return KnownServer(version, dialect, known_line, path)
 
     def _found(self, known: KnownServer) -> None:
-        self.current, self.why_unknown, self._said_unknown = known, None, False
+        again, self.current, self.why_unknown, self._said_unknown = self._said_unknown, known, None, False
         last, self._last = self._last, known
-        if last is not None and (last.version, last.dialect) == (known.version, known.dialect):
-            return
         fields = known.describe() | {"route": known.answered}
+        if last is not None and (last.version, last.dialect) == (known.version, known.dialect):
+            if again:
+                log.info("upstream answers again: opencode %s", known.version, extra={"fields": fields})
+            return
         line = known.dialect.name
         log.info("upstream is opencode %s: the %s line", known.version, line, extra={"fields": fields})
         if not known.known_line:
@@ -225,8 +227,8 @@ class ServerLine:
             return
         self._said_unknown = True
         log.log(
-            logging.INFO if unreachable else logging.WARNING,
-            "which opencode server the upstream is is not known yet (%s): until it is, views go out as it "
+            logging.WARNING,
+            "the upstream's opencode server is not known yet (%s): until it is, views go out as it "
             "sends them and nothing is written, resumed or followed; asking again",
             why,
             extra={"fields": {"why": why}},
