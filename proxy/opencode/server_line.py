@@ -22,6 +22,7 @@ import aiohttp
 from proxy.opencode import jsonio
 from proxy.opencode.client import Answer, Credentials, UpstreamApi
 from proxy.opencode.dialects import HEALTH_PATHS, LINE_1_18, Dialect, nearest, parse_version
+from proxy.relay.errors import reason_of
 
 __all__ = ["TOLD_1_18", "KnownServer", "ServerLine"]
 
@@ -161,7 +162,7 @@ class ServerLine:
                     break
                 continue
             except (aiohttp.ClientError, TimeoutError) as error:
-                why = str(error) or type(error).__name__
+                why = reason_of(error)
                 self._not_known(f"it cannot be reached: {why}", unreachable=True)
                 return
             self._found(known)

@@ -19,6 +19,7 @@ from aiohttp import hdrs, web
 
 from proxy.opencode.dialects import HEALTH_PATHS
 from proxy.opencode.tracker import LivenessTracker, StreamState
+from proxy.relay.errors import reason_of
 from proxy.service.auth import DetailsGuard, Handler
 from proxy.service.metrics import CONTENT_TYPE_LATEST
 from proxy.version import VERSION
@@ -143,7 +144,7 @@ class SettleRoutes:
             ) as response:
                 return {"reachable": True, "status": response.status, "route": path} | said
         except (aiohttp.ClientError, TimeoutError) as error:
-            return {"reachable": False, "error": str(error) or type(error).__name__} | said
+            return {"reachable": False, "error": reason_of(error)} | said
 
     def _server_now(self) -> object:
         """Which server a reading is of: the one the line knows (none once its stream was lost),

@@ -1,0 +1,64 @@
+"""Upstreams that are not opencode, as users meet them: a port that speaks another protocol (SSH)
+and one that accepts and never answers. The proxy says what it is, within a bound, and never
+repeats the stranger's bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+import pytest
+from yarl import URL
+
+from tests.proxy.conftest import proxy_process
+
+BANNER = b"SSH-2.0-OpenSSH_9.2\r\n"
+PASSWORD = {**os.environ, "OPENCODE_SERVER_PASSWORD": "pw"}
+"""So that the proxy has the upstream's password, and admits to its health whoever presents it."""
+
+
+@asynccontextmanager
+async def tcp_server(*, speaks_first: bool) -> AsyncIterator[URL]:
+    """An SSH-like server: its banner at once (as sshd does) or once the request came."""
+
+    async def talk(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not speaks_first:
+            await reader.readline()
+        writer.write(BANNER)
+        await writer.drain()
+        await reader.read()  # held open, as sshd waits for the client's own banner
+        writer.close()
+
+    server = await asyncio.start_server(talk, "127.0.0.1", 0)
+    try:
+        yield URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("speaks_first", [True, False], ids=["banner-at-once", "banner-on-request"])
+async def test_an_ssh_port_is_not_an_http_server_and_its_bytes_are_not_repeated(
+    tmp_path: Path, speaks_first: bool
+) -> None:
+    log_path = tmp_path / "proxy.log"
+    async with (
+        tcp_server(speaks_first=speaks_first) as ssh,
+        proxy_process(ssh, log_path, env=PASSWORD) as proxy,
+        aiohttp.ClientSession(auth=aiohttp.BasicAuth("opencode", "pw")) as client,
+    ):
+        async with client.get(proxy.with_path("/session")) as response:
+            assert response.status == 502
+            said = await response.json()
+        async with client.get(proxy.with_path("/_settle/health")) as response:
+            health = await response.json()
+    assert said["message"] == (
+        f"upstream {ssh} is not an HTTP server: what it sent does not begin as an HTTP answer "
+        "(is the URL opencode's?)"
+    )
+    assert health["upstream"]["error"].startswith("it is not an HTTP server")
+    assert b"SSH-2.0" not in log_path.read_bytes()
+    assert "SSH-2.0" not in str(health)
