@@ -178,7 +178,8 @@ def _connection_flags(flags: _Flags) -> None:
         "--connect-timeout",
         "SETTLE_CONNECT_TIMEOUT",
         "10",
-        "seconds to connect upstream before answering 502",
+        "seconds to connect upstream before answering 502; once connected, a client's request has no "
+        "deadline unless --response-timeout sets one",
         HOUR_S,
     )
     flags.seconds(
@@ -186,8 +187,9 @@ def _connection_flags(flags: _Flags) -> None:
         "SETTLE_RESPONSE_TIMEOUT",
         "0",
         "seconds a plain request may wait on the upstream (headers, then each piece of the body) "
-        "before a 504; 0 for no limit, the default, as opencode's synchronous prompt answers only when "
-        "the turn ends. Never applied to event streams or PTYs",
+        "before a 504; 0 for no limit, the default: opencode 1.x's POST /session/{id}/message answers "
+        "only when the turn ends, which can take many minutes. Never applied to event streams or PTYs "
+        "(/_settle/up and /_settle/health wait 2.5 s at most)",
         DAY_S,
         zero=True,
     )

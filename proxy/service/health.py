@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 PREFIX = "/_settle"
 Answer = dict[str, object]
+ANSWER_WITHIN_S = 2.5
+"""How long `up` and `health` wait on the upstream, whatever it does (one that accepts connections
+and never answers included): a health checker's own timeout is seldom longer than 3 s."""
+_SILENT = f"it did not answer within {ANSWER_WITHIN_S:g} s (busy, hung, or not an HTTP server)"
 
 
 class SettleRoutes:
@@ -132,18 +136,23 @@ class SettleRoutes:
         newest line is asked, for whether the upstream answers at all."""
         assembly = self._assembly
         settings, line = assembly.settings, assembly.line
-        known = await line.known()
+        deadline = asyncio.get_running_loop().time() + ANSWER_WITHIN_S
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):  # the line goes on asking, for the next reading
+                await asyncio.shield(line.known())
+        known = line.current
         said = known.describe() if known is not None else {"not_known": line.why_unknown}
         path = known.dialect.health_path if known is not None else HEALTH_PATHS[0]
         headers = {hdrs.AUTHORIZATION: settings.authorization} if settings.authorization else {}
         try:
-            async with assembly.session.get(
-                settings.upstream_origin.with_path(path),
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=settings.connect_timeout),
-            ) as response:
+            async with (
+                asyncio.timeout_at(deadline),
+                assembly.session.get(settings.upstream_origin.with_path(path), headers=headers) as response,
+            ):
                 return {"reachable": True, "status": response.status, "route": path} | said
-        except (aiohttp.ClientError, TimeoutError) as error:
+        except TimeoutError:
+            return {"reachable": False, "error": _SILENT} | said
+        except aiohttp.ClientError as error:
             return {"reachable": False, "error": reason_of(error)} | said
 
     def _server_now(self) -> object:

@@ -34,3 +34,10 @@ def test_an_unknown_command_suggests_the_nearest(word: str, hint: str) -> None:
         f"settle-proxy: error: unknown command {word!r}{hint} (commands: serve, run, settle, orphans) "
         "(see --help)"
     ]
+
+
+@pytest.mark.parametrize("command", [[], ["run"]])
+def test_the_timeout_flags_say_a_synchronous_prompt_answers_when_its_turn_ends(command: list[str]) -> None:
+    text = " ".join(settle_proxy(*command, "--help").stdout.split())
+    assert "opencode 1.x's POST /session/{id}/message answers only when the turn ends" in text
+    assert "a client's request has no deadline unless --response-timeout sets one" in text

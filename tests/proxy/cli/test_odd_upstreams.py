@@ -14,11 +14,13 @@ import aiohttp
 import pytest
 from yarl import URL
 
+from proxy.service.config import basic_authorization
 from tests.proxy.conftest import proxy_process
 
 BANNER = b"SSH-2.0-OpenSSH_9.2\r\n"
 PASSWORD = {**os.environ, "OPENCODE_SERVER_PASSWORD": "pw"}
 """So that the proxy has the upstream's password, and admits to its health whoever presents it."""
+LOGIN = {"Authorization": basic_authorization("opencode", "pw")}
 
 
 @asynccontextmanager
@@ -48,7 +50,7 @@ async def test_an_ssh_port_is_not_an_http_server_and_its_bytes_are_not_repeated(
     async with (
         tcp_server(speaks_first=speaks_first) as ssh,
         proxy_process(ssh, log_path, env=PASSWORD) as proxy,
-        aiohttp.ClientSession(auth=aiohttp.BasicAuth("opencode", "pw")) as client,
+        aiohttp.ClientSession(headers=LOGIN) as client,
     ):
         async with client.get(proxy.with_path("/session")) as response:
             assert response.status == 502
@@ -62,3 +64,42 @@ async def test_an_ssh_port_is_not_an_http_server_and_its_bytes_are_not_repeated(
     assert health["upstream"]["error"].startswith("it is not an HTTP server")
     assert b"SSH-2.0" not in log_path.read_bytes()
     assert "SSH-2.0" not in str(health)
+
+
+@asynccontextmanager
+async def silent_server() -> AsyncIterator[URL]:
+    """Accepts every connection, reads what comes, and never answers (a hung process)."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        await reader.read()
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    try:
+        yield URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+
+
+async def test_up_and_health_answer_within_3_s_for_an_upstream_that_never_answers(tmp_path: Path) -> None:
+    """The proxy waits 2.5 s at most (it was 16 to 19 s); the bound here only keeps a regression
+    from hanging the test, with room for a loaded machine."""
+    async with (
+        silent_server() as silent,
+        proxy_process(silent, tmp_path / "proxy.log", env=PASSWORD) as proxy,
+        aiohttp.ClientSession(headers=LOGIN) as client,
+    ):
+        for route in ("/_settle/up", "/_settle/health", "/_settle/up"):
+            async with asyncio.timeout(6), client.get(proxy.with_path(route)) as response:
+                assert response.status == 503
+                said = await response.json()
+            if route.endswith("up"):
+                assert said == {"status": "down"}
+            else:
+                assert said["status"] == "upstream unreachable"
+                assert said["upstream"]["error"] == (
+                    "it did not answer within 2.5 s (busy, hung, or not an HTTP server)"
+                )
