@@ -38,7 +38,7 @@ from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
 from proxy.opencode.other_processes import mark_this_process
 from proxy.opencode.surveys import OtherProcesses
 from proxy.system.holders import can_see_holders, holders
-from proxy.writeback.database import NotOpencodeDatabase, OpencodeDatabase
+from proxy.writeback.database import TABLES, NotOpencodeDatabase, OpencodeDatabase
 from proxy.writeback.scheduler import Confirm, Written
 from rules import Api, Liveness, OpenTool
 
@@ -232,7 +232,7 @@ async def run(args: argparse.Namespace, console: Console, authorization: str | N
     """Settle (or with --dry-run, list) what `args` asks; an `--upstream` is asked with
     `authorization`."""
     mark_this_process()
-    async with OpencodeDatabase.open(args.db) as database:
+    async with OpencodeDatabase.open(args.db, needs=TABLES) as database:
         tools = await database.open_tools()
         if not tools:
             console.print("nothing to do: no orphaned tool calls (0 live left alone)")

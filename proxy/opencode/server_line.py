@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from proxy.opencode import jsonio
-from proxy.opencode.client import Answer, Credentials, UpstreamApi
+from proxy.opencode.client import Answer, Credentials, UpstreamApi, password_fix
 from proxy.opencode.dialects import HEALTH_PATHS, LINE_1_18, Dialect, nearest, parse_version
 from proxy.relay.errors import reason_of
 
@@ -148,11 +148,12 @@ class ServerLine:
 
     async def _ask(self, credentials: Credentials) -> None:
         assert self._upstream is not None, "a line told its server is never asked"
-        reasons, self._pause, versionless = [], None, None
+        reasons, self._pause, versionless, refused = [], None, None, False
         for path in self._order():
             try:
                 async with asyncio.timeout(self._timeout):
                     answer = await self._upstream.answer(path, credentials)
+                refused |= answer.status == 401
                 known = self._read(path, answer)
             except _NotYet as not_yet:
                 reasons.append(f"{path} {not_yet}")
@@ -170,7 +171,9 @@ class ServerLine:
         if versionless is not None and self._pause is None:
             self._found(versionless)
             return
-        self._not_known("; ".join(reasons), unreachable=False)
+        self._not_known(
+            "; ".join(reasons) + (f": {password_fix(credentials)}" if refused else ""), unreachable=False
+        )
 
     @staticmethod
     def _read(path: str, answer: Answer) -> KnownServer:

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 BUSY_TIMEOUT_MS = 5000
 TABLES = ("session", "message", "part", "session_message", "event", "event_sequence")
 """The tables of opencode's the proxy reads and writes (`db_rows` and the events appended)."""
+KNOWN_TABLES = frozenset({*TABLES, "session_v2"})
+"""Any one of them makes a file opencode's (2.x's has `session_v2`, and no `session`)."""
 
 
 class NotOpencodeDatabase(ValueError):
@@ -59,8 +61,9 @@ class OpencodeDatabase:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, path: Path) -> AsyncIterator[OpencodeDatabase]:
-        """Connect in autocommit mode, so every transaction is an explicit `BEGIN IMMEDIATE`."""
+    async def open(cls, path: Path, *, needs: Collection[str] = ()) -> AsyncIterator[OpencodeDatabase]:
+        """Connect in autocommit mode, so every transaction is an explicit `BEGIN IMMEDIATE`; a file
+        with none of opencode's tables, or without the tables a caller `needs`, is refused first."""
         if await asyncio.to_thread(path.is_dir):
             raise NotOpencodeDatabase(f"not an opencode database: {path}: it is a directory")
         if not await asyncio.to_thread(path.is_file):
@@ -71,7 +74,7 @@ class OpencodeDatabase:
             why = f"it cannot be opened ({error})"
             raise NotOpencodeDatabase(f"not an opencode database: {path}: {why}") from None
         try:
-            await _require_tables(connection, path)
+            await _require_tables(connection, path, needs)
             await connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             yield cls(connection)
         finally:
@@ -159,7 +162,7 @@ class OpencodeDatabase:
             return list(await cursor.fetchall())
 
 
-async def _require_tables(connection: aiosqlite.Connection, path: Path) -> None:
+async def _require_tables(connection: aiosqlite.Connection, path: Path, needs: Collection[str]) -> None:
     """Refuse, before anything is written, a file that is not SQLite or lacks opencode's tables
     (a `--db` pointing at the wrong file must not get a table of ours, nor a traceback)."""
     try:
@@ -167,8 +170,13 @@ async def _require_tables(connection: aiosqlite.Connection, path: Path) -> None:
             names = {row[0] for row in await cursor.fetchall()}
     except sqlite3.Error as error:
         raise NotOpencodeDatabase(f"not an opencode database: {path}: {error}") from None
-    if missing := [table for table in TABLES if table not in names]:
+    if not names & KNOWN_TABLES:
         raise NotOpencodeDatabase(
-            f"not an opencode database: {path}: it has no table {', '.join(missing)} "
+            f"not an opencode database: {path}: it has none of opencode's tables "
             "(opencode keeps its own in $XDG_DATA_HOME/opencode/opencode.db)"
+        )
+    if missing := [table for table in needs if table not in names]:
+        raise NotOpencodeDatabase(
+            f"not an opencode database this proxy settles: {path}: it has no table {', '.join(missing)} "
+            "(opencode 1.x's has them all; a 2.x server settles its own)"
         )

@@ -50,7 +50,19 @@ def test_settle_refuses_a_file_that_is_not_opencodes_database(foreign: Path) -> 
 
 def test_settle_names_what_is_missing(tmp_path: Path) -> None:
     line = one_line(settle_proxy("settle", "--db", str(sqlite_of_another_program(tmp_path / "x.db"))), 2)
-    assert "it has no table session, message, part" in line
+    assert line.endswith(
+        ": it has none of opencode's tables (opencode keeps its own in $XDG_DATA_HOME/opencode/opencode.db)"
+    )
+    database = tmp_path / "2x.db"
+    with sqlite3.connect(database) as db:  # 2.x's tables: settled by 2.x itself
+        db.execute("CREATE TABLE session_v2 (id TEXT PRIMARY KEY)")
+        db.execute("CREATE TABLE session_message (id TEXT PRIMARY KEY, data TEXT)")
+    line = one_line(settle_proxy("settle", "--db", str(database)), 2)
+    assert line == (
+        f"settle-proxy settle: error: not an opencode database this proxy settles: {database}: it has no "
+        "table session, message, part, event, event_sequence (opencode 1.x's has them all; a 2.x server "
+        "settles its own)"
+    )
 
 
 def test_settle_refuses_a_directory(tmp_path: Path) -> None:
