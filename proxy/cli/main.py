@@ -21,6 +21,7 @@ from proxy.cli import run as run_command
 from proxy.cli.options import build_parser, settings_from
 from proxy.opencode.other_processes import is_loopback
 from proxy.service import logs
+from proxy.service.access_log import ACCESS_LOG, AccessLog
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.supervision.supervisor import Supervisor, supervised
@@ -64,13 +65,14 @@ while a request's head arrives, so a head must come whole within it (nginx's
 synchronous prompt or an event stream is never cut by it."""
 
 
-def app_runner(app: web.Application) -> web.AppRunner:
+def app_runner(app: web.Application, *, access_log: bool = False) -> web.AppRunner:
     """The runner `serve` runs `app` with. Handlers are cancelled when their client goes away,
     which closes the matching upstream request (an abandoned event stream must not live on)."""
     return web.AppRunner(
         app,
         handler_cancellation=True,
-        access_log=None,
+        access_log=ACCESS_LOG if access_log else None,
+        access_log_class=AccessLog,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         keepalive_timeout=KEEPALIVE_TIMEOUT_S,
     )
@@ -82,7 +84,7 @@ async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int
     second, and only then stops a supervised server: its own clean end of a stream must not reach
     a client as the end of it."""
     app = create_app(settings, supervisor=supervisor)
-    runner = app_runner(app)
+    runner = app_runner(app, access_log=settings.access_log)
     await runner.setup()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -142,6 +142,12 @@ def build_parser(
         action="store_true",
         help="log and count what would be settled, but change no response and write nothing",
     )
+    parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log one line per request: method, path (secret query values hidden), status, bytes, "
+        "milliseconds, and the parts settled",
+    )
     flags.add(
         "--log-format",
         "SETTLE_LOG_FORMAT",
@@ -292,4 +298,5 @@ def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Se
         resume_attempts=args.resume_attempts,
         resume_within=args.resume_within,
         resume_text=args.resume_text or None,
+        access_log=args.access_log,
     )

@@ -1,19 +1,24 @@
-"""The log as users start the proxy: JSON lines with an RFC 3339 time to the millisecond, and
-`--log-level debug` the proxy's own debug, not its libraries'."""
+"""The log as users start the proxy: JSON lines with an RFC 3339 time to the millisecond,
+`--log-level debug` the proxy's own debug, not its libraries', and `--access-log`."""
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import datetime
 from pathlib import Path
 
 import aiohttp
 import orjson
+import pytest
 from aiohttp.test_utils import TestServer
 
+from tests.fixtures import compact
 from tests.fixtures.stale_db import build_stale_db
 from tests.proxy.conftest import proxy_process
+from tests.proxy.fake_opencode import FakeOpencode
 
+V1 = "ses_dd6bcdaa7ffenxavFWr4GKPq95"
 RFC3339_MS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d")
 
 
@@ -39,3 +44,50 @@ async def test_json_lines_carry_an_rfc3339_time_and_debug_is_the_proxys_own(
         line["logger"] for line in lines if line["logger"].startswith("proxy")
     }
     assert not [line for line in lines if line["logger"].startswith("aiosqlite")]
+
+
+async def test_access_log_is_one_line_per_request_without_query_secrets(
+    fake: FakeOpencode, upstream: TestServer, tmp_path: Path
+) -> None:
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    log_path = tmp_path / "proxy.log"
+    query = "?limit=5&auth_token=sekrit&apiKey=k3y"
+    async with (
+        proxy_process(upstream, log_path, "--access-log", "--log-format", "json") as proxy,
+        aiohttp.ClientSession() as client,
+    ):
+        async with client.get(f"{proxy}/session/{V1}/message{query}") as response:
+            body = await response.read()
+            assert response.headers["X-Settle-Settled"] == "1"
+        async with client.get(f"{proxy}/missing") as response:
+            assert response.status == 404
+    text = log_path.read_text()
+    assert "sekrit" not in text
+    assert "k3y" not in text
+    lines = [orjson.loads(line) for line in text.splitlines() if line.strip()]
+    access = [line for line in lines if line["logger"] == "proxy.access"]
+    view, missing = access[-2:]
+    assert view["event"] == f"GET /session/{V1}/message?limit=5&auth_token=***&apiKey=*** 200"
+    assert (view["bytes"], view["settled"]) == (len(body), "1")
+    assert isinstance(view["ms"], float)
+    assert missing["event"] == "GET /missing 404"
+    assert missing["settled"] == "-"
+
+
+@pytest.mark.parametrize("env", [{}, {"SETTLE_ACCESS_LOG": "1"}], ids=["default", "variable"])
+async def test_access_log_is_off_by_default_and_on_by_its_variable(
+    upstream: TestServer, tmp_path: Path, env: dict[str, str]
+) -> None:
+    log_path = tmp_path / "proxy.log"
+    async with (
+        proxy_process(upstream, log_path, env={**os.environ, **env}) as proxy,
+        aiohttp.ClientSession() as client,
+        client.get(f"{proxy}/missing") as response,
+    ):
+        assert response.status == 404
+    said = [line for line in log_path.read_text().splitlines() if "proxy.access: GET /missing 404" in line]
+    if env:
+        (line,) = said
+        assert re.search(r" bytes=\d+ ms=[\d.]+ settled=-$", line), line
+    else:
+        assert said == []
