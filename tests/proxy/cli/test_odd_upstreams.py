@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 from yarl import URL
 
 from proxy.service.config import basic_authorization
+from tests.fixtures.stale_db import build_stale_db
 from tests.proxy.conftest import proxy_process
 
 BANNER = b"SSH-2.0-OpenSSH_9.2\r\n"
@@ -103,3 +106,29 @@ async def test_up_and_health_answer_within_3_s_for_an_upstream_that_never_answer
                 assert said["upstream"]["error"] == (
                     "it did not answer within 2.5 s (busy, hung, or not an HTTP server)"
                 )
+
+
+async def test_settle_asking_an_ssh_port_refuses_in_one_line_without_its_bytes(tmp_path: Path) -> None:
+    database = build_stale_db(tmp_path / "opencode.db")
+    async with tcp_server(speaks_first=True) as ssh:
+        command = await asyncio.create_subprocess_exec(
+            *(
+                sys.executable,
+                "-m",
+                "proxy",
+                "settle",
+                "--dry-run",
+                "--db",
+                str(database),
+                "--upstream",
+                str(ssh),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        _, stderr = await asyncio.wait_for(command.communicate(), 60)
+    assert command.returncode == 3
+    assert stderr.decode().splitlines() == [
+        f"settle-proxy settle: refused: {ssh} could not say which sessions are live: ClientResponseError: "
+        "it is not an HTTP server: what it sent does not begin as an HTTP answer (is the URL opencode's?)"
+    ]
