@@ -107,7 +107,8 @@ class DetailsGuard:
             403,
             "forbidden",
             "the upstream requires credentials and the proxy has none to check them against: "
-            "give it OPENCODE_SERVER_PASSWORD (and OPENCODE_SERVER_USERNAME), or --auth",
+            "give it the server's in OPENCODE_SERVER_PASSWORD (on 2.x OPENCODE_PASSWORD) and "
+            "OPENCODE_SERVER_USERNAME, or log in to it with --auth",
         )
 
 

@@ -67,3 +67,17 @@ async def test_a_wrong_password_names_the_fix_and_a_client_with_the_servers_is_t
         )
     (line,) = fix_lines(log)
     assert "the server refused the password presented: set " + FIX in line
+
+
+async def test_without_a_password_the_proxys_routes_name_the_fix(
+    fake: FakeOpencode, upstream: TestServer, tmp_path: Path
+) -> None:
+    fake.password = "s3cret"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENCODE_")}
+    async with proxy_process(upstream, tmp_path / "proxy.log", env=env) as proxy:
+        status, said = await health(str(proxy.with_path("/_settle/health")), SERVERS)
+    assert status == 403
+    assert str(said["message"]).endswith(
+        "give it the server's in OPENCODE_SERVER_PASSWORD (on 2.x OPENCODE_PASSWORD) and "
+        "OPENCODE_SERVER_USERNAME, or log in to it with --auth"
+    )
