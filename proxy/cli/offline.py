@@ -52,11 +52,14 @@ class Exit(IntEnum):
     REFUSED = 3
     """A server may be using the database, or could not say which sessions are live."""
     BAD_USAGE = 2
+    INTERRUPTED = 130
+    """Ctrl-C (SIGINT), as a shell reports it (128 + 2)."""
 
 
 _EPILOG = f"""\
 exit codes: {Exit.NOTHING_TO_DO} nothing to do, {Exit.SETTLED} settled (or would settle) at least one part,
-{Exit.REFUSED} refused (a server may be running on the database), {Exit.BAD_USAGE} bad usage.
+{Exit.REFUSED} refused (a server may be running on the database), {Exit.BAD_USAGE} bad usage,
+{Exit.INTERRUPTED} interrupted (Ctrl-C).
 """
 
 
@@ -275,4 +278,11 @@ def main(argv: Sequence[str]) -> None:
     except (FileNotFoundError, NotOpencodeDatabase) as error:
         print(f"settle-proxy settle: error: {error}", file=sys.stderr)
         code = Exit.BAD_USAGE
+    except KeyboardInterrupt:
+        # A session's transaction is all or nothing: one cut short was rolled back.
+        print(
+            "settle-proxy settle: interrupted: sessions settled stay so, the rest is as it was",
+            file=sys.stderr,
+        )
+        code = Exit.INTERRUPTED
     sys.exit(code)

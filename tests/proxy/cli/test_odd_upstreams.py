@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -133,3 +134,35 @@ async def test_settle_asking_an_ssh_port_refuses_in_one_line_without_its_bytes(t
         f"settle-proxy settle: refused: {ssh} could not say which sessions are live: ClientResponseError: "
         "it is not an HTTP server: what it sent does not begin as an HTTP answer (is the URL opencode's?)"
     ]
+
+
+async def test_settle_interrupted_while_it_waits_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """Ctrl-C while the upstream is asked (it never answers): no traceback, the database as it was."""
+    database = build_stale_db(tmp_path / "opencode.db")
+    asked = asyncio.Event()
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        asked.set()
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    upstream = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    before = database.read_bytes()
+    try:
+        command = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "proxy", "settle", "--db", str(database), "--upstream", upstream),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        await asyncio.wait_for(asked.wait(), 60)
+        command.send_signal(signal.SIGINT)
+        _, stderr = await asyncio.wait_for(command.communicate(), 30)
+    finally:
+        server.close()
+    assert command.returncode == 130
+    assert stderr.decode().splitlines() == [
+        "settle-proxy settle: interrupted: sessions settled stay so, the rest is as it was"
+    ]
+    assert database.read_bytes() == before
