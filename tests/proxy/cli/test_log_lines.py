@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from datetime import datetime
@@ -12,7 +13,9 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
+from yarl import URL
 
+from proxy.supervision.server_command import free_loopback_port
 from tests.fixtures import compact
 from tests.fixtures.stale_db import build_stale_db
 from tests.proxy.conftest import proxy_process
@@ -91,3 +94,31 @@ async def test_access_log_is_off_by_default_and_on_by_its_variable(
         assert re.search(r" bytes=\d+ ms=[\d.]+ settled=-$", line), line
     else:
         assert said == []
+
+
+async def _until_logged(log_path: Path, text: str) -> None:
+    """Wait (bounded) for `text` in the proxy's log: another process tells this one nothing."""
+    for _ in range(1200):
+        if text in await asyncio.to_thread(log_path.read_text):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never logged: {text}")
+
+
+async def test_a_refused_upstream_is_one_warning_then_one_line_when_it_answers(
+    fake: FakeOpencode, tmp_path: Path
+) -> None:
+    port = free_loopback_port()
+    log_path = tmp_path / "proxy.log"
+    server = TestServer(fake.app(), port=port)
+    try:
+        async with proxy_process(URL(f"http://127.0.0.1:{port}"), log_path):
+            await _until_logged(log_path, "is not known yet (it cannot be reached: ")
+            await server.start_server()
+            await _until_logged(log_path, "upstream is opencode 1.18.33: the 1.18 line")
+    finally:
+        await server.close()  # after the proxy stopped: its lost stream is no news here
+    lines = log_path.read_text().splitlines()
+    (down,) = [line for line in lines if "it cannot be reached" in line]
+    assert " WARNING proxy.opencode.server_line: the upstream's opencode server is not known yet (" in down
+    assert len([line for line in lines if "upstream is opencode" in line]) == 1
