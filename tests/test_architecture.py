@@ -1,4 +1,4 @@
-"""ARCHITECTURE.md and the README's layout name the code as it is: every path they name exists,
+"""ARCHITECTURE.md and the docs' layout (docs/architecture.md) name the code as it is: every path they name exists,
 and the tree names every subpackage of `proxy` and every module of `proxy`, `rules` and `bench`."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURE = (ROOT / "ARCHITECTURE.md").read_text()
-README = (ROOT / "README.md").read_text()
-LAYOUT = README[README.index("## Layout") :].split("\nDependencies", 1)[0]
+ARCHITECTURE_PAGE = (ROOT / "docs" / "architecture.md").read_text()
+LAYOUT = ARCHITECTURE_PAGE[ARCHITECTURE_PAGE.index("## Layout") :].split("\n## ", 1)[0]
 PACKAGES = ("proxy", "rules", "bench")
 _PATH = re.compile(r"`((?:[a-z_]+/)+(?:[a-z_]+\.(?:py|toml|md))?)`")
 

@@ -41,6 +41,7 @@ from proxy.addons.live_calls import OpenCalls
 from proxy.addons.live_clients import ClientStreams
 from proxy.addons.live_default import DefaultDirectory
 from proxy.addons.live_memory import StreamMemory
+from proxy.addons.live_notices import Notices
 from proxy.addons.live_parts import OpenParts
 from proxy.addons.live_turns import DeadTurns
 from proxy.addons.routing import event_stream
@@ -65,6 +66,9 @@ class LiveSettle(Addon, StreamListener):
         self._parts = OpenParts(ctx, self._memory, self._clients)
         self._turns = DeadTurns(ctx, self._memory, self._clients)
         self._calls = OpenCalls(ctx, self._clients, server or ServerLine.told(TOLD_1_18))
+        self.notices = Notices(ctx, self._clients)
+        """What a resume announces a turn that waits for a person with (`live_notices`), an
+        addon of its own (the assembly wires it)."""
         self._followed = False
         self.tasks: Together = Together(
             self._default, self._parts.tasks, self._turns.tasks, self._calls.tasks

@@ -2,12 +2,16 @@
 
 It runs first, in `request_headers`, and stores the match in the flow (`ROUTE`); the other
 addons read it instead of matching the path again in each hook. It also owns the start-timeout
-policy of the routes it names, so the relay stays ignorant of opencode's routes.
+policy of the routes it names, so the relay stays ignorant of opencode's routes, and asks every
+event stream uncompressed: events are slipped in between the server's own, which compressed
+bytes cannot take (newer 2.x servers compress what a client accepts compressed).
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
+
+from aiohttp import hdrs
 
 from proxy.opencode.routes import Route, match_route
 from proxy.relay.bounded import Bounded
@@ -32,6 +36,8 @@ class Routing(Addon):
     async def request_headers(self, flow: Flow) -> None:
         route = flow[ROUTE] = self._route(flow.request.method, flow.request.path.removeprefix(self._prefix))
         flow.start_timeout = route.start_timeout(flow.start_timeout)
+        if route.stream is not None:
+            flow.upstream_headers[hdrs.ACCEPT_ENCODING] = "identity"
 
     def _route(self, method: str, path: str) -> Route:
         """`match_route`, remembered: a route depends on nothing else, and a few regular

@@ -73,13 +73,18 @@ class OneLineParser(argparse.ArgumentParser):
             if id(action) in self._applied or not action.option_strings or isinstance(action, _NOT_SETTINGS):
                 continue
             self._applied.add(id(action))
-            named, shown, secret = self._declared.get(action.dest, (None, True, False))
-            variable = named or variable_of(action)
+            _, shown, secret = self._declared.get(action.dest, (None, True, False))
+            variable = self.variable(action)
             _describe(action, variable, shown=shown and action.default is not None)
             text = self._environ.get(variable)
             if text is not None:
                 action.default = self._value(action, variable, text, secret=secret)
                 self._set_by[action.dest] = variable
+
+    def variable(self, action: argparse.Action) -> str:
+        """The environment variable that sets `action`'s flag (what its --help names)."""
+        named = self._declared.get(action.dest, (None, True, False))[0]
+        return named or variable_of(action)
 
     def set_by_variable(self, dest: str) -> str | None:
         """The variable that set the flag of `dest`, if one did (known once the parser has parsed)."""

@@ -41,7 +41,8 @@ server -- is shown settled, in the shape opencode writes for an interrupted tool
 Every flag can also be set by the environment variable named in its help (a switch by 1,
 true, yes or on). For its own liveness look-ups the proxy uses the client's credentials, else
 OPENCODE_PASSWORD or OPENCODE_SERVER_PASSWORD (user OPENCODE_SERVER_USERNAME, default
-"opencode"). It never answers a client with data the upstream refused that client.
+"opencode", on 1.x; always "opencode" on 2.x). It never answers a client with data the
+upstream refused that client.
 
 `settle-proxy settle --help` describes the offline command, which settles opencode.db
 directly while no server runs on it; `settle-proxy run --help` the supervising form, which
@@ -63,7 +64,8 @@ def opencode_password(environ: Environ = os.environ) -> str | None:
 
 
 def opencode_authorization(environ: Environ = os.environ, password: str | None = None) -> str | None:
-    """`Authorization` for opencode: `password` or `opencode_password`, as OPENCODE_SERVER_USERNAME."""
+    """`Authorization` for opencode: `password` or `opencode_password`, as OPENCODE_SERVER_USERNAME
+    (1.x's; on 2.x, whose user is always `opencode`, look-ups send it as that: `Credentials.as_user`)."""
     password = password or opencode_password(environ)
     username = environ.get("OPENCODE_SERVER_USERNAME") or DEFAULT_USERNAME
     return basic_authorization(username, password) if password else None

@@ -6,7 +6,11 @@ cookie, and always ask for an uncompressed answer, since the session never decom
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import base64
+import binascii
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from http import HTTPStatus
 from typing import Any
 
 import aiohttp
@@ -24,6 +28,24 @@ class UpstreamRefused(RuntimeError):
     def __init__(self, method: str, path: str, status: int, body: bytes) -> None:
         super().__init__(f"{method} {path}: HTTP {status} {body[:200]!r}")
         self.status = status
+        self.reason = _reason(status, body)
+        """The answer's own word for it, short: its error's `_tag`, `name` or `message`, else the
+        status's phrase (`not found`)."""
+
+
+def _reason(status: int, body: bytes) -> str:
+    try:
+        said = jsonio.loads(body) if body else None
+    except Exception:  # whatever the decoder refuses: the status says it
+        said = None
+    if isinstance(said, dict):
+        for key in ("_tag", "name", "message"):
+            if isinstance(word := said.get(key), str) and word:
+                return word[:80]
+    try:
+        return HTTPStatus(status).phrase.lower()
+    except ValueError:
+        return "no reason given"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +54,9 @@ class Credentials:
 
     headers: dict[str, str] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
+    own: bool = False
+    """The proxy's configured credentials, not a client's: only these are re-made for a line
+    whose user is fixed (`as_user`); a client's are sent as the client sent them."""
 
     @classmethod
     def for_request(cls, request: web.Request, fallback: str | None) -> Credentials:
@@ -43,7 +68,31 @@ class Credentials:
 
     @classmethod
     def configured(cls, authorization: str | None) -> Credentials:
-        return cls(headers={hdrs.AUTHORIZATION: authorization} if authorization else {})
+        return cls(headers={hdrs.AUTHORIZATION: authorization}, own=True) if authorization else cls()
+
+    def as_user(self, username: str | None) -> Credentials:
+        """These credentials for a server whose user is always `username` (2.x's is `opencode`,
+        whatever OPENCODE_SERVER_USERNAME, 1.x's, says); None (a line whose user is configured)
+        and a client's own credentials are kept as they are."""
+        authorization = self.headers.get(hdrs.AUTHORIZATION)
+        if username is None or not self.own or authorization is None:
+            return self
+        return replace(self, headers={**self.headers, hdrs.AUTHORIZATION: basic_as(authorization, username)})
+
+
+def basic_as(authorization: str, username: str | None) -> str:
+    """A Basic `authorization` with its password under `username` (None: as it is); anything that
+    is not Basic is kept as it is."""
+    scheme, _, token = authorization.strip().partition(" ")
+    if username is None or scheme.lower() != "basic":
+        return authorization
+    try:
+        _, colon, password = base64.b64decode(token.strip(), validate=True).partition(b":")
+    except (binascii.Error, ValueError):
+        return authorization
+    if not colon:
+        return authorization
+    return "Basic " + base64.b64encode(username.encode() + b":" + password).decode("ascii")
 
 
 def password_fix(credentials: Credentials) -> str:
@@ -78,9 +127,17 @@ class UpstreamApi:
     """A thin JSON client over the application's one upstream session, to the server at `origin`
     (only its scheme, host and port count)."""
 
-    def __init__(self, session: aiohttp.ClientSession, origin: URL) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        origin: URL,
+        *,
+        user: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self._session = session
         self._origin = origin.origin()
+        self._user = user
+        """The user the server's line always takes, if it fixes one (`ServerLine.user`)."""
         shared = session.timeout
         self._timeout = aiohttp.ClientTimeout(
             total=CALL_TIMEOUT_S,
@@ -109,7 +166,7 @@ class UpstreamApi:
     async def answer(self, path: str, credentials: Credentials) -> Answer:
         """`GET path`, whatever it answers (a body past 64 KiB is cut: an answer that long is not
         the small JSON object asked for)."""
-        headers = {**credentials.headers, hdrs.ACCEPT_ENCODING: "identity"}
+        headers = {**credentials.as_user(self._user()).headers, hdrs.ACCEPT_ENCODING: "identity"}
         url = self._origin.with_path(path)
         async with self._session.get(
             url.with_query(credentials.params) if credentials.params else url,
@@ -133,7 +190,7 @@ class UpstreamApi:
     ) -> tuple[Any, str | None]:
         url = self._origin.with_path(path)
         query = {**credentials.params, **params}
-        headers = {**credentials.headers, hdrs.ACCEPT_ENCODING: "identity"}
+        headers = {**credentials.as_user(self._user()).headers, hdrs.ACCEPT_ENCODING: "identity"}
         body = None
         if json is not None:
             headers[hdrs.CONTENT_TYPE] = "application/json"

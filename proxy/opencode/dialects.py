@@ -8,6 +8,12 @@ written to (its part PATCH and `/sync/replay`, or its database). 2.x serves the 
 family only, in 1.18's v2 layout but settled its own way (`rules.runtime_2x`), answers
 `/api/info` (early 2.0: `/api/health`), and carries liveness on `/api/event`; nothing but its own
 event bus writes its database, so no writer of the proxy exists for it.
+
+A server is of the line whose health answer it gives, in that answer's shape (`HealthShape`):
+the route and the fields only that line's answer has. Its version refines that and never gates
+it: a from-source or dev build names none (`release` is None for `local`, `dev`, `0.0.0-…`), and
+a release outside the line's range is still of the line; only writing into a server is kept for
+the releases its `versions` hold (`proxy.opencode.server_line.KnownServer.refusal`).
 """
 
 from __future__ import annotations
@@ -25,13 +31,18 @@ __all__ = [
     "LINE_1_18",
     "LINE_2X",
     "Dialect",
+    "HealthShape",
     "Version",
-    "nearest",
+    "line_of",
     "parse_version",
+    "release",
+    "route_line",
 ]
 
 Version = tuple[int, int, int]
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+_UNRELEASED = (0, 0, 0)
+"""What a snapshot build stamps (`0.0.0-<channel>-<time>`): no release."""
 
 
 def parse_version(text: str) -> Version | None:
@@ -42,19 +53,41 @@ def parse_version(text: str) -> Version | None:
     return int(found[1]), int(found[2]), int(found[3] or 0)
 
 
+def release(text: str) -> Version | None:
+    """The release `text` names; None for a from-source or dev build (`local`, which every build
+    from a checkout reports, `dev`, `0.0.0-…`) and for anything else that names none."""
+    version = parse_version(text)
+    return None if version is None or version == _UNRELEASED else version
+
+
+@dataclass(frozen=True, slots=True)
+class HealthShape:
+    """How a line says it is up: the route it answers, and the fields its JSON object always has
+    there, which no other line's answer on that route has."""
+
+    path: str
+    fields: frozenset[str]
+    source: str
+    """Where that answer comes from, for people."""
+
+    def fits(self, path: str, body: Mapping[str, object]) -> bool:
+        return path == self.path and self.fields <= body.keys() and isinstance(body.get("version"), str)
+
+
 @dataclass(frozen=True, slots=True)
 class Dialect:
-    """What one server line serves. `versions` is `[first, past)`: a patch release of a known line
-    is that line (1.18.34 behaves as 1.18.33, measured)."""
+    """What one server line serves. `versions` is `[first, past)`, the releases it was measured on
+    and the only ones written into (a patch release is among them: 1.18.34 behaves as 1.18.33,
+    measured); a server of the line outside them is still read, followed, told and resumed as it."""
 
     name: str
     versions: tuple[Version, Version]
     runtimes: Mapping[Api, HttpRuntime]
     """The message views it serves, each in its own shape; a route family it does not serve is
     absent (2.x has no `/session/...`)."""
-    health_paths: tuple[str, ...]
-    """What says it is up, and which version it is (`{"version": …}` in the answer): its own,
-    then what earlier builds of the line answer instead."""
+    health: tuple[HealthShape, ...]
+    """What says it is up, and that it is of this line: its own answer, then what earlier builds
+    of the line answer instead."""
     events_path: str
     """The event stream liveness comes from."""
     writers: frozenset[str] = field(default_factory=frozenset)
@@ -68,10 +101,19 @@ class Dialect:
     """What makes an interrupted call's settlement durable before a resumed turn's model work when
     the server does it itself (2.x: the continuation's own drain); None when only a writer of the
     proxy's can (1.18), so a turn is resumed there only through one of `writers`."""
+    username: str | None = None
+    """The user its Basic auth always takes, when the line fixes it (2.x: `opencode`,
+    `packages/server/src/auth.ts` @605784f48417); None: the one configured (1.x's
+    OPENCODE_SERVER_USERNAME, default `opencode`)."""
 
     @property
-    def health_path(self) -> str:
-        return self.health_paths[0]
+    def health_paths(self) -> tuple[str, ...]:
+        return tuple(shape.path for shape in self.health)
+
+    def releases(self) -> str:
+        """Its range, for people: `1.18.0 to before 1.19.0`."""
+        first, past = (".".join(map(str, version)) for version in self.versions)
+        return f"{first} to before {past}"
 
     def serves(self, version: Version) -> bool:
         first, past = self.versions
@@ -99,7 +141,14 @@ LINE_1_18 = Dialect(
     "1.18",
     ((1, 18, 0), (1, 19, 0)),
     {Api.V1: V1_HTTP, Api.V2: V2_HTTP},
-    health_paths=("/global/health",),
+    health=(
+        HealthShape(
+            "/global/health",
+            frozenset({"healthy", "version"}),
+            "measured on 1.18.33: {healthy, version} (its `/api/health` is {healthy} alone; "
+            "tests/fixtures/opencode-1.18.33/health-routes.txt)",
+        ),
+    ),
     events_path="/global/event",
     writers=frozenset({"api", "db"}),
     resumes=True,
@@ -108,8 +157,21 @@ LINE_2X = Dialect(
     "2.x",
     ((2, 0, 0), (3, 0, 0)),
     {Api.V2: V2X_HTTP},
-    health_paths=("/api/info", "/api/health"),
+    health=(
+        HealthShape(
+            "/api/info",
+            frozenset({"version", "pid"}),
+            "ServerInfo {version, pid, urls, paths}: packages/protocol/src/groups/server.ts @51819a10a412",
+        ),
+        HealthShape(
+            "/api/health",
+            frozenset({"healthy", "version", "pid"}),
+            "{healthy, version, pid}: packages/protocol/src/groups/health.ts @7c3c912ea4ff; measured "
+            "on the v2 branch @2092350c, version `local`",
+        ),
+    ),
     events_path="/api/event",
+    username="opencode",
     resumes=True,
     settles_before_resume=(
         "2.x's own drain: the continuation's drain fails every call left open (settleStaleToolCalls) "
@@ -124,14 +186,15 @@ LINE_2X = Dialect(
 DIALECTS = (LINE_2X, LINE_1_18)
 
 
-def nearest(version: Version | None, health_path: str) -> tuple[Dialect, bool]:
-    """The dialect of a server of `version` that answered `health_path`, and whether it is known:
-    the line whose range holds the version (whichever route said it), else the line whose
-    health route it answered."""
-    for dialect in DIALECTS:
-        if version is not None and dialect.serves(version):
-            return dialect, True
-    return next(dialect for dialect in DIALECTS if health_path in dialect.health_paths), False
+def line_of(path: str, body: Mapping[str, object]) -> Dialect | None:
+    """The line whose health answer `body`, given on `path`, is in the shape of; None for none."""
+    return next((d for d in DIALECTS if any(shape.fits(path, body) for shape in d.health)), None)
+
+
+def route_line(path: str) -> Dialect:
+    """The line whose health route `path` is (what a server is taken for, at most, when its
+    answer there is in no line's shape)."""
+    return next(dialect for dialect in DIALECTS if path in dialect.health_paths)
 
 
 HEALTH_PATHS = tuple(path for dialect in DIALECTS for path in dialect.health_paths)

@@ -30,6 +30,7 @@ import aiohttp
 from aiohttp import hdrs
 from yarl import URL
 
+from proxy.opencode.client import basic_as
 from proxy.opencode.following import StreamListener, StreamMetrics, StreamState
 from proxy.opencode.global_events import (
     PARSERS,
@@ -263,7 +264,7 @@ class LivenessTracker:
     async def _follow(self) -> AsyncIterator[GlobalEvent | UnreadableEvent]:
         headers = {hdrs.ACCEPT: "text/event-stream", hdrs.ACCEPT_ENCODING: "identity"}
         if self._authorization:
-            headers[hdrs.AUTHORIZATION] = self._authorization
+            headers[hdrs.AUTHORIZATION] = basic_as(self._authorization, self._server.user())
         # A request sent the instant the server's port opens can go unanswered (measured on 1.18.33:
         # 20 s and more): the answer must start within the connect timeout, or it is asked again.
         async with asyncio.timeout(min(self._connect_timeout, STREAM_START_TIMEOUT_S)):

@@ -36,6 +36,7 @@ __all__ = [
     "EVENT_TYPES",
     "MESSAGE_UPDATED",
     "OPEN_STATUSES",
+    "PART_REMOVED",
     "PART_UPDATED",
     "PERSON_PREFIXES",
     "PROMPT_ADMITTED",
@@ -62,6 +63,8 @@ __all__ = [
     "message_subject",
     "message_updated",
     "news_subjects",
+    "notice_part",
+    "notice_removed",
     "opencode_event",
     "part_settled",
     "part_subject",
@@ -86,6 +89,8 @@ SERVER_CONNECTED = "server.connected"
 MESSAGE_UPDATED = "message.updated"
 """`{"sessionID", "info"}`: a message's header as it is now."""
 PART_UPDATED = "message.part.updated"
+PART_REMOVED = "message.part.removed"
+"""`{"sessionID", "messageID", "partID"}`: both 1.18.33 clients drop that part from their transcript."""
 """`{"sessionID", "part", "time"}`: a part as it is now (a tool's state among them)."""
 PERSON_PREFIXES = ("permission.", "question.")
 """Events of a request a person must answer: `permission.asked`, `question.replied`, …"""
@@ -127,7 +132,8 @@ API_CALL_ENDED = ("session.tool.success", API_TOOL_FAILED)
 """How a 2.x call ends; `session.tool.progress` and `session.step.*` come while it still runs."""
 
 EVENT_TYPES = frozenset(
-    {SESSION_STATUS, SESSION_IDLE, SESSION_ERROR, MESSAGE_UPDATED, PART_UPDATED, PROMPT_ADMITTED, STEP_ENDED}
+    {SESSION_STATUS, SESSION_IDLE, SESSION_ERROR, MESSAGE_UPDATED, PART_UPDATED, PART_REMOVED}
+    | {PROMPT_ADMITTED, STEP_ENDED}
     | set(CALL_OPENING)
     | CALL_ENDED
     | {SERVER_CONNECTED, API_EXECUTION_STARTED, *API_EXECUTION_ENDED, *API_CALL_OPENING, *API_CALL_ENDED}
@@ -297,3 +303,25 @@ def for_replay(event: Mapping[str, Any], session_id: str, seq: int) -> dict[str,
         "type": durable_type(event["type"]),
         "data": event["data"],
     }
+
+
+# A notice for a person (`addons.live_notices`): what both 1.18.33 clients draw, and take back.
+
+
+def notice_part(session_id: str, message_id: str, part_id: str, text: str, at_ms: int) -> dict[str, object]:
+    """v1: a text part of `message_id` holding `text`, as the server announces a finished one
+    (the TUI and the web UI draw it where the transcript ends; the server never holds it)."""
+    part = {
+        "id": part_id,
+        "sessionID": session_id,
+        "messageID": message_id,
+        "type": "text",
+        "text": text,
+        "time": {"start": at_ms, "end": at_ms},
+    }
+    return opencode_event(PART_UPDATED, {"sessionID": session_id, "part": part, "time": at_ms})
+
+
+def notice_removed(session_id: str, message_id: str, part_id: str) -> dict[str, object]:
+    """v1: the notice part taken back from a client that holds it."""
+    return opencode_event(PART_REMOVED, {"sessionID": session_id, "messageID": message_id, "partID": part_id})

@@ -240,7 +240,7 @@ async def _send_streamed(
         response.content_length = upstream.content_length
     await response.prepare(request)
     try:
-        if flow.injected is not None:
+        if flow.injected is not None and not _encoded(flow, upstream):
             await relay_with_injection(response, upstream, flow.injected, flow.opened)
         else:
             async for piece in pieces:
@@ -253,6 +253,22 @@ async def _send_streamed(
         return _cut(request, response, error)
     await response.write_eof()
     return response
+
+
+def _encoded(flow: Flow, upstream: UpstreamResponse) -> bool:
+    """Whether a stream asked for uncompressed came compressed all the same: an event slipped in
+    between compressed bytes would corrupt it, so it is relayed as sent, with nothing slipped in."""
+    coding = upstream.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower()
+    if coding == "identity":
+        return False
+    fields = {"path": flow.request.path, "coding": coding}
+    log.warning(
+        "%s came %s-encoded though asked for identity: relayed as sent, nothing slipped in",
+        flow.request.path,
+        coding,
+        extra={"fields": fields},
+    )
+    return True
 
 
 def _answer(flow: Flow, upstream: UpstreamResponse, body: bytes | None = None) -> web.StreamResponse:

@@ -21,7 +21,7 @@ import aiohttp
 from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi
-from proxy.opencode.dialects import LINE_1_18, LINE_2X
+from proxy.opencode.dialects import LINE_1_18, LINE_2X, Dialect
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.relay.tasks import Together
@@ -67,10 +67,12 @@ def resuming(
     options: ResumeOptions,
     fates: Fates = no_fates,
     clients: Clients | None = None,
+    health_route: Callable[[Dialect], str] = lambda dialect: dialect.health_paths[0],
 ) -> Resuming:
     """`--resume` as a part that follows the stream, recording in `ledger`, its resumers closed
     with `stack`. `writer` is the write-back's, counted as it is; `fates` what became of the
-    interrupted calls' processes."""
+    interrupted calls' processes; `health_route` the route a server of a line was known by
+    (`ServerLine.health_route`), which a continuation asks whether it is up."""
     api = UpstreamApi(session, origin)
     resumers = functools.partial(
         Resumer,
@@ -81,7 +83,9 @@ def resuming(
     )
     servers = (
         Server(session, api, probe, origin, credentials, dialect=LINE_1_18),
-        Continuation(session, api, probe, origin, credentials, dialect=LINE_2X),
+        Continuation(
+            session, api, probe, origin, credentials, health_route=functools.partial(health_route, LINE_2X)
+        ),
     )
     by_line = {
         server.dialect.name: _on_line(server, writer, options, journal, resumers) for server in servers

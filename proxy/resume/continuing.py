@@ -13,12 +13,16 @@ asked and has not answered is listed by `GET …/permission` and `GET …/questi
 
 from __future__ import annotations
 
-import asyncio
-import time
+from collections.abc import Callable
 from typing import Any
 
-from proxy.opencode.client import UpstreamRefused
-from proxy.resume.sending import POLL_S, READ_ERRORS, READY_TIMEOUT_S, Server
+import aiohttp
+from yarl import URL
+
+from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
+from proxy.opencode.dialects import LINE_2X
+from proxy.opencode.liveness import LivenessProbe
+from proxy.resume.sending import Server
 from proxy.resume.turns import InterruptedTurn, message_after
 
 __all__ = ["Continuation"]
@@ -28,19 +32,29 @@ CONFLICT = 409
 
 
 class Continuation(Server):
-    """The restarted 2.x server, as the resume sees it (built with its line's dialect)."""
+    """The restarted 2.x server, as the resume sees it: 2.x's routes, asked as its user
+    (`opencode`, whatever OPENCODE_SERVER_USERNAME says); `health_route` says which route the
+    server was known by (`ServerLine.health_route`)."""
 
-    async def ready(self, directory: str | None, provider: str | None) -> bool:
-        """Wait until the server answers its health route (2.x has no `/config`); False past the timeout."""
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        api: UpstreamApi,
+        probe: LivenessProbe,
+        origin: URL,
+        credentials: Credentials,
+        *,
+        health_route: Callable[[], str] = lambda: LINE_2X.health_paths[0],
+    ) -> None:
+        user = credentials.as_user(LINE_2X.username)
+        super().__init__(session, api, probe, origin, user, dialect=LINE_2X)
+        self._health_route = health_route
+
+    async def ready(self, directory: str | None, provider: str | None) -> str | None:
+        """Wait until the server answers the health route it was known by (2.x has no `/config`,
+        and a from-source build no `/api/info`); past the timeout, what was asked and what came back."""
         del directory, provider
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                await self._request("GET", self.dialect.health_path, {})
-                return True
-            except READ_ERRORS:
-                await asyncio.sleep(POLL_S)
-        return False
+        return await self._until_answered([self._health_route()], {})
 
     async def prompt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> None:
         """Admit `text` under `prompt_id`: a 409 says an earlier send under that id was admitted

@@ -26,7 +26,9 @@ class Prompted(Protocol):
 
     async def messages(self, turn_api: Api, session_id: str) -> Any: ...
 
-    async def ready(self, directory: str | None, provider: str | None) -> bool: ...
+    async def ready(self, directory: str | None, provider: str | None) -> str | None:
+        """None once the server can run a turn; else, past a timeout, why not."""
+        ...
 
     async def prompt(
         self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str
@@ -109,8 +111,8 @@ class Prompting:
 
     async def _attempt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> Try:
         provider = turn.model["providerID"] if turn.model else None
-        if not await self._server.ready(directory, provider):
-            return Try(0, False, "the server did not become ready (config, location, provider)")
+        if (unready := await self._server.ready(directory, provider)) is not None:
+            return Try(0, False, f"the server did not become ready: {unready}")
         await self._ledger.sending(turn.session_id, turn.message_id, prompt_id)
         try:
             await self._server.prompt(turn, directory, prompt_id, text)

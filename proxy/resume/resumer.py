@@ -142,8 +142,8 @@ class Resumer:
         await asyncio.sleep(self._options.grace)
         if self._clients is not None:
             await clients_back(self._clients, candidate.session_id, candidate.last_alive)
-        if not await self._server.ready(candidate.directory, None):
-            self._skip(candidate, "the server did not become ready (config, location)")
+        if (unready := await self._server.ready(candidate.directory, None)) is not None:
+            self._skip(candidate, f"the server did not become ready: {unready}")
             return
         info = await self._server.session_info(candidate.api, candidate.session_id)
         before = await self._before(candidate, info)

@@ -73,20 +73,31 @@ class Server:
         info = http.unwrapped(await self._api.get(http.session_path(session_id), self._credentials))
         return info if isinstance(info, dict) else {}
 
-    async def ready(self, directory: str | None, provider: str | None) -> bool:
-        """Wait until the server can run a turn in `directory` with `provider`; False past the timeout."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
+    async def ready(self, directory: str | None, provider: str | None) -> str | None:
+        """Wait until the server can run a turn in `directory` with `provider` (its config, its
+        location and the provider answer); past the timeout, why not: what was asked last, and
+        what came back."""
         headers = _directory_header(directory)
+        paths = ["/config", "/api/location"]
+        if provider is not None:
+            paths.append(f"/api/provider/{quote(provider, safe='')}")
+        return await self._until_answered(paths, headers)
+
+    async def _until_answered(self, paths: list[str], headers: dict[str, str]) -> str | None:
+        """Ask each of `paths` in turn until all answer, from the first again after a failure;
+        None once they do, else (past `READY_TIMEOUT_S`) the last failure: `GET /api/info: HTTP 404`."""
+        deadline, why = time.monotonic() + READY_TIMEOUT_S, "nothing was asked"
         while time.monotonic() < deadline:
-            try:
-                await self._request("GET", "/config", headers)
-                await self._request("GET", "/api/location", headers)
-                if provider is not None:
-                    await self._request("GET", f"/api/provider/{quote(provider, safe='')}", headers)
-                return True
-            except READ_ERRORS:
-                await asyncio.sleep(POLL_S)
-        return False
+            for path in paths:
+                try:
+                    await self._request("GET", path, headers)
+                except READ_ERRORS as error:
+                    why = f"GET {path}: {_failure(error)}"
+                    break
+            else:
+                return None
+            await asyncio.sleep(POLL_S)
+        return f"asked for {READY_TIMEOUT_S:g} s; last, {why}"
 
     async def prompt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> None:
         """Send the prompt as the turn's runtime takes it (v1 `prompt_async` with the turn's own
@@ -134,6 +145,13 @@ class Server:
                 content = await answer.read()
                 if answer.status not in (200, 204):
                     raise UpstreamRefused(method, path, answer.status, content)
+
+
+def _failure(error: Exception) -> str:
+    """What came back, short: `HTTP 404 (not found)`, `HTTP 401 (UnauthorizedError)`, or the error."""
+    if isinstance(error, UpstreamRefused):
+        return f"HTTP {error.status} ({error.reason})"
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def _directory_header(directory: str | None) -> dict[str, str]:

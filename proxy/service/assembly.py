@@ -21,6 +21,7 @@ from prometheus_client import Counter
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live import LiveSettle
+from proxy.addons.live_notices import Notices
 from proxy.addons.mounted_links import MountedLinks
 from proxy.addons.resume_clients import ResumeClients
 from proxy.addons.routing import Routing
@@ -121,6 +122,9 @@ class Assembly:
     write_back: WriteBack | None
     """The write-back's scheduler: an embedding application may await its `settled`."""
     tool_processes: ToolProcesses | None
+    notices: Notices | None
+    """Tells the client streams that a turn waits for a person: the resume's Announcer unless the
+    application gives one; None without the live-settle addon."""
 
     def __init__(
         self,
@@ -162,7 +166,8 @@ class Assembly:
     async def _assemble(self, stack: AsyncExitStack) -> None:
         settings, metrics = self.settings, self.metrics
         session = self.session = await stack.enter_async_context(upstream_session(settings.connect_timeout))
-        upstream = UpstreamApi(session, settings.upstream)
+        self._server_line(session, stack)
+        upstream = UpstreamApi(session, settings.upstream, user=self.line.user)
         probe = self._liveness(upstream, stack)
         written = await writer(settings.write_back, self.where, upstream, stack, metrics.write_backs)
         scheduled = self.write_back = write_back(settings, probe, written, self.line)
@@ -185,6 +190,8 @@ class Assembly:
         addons = [factory(Built(settings, ctx, tracker, self.line, self.prefix)) for factory in self._addons]
         self.tool_processes = await tool_processes(settings.state_db, self.supervisor, self.others, stack)
         clients = next((addon for addon in addons if isinstance(addon, ResumeClients)), None)
+        live = next((addon for addon in addons if isinstance(addon, LiveSettle)), None)
+        self.notices = live.notices if live is not None else None
         ledger = await resume_ledger(settings, stack)
         self.journal = Journal(metrics.registry, enabled=ledger is not None, dry_run=settings.dry_run)
         self.resuming = resuming(
@@ -198,8 +205,9 @@ class Assembly:
             supervisor=self.supervisor,
             watcher=self.tool_processes,
             clients=clients,
+            line=self.line,
         )
-        parts = [*addons, self.routes.guard, self.tool_processes, self.resuming]
+        parts = [*addons, self.notices, self.routes.guard, self.tool_processes, self.resuming]
         dispatcher = wire(
             parts, tracker=tracker, background=self.background, errors=metrics.addon_errors, stack=stack
         )
@@ -220,12 +228,19 @@ class Assembly:
             elsewhere=others,
             lookups=metrics.liveness_requests,
         )
-        line = self.line = ServerLine(upstream, Credentials.configured(settings.authorization))
+        return probe
+
+    def _server_line(self, session: aiohttp.ClientSession, stack: AsyncExitStack) -> None:
+        """Which server the upstream is, asked on its own client (each route as the user of the
+        line it belongs to), and asked again, under `run`, each time the server exits."""
+        settings = self.settings
+        line = self.line = ServerLine(
+            UpstreamApi(session, settings.upstream), Credentials.configured(settings.authorization)
+        )
         line.listeners.append(modes_said(settings))
         if (supervisor := self.supervisor) is not None:
             supervisor.exited.append(line.forget)
             stack.callback(supervisor.exited.remove, line.forget)
-        return probe
 
     def _forwarder(self, addons: Addons, stack: AsyncExitStack) -> Forwarder:
         """The catch-all handler's forwarder, and its transport (closed with `stack`)."""

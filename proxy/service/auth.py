@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
-from proxy.opencode.client import AUTH_TOKEN_PARAM
+from proxy.opencode.client import AUTH_TOKEN_PARAM, basic_as
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 UpstreamCheck = Callable[[web.Request], Awaitable[int | None]]
@@ -59,10 +59,21 @@ class DetailsGuard:
     its first answer). Behind `--auth` the proxy's own login, checked on every route, suffices.
     """
 
-    def __init__(self, authorization: str | None, check: UpstreamCheck, *, behind_own_auth: bool) -> None:
+    def __init__(
+        self,
+        authorization: str | None,
+        check: UpstreamCheck,
+        *,
+        behind_own_auth: bool,
+        user: Callable[[], str | None] = lambda: None,
+    ) -> None:
+        self._authorization = authorization
         self._expected = basic_credentials(authorization) if authorization else None
         if authorization and self._expected is None:
             raise ValueError("the upstream's credentials are HTTP Basic, as opencode's are")
+        self._user = user
+        """The user the upstream's line always takes (2.x: `opencode`), which is then what its
+        clients present, whatever user the proxy was configured with."""
         self._check = check
         self._behind_own_auth = behind_own_auth
         self._upstream_is_open: bool | None = None
@@ -89,8 +100,9 @@ class DetailsGuard:
     async def _refusal(self, request: web.Request) -> web.Response | None:
         if self._behind_own_auth:
             return None
-        if self._expected is not None:
-            if _presented_matches(request, self._expected):
+        if self._expected is not None and self._authorization is not None:
+            expected = basic_credentials(basic_as(self._authorization, self._user())) or self._expected
+            if _presented_matches(request, expected):
                 return None
             return _refuse(401, "unauthorized", _OTHERS if _presents_any(request) else _NONE_PRESENTED)
         if (status := await self._check(request)) is not None:

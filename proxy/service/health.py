@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import hdrs, web
 
-from proxy.opencode.dialects import HEALTH_PATHS
+from proxy.opencode.client import basic_as
+from proxy.opencode.dialects import HEALTH_PATHS, route_line
 from proxy.opencode.tracker import LivenessTracker, StreamState
 from proxy.relay.errors import reason_of
 from proxy.service.auth import DetailsGuard, Handler
@@ -46,6 +47,7 @@ class SettleRoutes:
             settings.authorization,
             self._status_without_credentials,
             behind_own_auth=settings.auth is not None,
+            user=self._line_user,
         )
 
     def add_to(self, app: web.Application) -> None:
@@ -132,8 +134,8 @@ class SettleRoutes:
 
     async def _ask(self) -> Answer:
         """Which server the upstream is (asked now, if it is not known), or why that is not known,
-        and how its line's health route answers. Not known yet, the route of the
-        newest line is asked, for whether the upstream answers at all."""
+        and how the route it was known by answers now (as that line's user). Not known yet, the
+        route of the newest line is asked, for whether the upstream answers at all."""
         assembly = self._assembly
         settings, line = assembly.settings, assembly.line
         deadline = asyncio.get_running_loop().time() + ANSWER_WITHIN_S
@@ -142,8 +144,10 @@ class SettleRoutes:
                 await asyncio.shield(line.known())
         known = line.current
         said = known.describe() if known is not None else {"not_known": line.why_unknown}
-        path = known.dialect.health_path if known is not None else HEALTH_PATHS[0]
-        headers = {hdrs.AUTHORIZATION: settings.authorization} if settings.authorization else {}
+        path = known.health_route if known is not None else HEALTH_PATHS[0]
+        headers = {hdrs.ACCEPT_ENCODING: "identity"}
+        if settings.authorization:
+            headers[hdrs.AUTHORIZATION] = basic_as(settings.authorization, route_line(path).username)
         try:
             async with (
                 asyncio.timeout_at(deadline),
@@ -154,6 +158,10 @@ class SettleRoutes:
             return {"reachable": False, "error": _SILENT} | said
         except aiohttp.ClientError as error:
             return {"reachable": False, "error": reason_of(error)} | said
+
+    def _line_user(self) -> str | None:
+        """The user the upstream's line fixes (the line is built when the application starts)."""
+        return self._assembly.line.user()
 
     def _server_now(self) -> object:
         """Which server a reading is of: the one the line knows (none once its stream was lost),

@@ -33,7 +33,7 @@ from proxy.writeback.database import OpencodeDatabase
 from proxy.writeback.db_writer import DbWriter
 from proxy.writeback.locations import Locations
 from proxy.writeback.locks import SessionLocks
-from proxy.writeback.scheduler import CountingWriter, WriteBack, WriteBackMode, Writer
+from proxy.writeback.scheduler import CountingWriter, ServersWrittenInto, WriteBack, WriteBackMode, Writer
 
 __all__ = ["modes_said", "resume_ledger", "resuming", "tool_processes", "write_back", "writer"]
 
@@ -132,8 +132,11 @@ def resuming(
     supervisor: Supervisor | None,
     watcher: ToolProcesses | None,
     clients: Clients | None,
+    line: ServerLine,
 ) -> Resuming | None:
-    """`--resume`, when it has its `ledger`: resume assembles itself from values."""
+    """`--resume`, when it has its `ledger`: resume assembles itself from values. It writes only
+    into a server the write-back's mode writes into, and asks a restarted server whether it is up
+    on the route `line` knew it by."""
     if ledger is None:
         return None
     options = ResumeOptions(
@@ -148,8 +151,9 @@ def resuming(
         session=session,
         origin=settings.upstream,
         probe=probe,
-        writer=writer,
+        writer=ServersWrittenInto(writer, line) if writer is not None else None,
         credentials=Credentials.configured(settings.authorization),
+        health_route=line.health_route,
         journal=journal,
         options=options,
         fates=_fates(supervisor, watcher),

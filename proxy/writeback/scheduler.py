@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -42,9 +43,12 @@ from proxy.writeback.decisions import (
 )
 from rules import Api, Change, Liveness
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "Confirm",
     "CountingWriter",
+    "ServersWrittenInto",
     "WriteBack",
     "WriteBackMode",
     "WriteBackOutcome",
@@ -99,6 +103,31 @@ class CountingWriter:
             return written
         finally:
             self._write_backs.labels(self.mode, outcome).inc()
+
+
+class ServersWrittenInto:
+    """A writer that writes only into a server its mode writes into (`KnownServer.refusal`),
+    asked when it writes: for a caller that writes outside the scheduler (the resume), on a line
+    that may be a release or a build no writes were measured on."""
+
+    def __init__(self, writer: Writer, server: ServerLine) -> None:
+        self._writer = writer
+        self._server = server
+
+    @property
+    def mode(self) -> WriteBackMode:
+        return self._writer.mode
+
+    async def write(
+        self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
+    ) -> list[Written]:
+        known = await self._server.known(credentials)
+        refused = "which server the upstream is is not known" if known is None else known.refusal(self.mode)
+        if refused is not None:
+            fields = {"session": session_id, "mode": str(self.mode), "why": refused}
+            log.info("nothing written back for session %s: %s", session_id, refused, extra={"fields": fields})
+            return []
+        return await self._writer.write(api, session_id, credentials, targets, confirm)
 
 
 def targeted(change: Change, targets: Collection[str]) -> bool:

@@ -261,7 +261,10 @@ class OpencodeServer:
         get_json(f"{self.url}/api/location", headers=headers, timeout=_WARMUP_REQUEST_TIMEOUT_S)
 
         def provider_loaded() -> bool | None:
-            reply = request("GET", f"{self.url}/api/provider/mock", headers=headers, timeout=5.0)
+            try:
+                reply = request("GET", f"{self.url}/api/provider/mock", headers=headers, timeout=5.0)
+            except TimeoutError:  # a loaded machine's booting instance: asked again until the deadline
+                return None
             return True if reply.status == 200 else None
 
         poll(provider_loaded, what=f"provider mock in {directory}", timeout=_READY_TIMEOUT_S, interval=0.25)

@@ -59,11 +59,11 @@ async def frames(response: Any) -> AsyncIterator[dict[str, Any]]:
 
 @asynccontextmanager
 async def proxied(
-    server: StandIn, aiohttp_client: Client, **more: Any
+    server: StandIn, aiohttp_client: Client, *, username: str = "opencode", **more: Any
 ) -> AsyncIterator[tuple[ProxyClient, Seen]]:
-    """The proxy in front of `server` (grace 0, the server's password, `more` settings), once it
-    follows `/api/event`."""
-    authorization = basic_authorization("opencode", PASSWORD)
+    """The proxy in front of `server` (grace 0, the server's password configured under `username`,
+    as OPENCODE_SERVER_USERNAME would name it; `more` settings), once it follows `/api/event`."""
+    authorization = basic_authorization(username, PASSWORD)
     settings = Settings(upstream=URL(server.url), grace=0, authorization=authorization, **more)
     seen = Seen()
     client: TestClient[web.Request, web.Application] = await aiohttp_client(create_app(settings))

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from tests.opencode2.auth import refusal
+from tests.opencode2.events import accepts_gzip
 from tests.opencode2.shapes import Json, ascending, dumps, error_body, session_not_found
 from tests.opencode2.store import Process, Store
 from tests.opencode2.turns import Inputs
@@ -101,6 +102,8 @@ class Api:
         response: web.StreamResponse = await handler(request)
         if request.method == "POST" and self.written is not None:
             self.written()
+        if self.process.compress and isinstance(response, web.Response) and accepts_gzip(request):
+            response.enable_compression(web.ContentCoding.gzip)
         return response
 
     async def unknown(self, request: web.Request) -> web.Response:
@@ -122,13 +125,16 @@ class Api:
 
     async def health(self, request: web.Request) -> web.Response:
         """Early 2.0's `GET /api/health` → `{healthy: true, version, pid}` (`protocol/src/groups/health.ts`
-        `health.get` @7c3c912ea4ff)."""
+        `health.get` @7c3c912ea4ff; `packages/server/src/process.ts` `start` @02ce4a330f33 asks it
+        for readiness). Measured on the `v2` branch built from source @2092350c: `{"healthy":true,
+        "version":"local","pid":…}`, with `/api/info` and `/global/health` 404
+        (/work/shared/OPENCODE.md, "opencode v2 measured"): `StandIn.from_source()`."""
         if self.process.health_route != "health":
             return await self.unknown(request)
         return _json({"healthy": True, "version": self.process.version, "pid": self.process.pid})
 
     async def events(self, request: web.Request) -> web.StreamResponse:
-        return await self.store.hub.serve(request)
+        return await self.store.hub.serve(request, compress=self.process.compress)
 
     async def active(self, _: web.Request) -> web.Response:
         """`GET /api/session/active` → `{data: {<id>: {type: "running"}}}` (`session.active`,

@@ -6,7 +6,9 @@ password is `OPENCODE_PASSWORD`, else `OPENCODE_SERVER_PASSWORD` (`packages/cli/
 else a new random one printed as `server password <pw>`; then `server listening on <url>`. Without
 `--port` it takes the first free port from 4096 up (`packages/server/src/process.ts` `listen`
 @02ce4a330f33). The database file keeps sessions and messages across kills; nothing is settled at
-start. `--boot-seconds` answers 503 that long first; `--seed FILE` adds, on a fresh database, one
+start. `--from-source` answers as the `v2` branch built from source @2092350c does (version
+`local`, only `/api/health`); `--compress` gzips what a client accepts gzipped, `/api/event` too.
+`--boot-seconds` answers 503 that long first; `--seed FILE` adds, on a fresh database, one
 session with a running `shell` call, writes its ids to FILE as JSON, and shows its execution to
 the first `/api/event` subscriber (as the live server that ran it would have).
 """
@@ -27,7 +29,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.opencode2.shapes import earlier
-from tests.opencode2.stand_in import DEFAULT_VERSION, RunningCall, StandIn
+from tests.opencode2.stand_in import DEFAULT_VERSION, FROM_SOURCE, RunningCall, StandIn
 
 
 def _options(argv: list[str] | None) -> argparse.Namespace:
@@ -40,6 +42,8 @@ def _options(argv: list[str] | None) -> argparse.Namespace:
     serve.add_argument("--version", dest="server_version", default=DEFAULT_VERSION)
     serve.add_argument("--health-route", choices=("info", "health"), default="info")
     serve.add_argument("--web-fallback", action="store_true")
+    serve.add_argument("--compress", action="store_true")
+    serve.add_argument("--from-source", action="store_true", help="as the v2 branch built @2092350c")
     serve.add_argument("--boot-seconds", type=float, default=0.0)
     serve.add_argument("--seed", type=Path)
     return parser.parse_args(argv)
@@ -87,11 +91,15 @@ async def serve(options: argparse.Namespace) -> None:
         sys.exit(f"the stand-in listens on 127.0.0.1 only, not {options.hostname}")
     password = _environment_password()
     fresh = not options.database.exists()
+    version, route = options.server_version, options.health_route
+    if options.from_source:  # `StandIn.from_source`
+        version, route = FROM_SOURCE, "health"
     server = StandIn(
-        options.server_version,
+        version,
         password=password,
-        health_route=options.health_route,
+        health_route=route,
         web_fallback=options.web_fallback,
+        compress=options.compress,
         booting=options.boot_seconds > 0,
         database=options.database,
     )

@@ -21,6 +21,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from aiohttp import web
 
@@ -42,6 +43,25 @@ from tests.opencode2.store import Call, Process, Store, now_ms
 
 DEFAULT_VERSION = "2.1.2"
 """The version the bug was reported on (issue 25)."""
+FROM_SOURCE = "local"
+"""What every from-source or dev build of opencode reports as its version (measured on the `v2`
+branch @2092350c: /work/shared/OPENCODE.md, "opencode v2 measured")."""
+
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "2.1.2": {},
+    "from source": {"version": FROM_SOURCE, "health_route": "health"},
+    "from source, compressing": {"version": FROM_SOURCE, "health_route": "health", "compress": True},
+}
+"""The servers a test of the proxy in front of 2.x runs against, by name: a release; the `v2`
+branch built from source @2092350c (`StandIn.from_source`); and it compressing what a client
+accepts compressed, as newer 2.x servers do (`Process.compress`)."""
+VARIANT_FLAGS: dict[str, tuple[str, ...]] = {
+    "2.1.2": (),
+    "from source": ("--from-source",),
+    "from source, compressing": ("--from-source", "--compress"),
+}
+"""The same variants as `tests/opencode2/serve.py` flags."""
 
 
 def random_password() -> str:
@@ -69,6 +89,7 @@ class StandIn:
         password: str | None = None,
         health_route: str = "info",
         web_fallback: bool = False,
+        compress: bool = False,
         booting: bool = False,
         settle: Settle = Settle.CHILD,
         call_key: str = "id",
@@ -80,7 +101,12 @@ class StandIn:
         self.store = Store(self.hub, clock=now_ms, settle=settle, call_key=call_key)
         auth = Auth(password or random_password())
         self.process = Process(
-            version, auth, booting=booting, health_route=health_route, web_fallback=web_fallback
+            version,
+            auth,
+            booting=booting,
+            health_route=health_route,
+            web_fallback=web_fallback,
+            compress=compress,
         )
         self.process.port = port
         self.database = database
@@ -90,6 +116,13 @@ class StandIn:
         self.password_fixed = password is not None
         """A password given (as `OPENCODE_PASSWORD` would be) survives restarts; a generated one does not."""
         self._runner: web.AppRunner | None = None
+
+    @classmethod
+    def from_source(cls, **more: Any) -> StandIn:
+        """The server as the `v2` branch built from source @2092350c answers: version `local`,
+        `GET /api/health` `{healthy, version, pid}`, `/api/info` and `/global/health` 404
+        (/work/shared/OPENCODE.md, "opencode v2 measured")."""
+        return cls(FROM_SOURCE, health_route="health", **more)
 
     async def __aenter__(self) -> StandIn:
         await self.start()

@@ -55,6 +55,11 @@ class Process:
     2.0's `GET /api/health`, `protocol/src/groups/health.ts` @7c3c912ea4ff)."""
     web_fallback: bool = False
     """Answer every unknown GET with 200 text/html, as a server bundling its web app may."""
+    compress: bool = False
+    """gzip every answer whose request accepts gzip, `/api/event` included: newer 2.x servers
+    compress responses (issue 36 item 15, /work/shared/OPENCODE.md's last section, "From newer
+    source"); the file that does it was not found in the code index, so the stand-in takes the
+    worst case, every stream compressed as soon as a client accepts it."""
     port: int = 0
 
 

@@ -1,6 +1,7 @@
 """The real proxy process (`python -m proxy`) in front of the stand-in process, across a SIGKILL and a
 restart of the stand-in: a client of `/api/event` is told the call failed, and `--resume` sends one
-continuation through `/synthetic`."""
+continuation through `/synthetic`; on a release, and on the `v2` branch built from source (version
+`local`, only `/api/health`), compressing or not."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 
 from tests.integration.http_client import free_port
 from tests.integration.polling import poll
 from tests.integration.proxy_process import ProxyProcess
 from tests.opencode2.auth import basic
+from tests.opencode2.stand_in import VARIANT_FLAGS
 
 SERVE = str(Path(__file__).parent / "serve.py")
 PASSWORD = "pw"
@@ -99,19 +102,23 @@ async def _session_events(stream: aiohttp.ClientResponse, session_id: str) -> As
                     return
 
 
-async def test_a_client_of_api_event_is_told_the_call_failed_across_a_sigkill(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", VARIANT_FLAGS)
+async def test_a_client_of_api_event_is_told_the_call_failed_across_a_sigkill(
+    tmp_path: Path, variant: str
+) -> None:
     database, seed, port = tmp_path / "db.json", tmp_path / "seed.json", free_port()
+    flags = VARIANT_FLAGS[variant]
     async with (
-        stand_in(database, port, "--seed", str(seed)) as server,
+        stand_in(database, port, "--seed", str(seed), *flags) as server,
         proxy_in_front(port, tmp_path) as proxy,
     ):
         call = orjson.loads(seed.read_bytes())
         await until_logged(proxy, "following /api/event")
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession() as http:  # it accepts gzip
             told = asyncio.create_task(api_events(http, proxy, call["session_id"]))
             server.send_signal(signal.SIGKILL)
             await server.wait()
-            async with stand_in(database, port):
+            async with stand_in(database, port, *flags):
                 failed, ended = (await told)[-2:]
     assert failed["type"] == "session.tool.failed"
     assert failed["data"]["id"] == call["call_id"]
@@ -119,18 +126,23 @@ async def test_a_client_of_api_event_is_told_the_call_failed_across_a_sigkill(tm
     assert ended["data"] == {"sessionID": call["session_id"], "reason": "shutdown"}
 
 
-async def test_resume_sends_one_continuation_through_synthetic_across_a_sigkill(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", ["2.1.2", "from source"])
+async def test_resume_sends_one_continuation_through_synthetic_across_a_sigkill(
+    tmp_path: Path, variant: str
+) -> None:
+    """On the from-source build the readiness wait asks `/api/health`, the route the line was
+    found on (it has no `/api/info`)."""
     database, seed, port = tmp_path / "db.json", tmp_path / "seed.json", free_port()
-    flags = ("--resume", "--write-back", "api")
+    flags, variant_flags = ("--resume", "--write-back", "api"), VARIANT_FLAGS[variant]
     async with (
-        stand_in(database, port, "--seed", str(seed)) as server,
+        stand_in(database, port, "--seed", str(seed), *variant_flags) as server,
         proxy_in_front(port, tmp_path, *flags) as proxy,
     ):
         call = orjson.loads(seed.read_bytes())
         await until_logged(proxy, "following /api/event")
         server.send_signal(signal.SIGKILL)
         await server.wait()
-        async with stand_in(database, port):
+        async with stand_in(database, port, *variant_flags):
             decided = await until_logged(proxy, f"resume resumed: session {call['session_id']}")
     messages = orjson.loads(database.read_bytes())["messages"][call["session_id"]]
     continuations = [m for m in messages if m["type"] == "synthetic"]

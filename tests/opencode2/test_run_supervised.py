@@ -160,8 +160,8 @@ def test_a_2x_server_keeps_one_password_across_restarts(tmp_path: Path) -> None:
 
 
 def test_health_follows_a_restart_from_an_unknown_version_back_to_2x(tmp_path: Path) -> None:
-    """A version no line covers is not followed by its stream, so no lost stream says it restarted:
-    the supervisor's restart does, and the server is asked again."""
+    """A release past the 2.x line is of that line by its `/api/info` shape, but not one written
+    into (`known_version` false); once the server restarts as 2.1.2, it is asked again."""
     supervised = Supervised(tmp_path)
     supervised.set_version("3.0.0")
     with supervised.running():

@@ -99,6 +99,31 @@ async def test_early_2_0_answers_api_health_and_not_api_info(http: aiohttp.Clien
         assert (await _get(http, server, "/api/health", headers={}))[0] == 401
 
 
+async def test_the_from_source_build_answers_api_health_with_local_and_nothing_else(
+    http: aiohttp.ClientSession,
+) -> None:
+    """As measured on the `v2` branch built @2092350c (/work/shared/OPENCODE.md, "opencode v2 measured")."""
+    async with StandIn.from_source() as server:
+        status, health = await _get(http, server, "/api/health")
+        assert (status, health) == (200, {"healthy": True, "version": "local", "pid": server.process.pid})
+        for path in ("/api/info", "/global/health"):
+            async with http.get(server.url + path, headers=server.headers) as response:
+                assert response.status == 404, path
+
+
+async def test_the_compressing_variant_gzips_what_a_client_accepts_gzipped(
+    http: aiohttp.ClientSession,
+) -> None:
+    async with StandIn(compress=True) as server:
+        for path in ("/api/session/active", "/api/event"):
+            gzip = server.headers | {"Accept-Encoding": "gzip, deflate"}
+            async with http.get(server.url + path, headers=gzip) as response:
+                assert response.headers.get("Content-Encoding") == "gzip", path
+            plain = server.headers | {"Accept-Encoding": "identity"}
+            async with http.get(server.url + path, headers=plain) as response:
+                assert "Content-Encoding" not in response.headers, path
+
+
 async def test_the_web_app_fallback_answers_unknown_gets_with_html(http: aiohttp.ClientSession) -> None:
     async with StandIn(web_fallback=True) as server:
         for path in ("/global/health", "/global/event", "/api/nothing"):

@@ -25,7 +25,7 @@ from proxy.service.metrics import Metrics
 from rules import V2_ERROR, Api
 from tests.fixtures.opencode2 import load
 from tests.opencode2.proxied import PASSWORD, Client, Said, call_opened, frames, proxied
-from tests.opencode2.stand_in import StandIn
+from tests.opencode2.stand_in import VARIANTS, StandIn
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
 
@@ -47,11 +47,15 @@ async def told(proxy: ProxyClient, server: StandIn, session_id: str) -> list[dic
                     return got
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("key", ["id", "callID"])
 async def test_a_client_of_api_event_is_told_the_crashed_call_failed_as_2x_says_it(
-    aiohttp_client: Client, key: str
+    aiohttp_client: Client, key: str, variant: str
 ) -> None:
-    async with StandIn(password=PASSWORD, call_key=key) as server:
+    """On a release, on a from-source build (version `local`, only `/api/health`), and on one that
+    compresses what a client accepts compressed (aiohttp's client accepts gzip): the stream the
+    proxy slips the news into is asked uncompressed."""
+    async with StandIn(password=PASSWORD, call_key=key, **VARIANTS[variant]) as server:
         session = server.add_session()
         call = server.add_running_call(session, "shell", {"command": "sleep 600"})
         async with proxied(server, aiohttp_client) as (proxy, seen):

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi
-from proxy.opencode.dialects import LINE_1_18, LINE_2X, nearest, parse_version
+from proxy.opencode.dialects import LINE_1_18, LINE_2X, parse_version, release, route_line
 from proxy.opencode.server_line import KnownServer, ServerLine
 from proxy.supervision.server_command import free_loopback_port
 
@@ -147,23 +147,36 @@ async def test_an_api_info_that_is_not_json_is_not_believed(line: ServerLine, an
     assert "/api/info answered JSON that does not parse" in str(line.why_unknown)
 
 
-async def test_an_unknown_version_is_named_once_and_gets_views_at_most(
+async def test_an_answer_in_no_lines_shape_is_named_once_and_gets_views_at_most(
     line: ServerLine, answers: Answers, caplog: pytest.LogCaptureFixture
 ) -> None:
     told: list[KnownServer] = []
     line.listeners.append(told.append)
-    answers.routes["/api/info"] = json_answer({"version": "3.0.0"})
+    answers.routes["/api/info"] = json_answer({"version": "3.0.0"})  # no pid: not 2.x's ServerInfo
     known = await line.known()
-    assert known is not None
-    assert (known.dialect, known.known_line) == (LINE_2X, False)
+    assert known == KnownServer("3.0.0", LINE_2X, False, "/api/info", False)
     line.forget()
     await line.known()
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert "opencode 3.0.0 is no version this proxy knows" in warnings[0]
+    assert "opencode 3.0.0 answered /api/info in no line's shape" in warnings[0]
     assert told == [known]
     for doing in ("api", "db", "resume", "follow"):
         assert "3.0.0" in str(known.refusal(doing))
+
+
+async def test_a_release_past_the_line_is_that_line_and_written_into_never(
+    line: ServerLine, answers: Answers, caplog: pytest.LogCaptureFixture
+) -> None:
+    answers.routes["/api/info"] = json_answer({"version": "3.0.0", "pid": 7, "urls": [], "paths": {}})
+    known = await line.known()
+    assert known == KnownServer("3.0.0", LINE_2X, True, "/api/info", False)
+    assert (known.refusal("follow"), known.refusal("resume")) == (None, None)
+    assert "no writer of the proxy's exists for the 2.x line" in str(known.refusal("db"))
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "opencode 3.0.0 is past the releases of the 2.x line" in warnings[0]
+    assert "read, followed, told and resumed as that line; nothing is written into it" in warnings[0]
 
 
 async def test_an_unreachable_server_is_not_known() -> None:
@@ -207,11 +220,11 @@ def test_versions_and_lines() -> None:
     assert parse_version("v2.1.2") == (2, 1, 2)
     assert parse_version("2.0.0-beta.3") == (2, 0, 0)
     assert parse_version("unknown") is None
-    assert nearest((1, 18, 33), "/global/health") == (LINE_1_18, True)
-    assert nearest((1, 19, 0), "/global/health") == (LINE_1_18, False)
-    assert nearest((2, 0, 17), "/api/health") == (LINE_2X, True)
-    assert nearest(None, "/api/info") == (LINE_2X, False)
-    assert nearest((1, 18, 33), "/api/info") == (LINE_1_18, True)  # the version says, whoever asks
+    assert release("1.18.33") == (1, 18, 33)
+    for build in ("local", "dev", "0.0.0-dev-202608071200", "0.0.0"):
+        assert release(build) is None, build
+    assert route_line("/api/health") is LINE_2X
+    assert route_line("/global/health") is LINE_1_18
 
 
 async def test_a_health_without_a_version_is_believed_only_when_no_route_names_one(
@@ -223,4 +236,4 @@ async def test_a_health_without_a_version_is_believed_only_when_no_route_names_o
     del answers.routes["/global/health"]
     line.forget()
     known = await line.known()
-    assert known == KnownServer("unknown", LINE_2X, False, "/api/health")  # an early 2.0 that names none
+    assert known == KnownServer("unknown", LINE_2X, False, "/api/health", False)  # in no line's shape

@@ -7,11 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from yarl import URL
 
+from proxy.opencode.client import Credentials, UpstreamApi
+from proxy.opencode.liveness import LivenessProbe
+from proxy.resume import sending
+from proxy.resume.continuing import Continuation
+from proxy.service.config import basic_authorization
 from tests.opencode2.proxied import PASSWORD, Client, Said, call_opened, proxied
 from tests.opencode2.settle import Settle, project_tool_failed, tool_failures
-from tests.opencode2.stand_in import RunningCall, StandIn
+from tests.opencode2.stand_in import VARIANTS, RunningCall, StandIn
 
 pytestmark = pytest.mark.usefixtures("caplog")
 
@@ -23,7 +30,7 @@ async def crashed_mid_call(
     and restarted; the proxy's decision line, once said."""
     decided = Said("resume ", f": session {call.session_id}: ")
     # No --write-back: on 2.x the server's own drain makes the settlement durable.
-    settings = {"resume": True, "state_db": tmp_path / "state.db"}
+    settings: dict[str, Any] = {"resume": True, "state_db": tmp_path / "state.db"}
     async with proxied(server, aiohttp_client, lock_dir=tmp_path, **settings) as (_, seen):
         server.publish("session.execution.started", {"sessionID": call.session_id})
         call_opened(server, call)
@@ -36,10 +43,11 @@ async def crashed_mid_call(
     return decided
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 async def test_a_crashed_turn_is_continued_once_through_synthetic_naming_the_call(
-    aiohttp_client: Client, tmp_path: Path
+    aiohttp_client: Client, tmp_path: Path, variant: str
 ) -> None:
-    async with StandIn(password=PASSWORD) as server:
+    async with StandIn(password=PASSWORD, **VARIANTS[variant]) as server:
         session = server.add_session()
         call = server.add_running_call(session, "shell", {"command": "make test"})
         decided = await crashed_mid_call(server, aiohttp_client, tmp_path, call)
@@ -118,3 +126,24 @@ async def test_never_for_a_child_session(aiohttp_client: Client, tmp_path: Path)
         routes = [c.route for c in server.calls]
     assert "a child session" in line
     assert routes == []
+
+
+async def test_readiness_asks_the_route_the_line_was_found_on_and_says_what_came_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The from-source build answers `/api/health` and 404 on `/api/info`: a continuation asks the
+    route the line was found on; one that never answers is given up, saying what was asked."""
+    monkeypatch.setattr(sending, "READY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(sending, "POLL_S", 0.05)
+    async with StandIn.from_source(password=PASSWORD) as server, aiohttp.ClientSession() as session:
+        api, origin = UpstreamApi(session, URL(server.url)), URL(server.url)
+        own = Credentials.configured(
+            basic_authorization("alice", PASSWORD)
+        )  # 2.x asks as opencode all the same
+
+        def made(route: str) -> Continuation:
+            return Continuation(session, api, LivenessProbe(api), origin, own, health_route=lambda: route)
+
+        assert await made("/api/health").ready(None, None) is None
+        unready = await made("/api/info").ready(None, None)
+    assert unready == "asked for 0.2 s; last, GET /api/info: HTTP 404 (not found)"

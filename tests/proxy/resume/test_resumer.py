@@ -56,9 +56,10 @@ class FakeServer:
     async def waiting_on_person(self, session_id: str) -> str | None:
         return None
 
-    async def ready(self, directory: str | None, provider: str | None) -> bool:
+    async def ready(self, directory: str | None, provider: str | None) -> str | None:
         self._asked_ready += 1
-        return self._asked_ready == 1 or self.ready_after_start
+        ready = self._asked_ready == 1 or self.ready_after_start
+        return None if ready else "asked for 60 s; last, GET /config: HTTP 503 (ServiceUnavailableError)"
 
     async def prompt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> None:
         recorded = await self._ledger.used(turn.session_id, prompt_id, "msg_next")

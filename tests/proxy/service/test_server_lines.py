@@ -146,7 +146,7 @@ async def test_write_back_is_refused_on_2x_with_one_line_and_writes_nothing(
     no_traceback(caplog)
 
 
-async def test_an_unknown_version_gets_views_in_the_nearest_shape_and_nothing_more(
+async def test_a_release_past_the_2x_line_is_that_line_and_never_written_into(
     fake: FakeOpencode, start: Start, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.version = "3.0.0"
@@ -156,7 +156,9 @@ async def test_an_unknown_version_gets_views_in_the_nearest_shape_and_nothing_mo
     assert call["state"]["error"]["message"] == "Tool execution interrupted: shell"
     await idle(proxy.app)
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
-    assert any(message.startswith("opencode 3.0.0 is no version this proxy knows") for message in warnings)
+    assert any(
+        message.startswith("opencode 3.0.0 is past the releases of the 2.x line") for message in warnings
+    )
     assert any(message.startswith("--write-back api does nothing on opencode 3.0.0") for message in warnings)
     never_asked_1x(fake)
     no_traceback(caplog)
