@@ -142,7 +142,7 @@ class OpenCalls:
         if not (calls := self._calls(session_id)):
             return None
         if (known := await self._server.known(self._ctx.credentials)) is None:
-            raise LivenessUnknown(f"which server the upstream is is not known: {self._server.why_unknown}")
+            raise LivenessUnknown(f"the upstream's opencode server is not known: {self._server.why_unknown}")
         if (http := known.dialect.runtime(Api.V2)) is None:
             return None
         messages = {}

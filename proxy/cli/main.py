@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
+import errno
 import logging
+import os
+import socket
 import sys
 from collections.abc import Callable, Sequence
 
@@ -17,16 +21,33 @@ from proxy.cli.options import build_parser, settings_from
 from proxy.cli.stopping import Stopping
 from proxy.opencode.other_processes import is_loopback
 from proxy.service import logs
+from proxy.service.access_log import ACCESS_LOG, AccessLog
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.supervision.supervisor import Supervisor, supervised
 from proxy.system.heap import keep_freed_bodies
 from proxy.version import VERSION
+from proxy.writeback.database import NotOpencodeDatabase
 
 log = logging.getLogger("proxy")
 
+COMMANDS = ("serve", "run", "settle", "orphans")
+"""The words that select a command; `serve`, the proxy itself, is also what none selects."""
+USAGE = """%(prog)s [serve] [options]
+       %(prog)s run [options] -- opencode serve [server options]
+       %(prog)s settle [options]
+       %(prog)s orphans [options]"""
+
+
+def proxy_parser() -> argparse.ArgumentParser:
+    """The proxy's parser, whose usage names every command."""
+    parser = build_parser()
+    parser.usage = USAGE
+    return parser
+
+
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
-    "": build_parser,
+    "": proxy_parser,
     "run": run_command.build_run_parser,
     "settle": offline.build_parser,
     "orphans": orphans_command.build_parser,
@@ -44,13 +65,14 @@ while a request's head arrives, so a head must come whole within it (nginx's
 synchronous prompt or an event stream is never cut by it."""
 
 
-def app_runner(app: web.Application) -> web.AppRunner:
+def app_runner(app: web.Application, *, access_log: bool = False) -> web.AppRunner:
     """The runner `serve` runs `app` with. Handlers are cancelled when their client goes away,
     which closes the matching upstream request (an abandoned event stream must not live on)."""
     return web.AppRunner(
         app,
         handler_cancellation=True,
-        access_log=None,
+        access_log=ACCESS_LOG if access_log else None,
+        access_log_class=AccessLog,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         keepalive_timeout=KEEPALIVE_TIMEOUT_S,
     )
@@ -62,18 +84,21 @@ async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int
     second, and only then stops a supervised server: its own clean end of a stream must not reach
     a client as the end of it."""
     app = create_app(settings, supervisor=supervisor)
-    runner = app_runner(app)
+    runner = app_runner(app, access_log=settings.access_log)
     await runner.setup()
     stopping = Stopping(supervisor)
     stopping.install(asyncio.get_running_loop())
     stop = stopping.requested
     try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
+        try:
+            await web.TCPSite(runner, settings.host, settings.port).start()
+        except OSError as error:
+            raise CannotListen.because(error) from None
         log.info(
             "settle-proxy %s on http://%s:%d -> %s",
             VERSION,
             settings.host,
-            settings.port,
+            bound_port(runner, settings.port),
             settings.upstream_origin,
         )
         if supervisor is None:
@@ -87,6 +112,12 @@ async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int
         stopping.said()
 
 
+def bound_port(runner: web.AppRunner, asked: int) -> int:
+    """The port the system gave for `--port 0` (any free one); else the one asked for."""
+    ports = [address[1] for address in runner.addresses if isinstance(address, tuple)]
+    return ports[0] if ports else asked
+
+
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     try:
         import uvloop  # noqa: PLC0415 - optional speed-up
@@ -95,9 +126,21 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+def _command_word(arguments: list[str]) -> list[str]:
+    """`arguments` without a leading `serve`; an unknown command word is one line suggesting the
+    nearest command, exit 2 (a flag's value never comes first, so a first word is a command)."""
+    if arguments[:1] == ["serve"]:
+        return arguments[1:]
+    if arguments and not arguments[0].startswith("-") and arguments[0] not in COMMANDS:
+        nearest = difflib.get_close_matches(arguments[0], COMMANDS, n=1)
+        hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
+        proxy_parser().error(f"unknown command {arguments[0]!r}{hint} (commands: {', '.join(COMMANDS)})")
+    return arguments
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the console script and of `python -m proxy`; `settle` runs the offline command."""
-    arguments = sys.argv[1:] if argv is None else list(argv)
+    arguments = _command_word(sys.argv[1:] if argv is None else list(argv))
     if arguments[:1] == ["settle"]:
         offline.main(arguments[1:])
         return
@@ -108,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args, settings, supervisor = run_command.parse(arguments[1:])
         run_command.refuse_an_unstartable_server(supervisor)
     else:
-        args = build_parser().parse_args(arguments)
+        args = proxy_parser().parse_args(arguments)
         settings, supervisor = settings_from(args), None
     logs.configure(args.log_level, args.log_format)
     keep_freed_bodies()
@@ -117,8 +160,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             code = runner.run(serve(settings, supervisor))
-    except FileNotFoundError as error:
-        sys.exit(f"settle-proxy: error: {error}")
-    except OSError as error:
-        sys.exit(f"settle-proxy: error: cannot listen on {settings.host}:{settings.port}: {error.strerror}")
+    except (FileNotFoundError, NotOpencodeDatabase) as error:
+        print(f"settle-proxy: error: {error}", file=sys.stderr)
+        code = 2
+    except CannotListen as error:
+        sys.exit(f"settle-proxy: error: cannot listen on {settings.host}:{settings.port}: {error}")
     sys.exit(code)
+
+
+class CannotListen(Exception):
+    """The address cannot be listened on; the text says why, and what to do."""
+
+    @classmethod
+    def because(cls, error: OSError) -> CannotListen:
+        # aiohttp's text repeats the address; the errno's own words say it once.
+        why = os.strerror(error.errno) if error.errno and error.errno > 0 else error.strerror or str(error)
+        if error.errno == errno.EADDRINUSE:
+            why += " (another process listens there: choose another --port, or 0 for any free one)"
+        elif isinstance(error, socket.gaierror):
+            why += " (--host is an address or a name this machine resolves, such as 127.0.0.1)"
+        return cls(why)

@@ -38,7 +38,7 @@ from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
 from proxy.opencode.other_processes import mark_this_process
 from proxy.opencode.surveys import OtherProcesses
 from proxy.system.holders import can_see_holders, holders
-from proxy.writeback.database import OpencodeDatabase
+from proxy.writeback.database import TABLES, NotOpencodeDatabase, OpencodeDatabase
 from proxy.writeback.scheduler import Confirm, Written
 from rules import Api, Liveness, OpenTool
 
@@ -52,11 +52,14 @@ class Exit(IntEnum):
     REFUSED = 3
     """A server may be using the database, or could not say which sessions are live."""
     BAD_USAGE = 2
+    INTERRUPTED = 130
+    """Ctrl-C (SIGINT), as a shell reports it (128 + 2)."""
 
 
 _EPILOG = f"""\
 exit codes: {Exit.NOTHING_TO_DO} nothing to do, {Exit.SETTLED} settled (or would settle) at least one part,
-{Exit.REFUSED} refused (a server may be running on the database), {Exit.BAD_USAGE} bad usage.
+{Exit.REFUSED} refused (a server may be running on the database), {Exit.BAD_USAGE} bad usage,
+{Exit.INTERRUPTED} interrupted (Ctrl-C).
 """
 
 
@@ -232,7 +235,7 @@ async def run(args: argparse.Namespace, console: Console, authorization: str | N
     """Settle (or with --dry-run, list) what `args` asks; an `--upstream` is asked with
     `authorization`."""
     mark_this_process()
-    async with OpencodeDatabase.open(args.db) as database:
+    async with OpencodeDatabase.open(args.db, needs=TABLES) as database:
         tools = await database.open_tools()
         if not tools:
             console.print("nothing to do: no orphaned tool calls (0 live left alone)")
@@ -272,7 +275,14 @@ def main(argv: Sequence[str]) -> None:
     except Refused as refusal:
         print(f"settle-proxy settle: refused: {refusal}", file=sys.stderr)
         code = Exit.REFUSED
-    except FileNotFoundError as error:
+    except (FileNotFoundError, NotOpencodeDatabase) as error:
         print(f"settle-proxy settle: error: {error}", file=sys.stderr)
         code = Exit.BAD_USAGE
+    except KeyboardInterrupt:
+        # A session's transaction is all or nothing: one cut short was rolled back.
+        print(
+            "settle-proxy settle: interrupted: sessions settled stay so, the rest is as it was",
+            file=sys.stderr,
+        )
+        code = Exit.INTERRUPTED
     sys.exit(code)

@@ -144,6 +144,12 @@ def build_parser(
         action="store_true",
         help="log and count what would be settled, but change no response and write nothing",
     )
+    parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log one line per request: method, path (secret query values hidden), status, bytes, "
+        "milliseconds, and the parts settled",
+    )
     flags.add(
         "--log-format",
         "SETTLE_LOG_FORMAT",
@@ -180,7 +186,8 @@ def _connection_flags(flags: _Flags) -> None:
         "--connect-timeout",
         "SETTLE_CONNECT_TIMEOUT",
         "10",
-        "seconds to connect upstream before answering 502",
+        "seconds to connect upstream before answering 502; once connected, a client's request has no "
+        "deadline unless --response-timeout sets one",
         HOUR_S,
     )
     flags.seconds(
@@ -188,8 +195,9 @@ def _connection_flags(flags: _Flags) -> None:
         "SETTLE_RESPONSE_TIMEOUT",
         "0",
         "seconds a plain request may wait on the upstream (headers, then each piece of the body) "
-        "before a 504; 0 for no limit, the default, as opencode's synchronous prompt answers only when "
-        "the turn ends. Never applied to event streams or PTYs",
+        "before a 504; 0 for no limit, the default: opencode 1.x's POST /session/{id}/message answers "
+        "only when the turn ends, which can take many minutes. Never applied to event streams or PTYs "
+        "(/_settle/up and /_settle/health wait 2.5 s at most)",
         DAY_S,
         zero=True,
     )
@@ -292,4 +300,5 @@ def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Se
         resume_attempts=args.resume_attempts,
         resume_within=args.resume_within,
         resume_text=args.resume_text or None,
+        access_log=args.access_log,
     )

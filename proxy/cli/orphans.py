@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import sqlite3
 import sys
 from collections.abc import Sequence
 from enum import IntEnum
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 from rich.table import Table
@@ -33,6 +36,7 @@ class Exit(IntEnum):
     NONE = 0
     FOUND = 10
     """Orphaned processes were found (and, with --terminate, the running calls' ones ended)."""
+    BAD_USAGE = 2
 
 
 def build_parser(environ: Environ = os.environ) -> argparse.ArgumentParser:
@@ -57,6 +61,22 @@ def build_parser(environ: Environ = os.environ) -> argparse.ArgumentParser:
     return parser
 
 
+def _records_in(path: Path) -> bool:
+    """Whether `path` holds tool processes' records, read only: a `--state` naming some other
+    file gets no table of ours, and one that is not SQLite one line (exit 2), not a traceback."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            tables = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'tool_process'").fetchall()
+    except sqlite3.Error as error:
+        _refuse(f"not a state database: {path}: {error}")
+    return bool(tables)
+
+
+def _refuse(why: str) -> NoReturn:
+    print(f"settle-proxy orphans: error: {why}", file=sys.stderr)
+    sys.exit(Exit.BAD_USAGE)
+
+
 async def orphans(path: Path) -> list[Recorded]:
     async with ProcessRecords.open(path) as records:
         return await records.left_running()
@@ -79,7 +99,9 @@ def main(argv: Sequence[str]) -> None:
     """Entry point of `settle-proxy orphans`."""
     args = build_parser().parse_args(argv)
     console = Console() if sys.stdout.isatty() else Console(width=200)
-    if not args.state.is_file():
+    if args.state.is_dir():
+        _refuse(f"not a state database: {args.state}: it is a directory")
+    if not args.state.is_file() or not _records_in(args.state):
         console.print(f"nothing recorded at {args.state}")
         sys.exit(Exit.NONE)
     found = asyncio.run(orphans(args.state))

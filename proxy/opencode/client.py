@@ -95,6 +95,18 @@ def basic_as(authorization: str, username: str | None) -> str:
     return "Basic " + base64.b64encode(username.encode() + b":" + password).decode("ascii")
 
 
+def password_fix(credentials: Credentials) -> str:
+    """What to do about a server that answered 401 to `credentials`, in its variables' names
+    (2.x reads OPENCODE_PASSWORD first, 1.x OPENCODE_SERVER_PASSWORD; the proxy reads both)."""
+    fix = (
+        "set OPENCODE_SERVER_PASSWORD (on 2.x OPENCODE_PASSWORD) to the server's, and "
+        "OPENCODE_SERVER_USERNAME if its user is not opencode"
+    )
+    if credentials.headers or credentials.params:
+        return f"the server refused the password presented: {fix}"
+    return f"the server wants a password and the proxy has none: {fix}"
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """An answer as it came, for a caller that must say why it is not the one it needs."""

@@ -28,6 +28,7 @@ from proxy.opencode.server_clock import ServerClock
 from proxy.opencode.surveys import OtherProcesses
 from proxy.opencode.vocabulary import v1_status_active
 from proxy.relay.bounded import Bounded
+from proxy.relay.errors import reason_of
 from rules import Api, Liveness
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class LivenessProbe:
             async with asyncio.timeout(self._timeout):
                 active, date = await self._readers[api](session_id, credentials)
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, UpstreamRefused) as error:
-            raise LivenessUnknown(f"{type(error).__name__}: {error}") from error
+            raise LivenessUnknown(f"{type(error).__name__}: {reason_of(error)}") from error
         taken_at = self.clock.observe(date)
         liveness = Liveness(session_id, active, taken_at=self.clock.now() if taken_at is None else taken_at)
         return await self.bounded(liveness)

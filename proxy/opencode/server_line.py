@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import aiohttp
 
 from proxy.opencode import jsonio
-from proxy.opencode.client import Answer, Credentials, UpstreamApi
+from proxy.opencode.client import Answer, Credentials, UpstreamApi, password_fix
 from proxy.opencode.dialects import HEALTH_PATHS, LINE_1_18, Dialect, line_of, release, route_line
+from proxy.relay.errors import reason_of
 
 __all__ = ["TOLD_1_18", "KnownServer", "ServerLine"]
 
@@ -214,11 +215,12 @@ class ServerLine:
 
     async def _ask(self, credentials: Credentials) -> None:
         assert self._upstream is not None, "a line told its server is never asked"
-        reasons, self._pause, versionless = [], None, None
+        reasons, self._pause, versionless, refused = [], None, None, False
         for path in self._order():
             try:
                 async with asyncio.timeout(self._timeout):
                     answer = await self._upstream.answer(path, credentials.as_user(route_line(path).username))
+                refused |= answer.status == 401
                 known = self._read(path, answer)
             except _NotYet as not_yet:
                 reasons.append(f"{path} {not_yet}")
@@ -231,7 +233,7 @@ class ServerLine:
                 self._not_known(f"{path} did not answer within {self._timeout:g} s", unreachable=True)
                 return
             except aiohttp.ClientError as error:
-                why = str(error) or type(error).__name__
+                why = reason_of(error)
                 self._not_known(f"it cannot be reached: {why}", unreachable=True)
                 return
             self._found(known)
@@ -239,7 +241,9 @@ class ServerLine:
         if versionless is not None and self._pause is None:
             self._found(versionless)
             return
-        self._not_known("; ".join(reasons), unreachable=False)
+        self._not_known(
+            "; ".join(reasons) + (f": {password_fix(credentials)}" if refused else ""), unreachable=False
+        )
 
     @staticmethod
     def _read(path: str, answer: Answer) -> KnownServer:
@@ -270,9 +274,12 @@ class ServerLine:
         return KnownServer(version, dialect, True, path, named is not None and dialect.serves(named))
 
     def _found(self, known: KnownServer) -> None:
-        self.current, self.why_unknown, self._said_unknown = known, None, False
+        again, self.current, self.why_unknown, self._said_unknown = self._said_unknown, known, None, False
         last, self._last = self._last, known
         if last is not None and (last.version, last.dialect) == (known.version, known.dialect):
+            if again:
+                fields = known.describe() | {"route": known.answered}
+                log.info("upstream answers again: opencode %s", known.version, extra={"fields": fields})
             return
         _say(known)
         for listener in list(self.listeners):
@@ -287,8 +294,8 @@ class ServerLine:
             return
         self._said_unknown = True
         log.log(
-            logging.INFO if unreachable else logging.WARNING,
-            "which opencode server the upstream is is not known yet (%s): until it is, views go out as it "
+            logging.WARNING,
+            "the upstream's opencode server is not known yet (%s): until it is, views go out as it "
             "sends them and nothing is written, resumed or followed; asking again",
             why,
             extra={"fields": {"why": why}},

@@ -46,6 +46,7 @@ from proxy.opencode.routes import STREAM_START_TIMEOUT_S
 from proxy.opencode.server_clock import ServerClock
 from proxy.opencode.server_line import TOLD_1_18, KnownServer, ServerLine
 from proxy.relay.bounded import Bounded
+from proxy.relay.errors import reason_of
 from rules import Api, Liveness
 
 __all__ = [
@@ -189,7 +190,7 @@ class LivenessTracker:
                     failures, waiting_said = 0, False
                     self._take(event)
             except (aiohttp.ClientError, TimeoutError) as error:
-                why = str(error) or type(error).__name__
+                why = reason_of(error)
             if self.state is StreamState.FOLLOWING:
                 log.info("event stream %s lost: %s", self._path, why)
             elif self.state is not StreamState.REFUSED and not waiting_said:

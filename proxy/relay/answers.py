@@ -21,6 +21,11 @@ class UpstreamError(Exception):
     """The upstream could not be reached, or did not answer in HTTP."""
 
 
+class NotHttp(UpstreamError):
+    """What came back does not begin as an HTTP answer (an SSH or a database port): its bytes
+    are never repeated, in an answer or in the log."""
+
+
 class UpstreamDisconnected(UpstreamError):
     """The connection closed before the answer's head came."""
 

@@ -18,7 +18,14 @@ import httptools
 from aiohttp import hdrs
 from multidict import CIMultiDict
 
-from proxy.relay.answers import Body, IncompleteBody, UpstreamDisconnected, UpstreamError, UpstreamResponse
+from proxy.relay.answers import (
+    Body,
+    IncompleteBody,
+    NotHttp,
+    UpstreamDisconnected,
+    UpstreamError,
+    UpstreamResponse,
+)
 
 MAX_FIELD = 8190
 """The longest header line taken from the upstream, in bytes (aiohttp's and nginx's limit)."""
@@ -51,6 +58,8 @@ class Connection(asyncio.Protocol):
         self._head_bytes = self._header_bytes = 0
         self._sending: asyncio.Task[None] | None = None
         self._drained: asyncio.Future[None] | None = None
+        self._unasked: UpstreamError | None = None
+        """What failed before any exchange: the bytes of a server that speaks first."""
         self.body = Body(self)
         self.answered = False
         """Whether any byte of an answer came during the current exchange."""
@@ -60,6 +69,8 @@ class Connection(asyncio.Protocol):
         self, method: str, head: bytes, body: AsyncIterator[bytes] | None, chunked: bool
     ) -> UpstreamResponse:
         socket = self._socket
+        if self._unasked is not None:  # it spoke first, and not HTTP (an SSH server's banner)
+            raise self._unasked
         if socket is None or socket.is_closing():
             raise UpstreamDisconnected("Server disconnected")
         self._head = asyncio.get_running_loop().create_future()
@@ -133,7 +144,10 @@ class Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as error:
-            self._fail(f"Bad HTTP from upstream: {error}")
+            if self._head_bytes == 0 and not data.startswith(b"HTTP/"):
+                self._fail("its first bytes are not an HTTP answer", NotHttp)
+            else:
+                self._fail(f"Bad HTTP from upstream: {error}")
         except UpstreamError as error:
             self._fail(str(error))
         self.body.throttle()
@@ -214,11 +228,13 @@ class Connection(asyncio.Protocol):
             self._complete = True
             self.body.end()
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, kind: type[UpstreamError] = UpstreamError) -> None:
         """The bytes stopped being an answer the relay can pass on: fail the exchange, drop the
         connection."""
-        if self._head is not None and not self._head.done():
-            self._head.set_exception(UpstreamError(reason))
+        if self._head is None:
+            self._unasked = kind(reason)
+        elif not self._head.done():
+            self._head.set_exception(kind(reason))
         else:
             self.body.end(IncompleteBody(reason))
         self.close()

@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+import aiohttp
 from aiohttp import web
 from yarl import URL
+
+from proxy.relay.answers import NotHttp
+
+NOT_AN_ANSWER = "what it sent does not begin as an HTTP answer (is the URL opencode's?)"
+NOT_HTTP = f"it is not an HTTP server: {NOT_AN_ANSWER}"
+
+
+def reason_of(error: BaseException) -> str:
+    """Why a request upstream failed, in words that never repeat the upstream's bytes: aiohttp's
+    parse errors quote them (an SSH port's banner), so only their first line is kept."""
+    if isinstance(error, aiohttp.ClientResponseError):  # raised by the parser: no status is read
+        first = error.message.splitlines()[0] if error.message else type(error).__name__
+        return NOT_HTTP if "status line" in first.lower() else f"its answer is not HTTP: {first.rstrip(':')}"
+    if isinstance(error, NotHttp):
+        return NOT_HTTP
+    return str(error) or type(error).__name__
 
 
 def bad_gateway(upstream: URL, error: BaseException) -> web.Response:
     """502 saying which upstream failed and why (the URL carries no credentials)."""
-    reason = str(error) or type(error).__name__
+    not_http = isinstance(error, NotHttp)
+    said = f"is not an HTTP server: {NOT_AN_ANSWER}" if not_http else f"is unreachable: {reason_of(error)}"
     return web.json_response(
         {
             "error": "bad_gateway",
-            "message": f"upstream {upstream} is unreachable: {reason}",
+            "message": f"upstream {upstream} {said}",
             "upstream": str(upstream),
         },
         status=502,

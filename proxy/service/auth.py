@@ -104,9 +104,7 @@ class DetailsGuard:
             expected = basic_credentials(basic_as(self._authorization, self._user())) or self._expected
             if _presented_matches(request, expected):
                 return None
-            return _refuse(
-                401, "unauthorized", "the upstream requires credentials: present them, as to opencode"
-            )
+            return _refuse(401, "unauthorized", _OTHERS if _presents_any(request) else _NONE_PRESENTED)
         if (status := await self._check(request)) is not None:
             self._upstream_is_open = status != web.HTTPUnauthorized.status_code
         if self._upstream_is_open:
@@ -121,8 +119,21 @@ class DetailsGuard:
             403,
             "forbidden",
             "the upstream requires credentials and the proxy has none to check them against: "
-            "give it OPENCODE_SERVER_PASSWORD (and OPENCODE_SERVER_USERNAME), or --auth",
+            "give it the server's in OPENCODE_SERVER_PASSWORD (on 2.x OPENCODE_PASSWORD) and "
+            "OPENCODE_SERVER_USERNAME, or log in to it with --auth",
         )
+
+
+_NONE_PRESENTED = "the upstream requires credentials: present the server's, as Basic or as ?auth_token="
+_OTHERS = (
+    "these are not the credentials the proxy was given for the server; if they are the server's, the "
+    "proxy's are wrong: set OPENCODE_SERVER_PASSWORD (on 2.x OPENCODE_PASSWORD) and OPENCODE_SERVER_USERNAME "
+    "to the server's"
+)
+
+
+def _presents_any(request: web.Request) -> bool:
+    return hdrs.AUTHORIZATION in request.headers or AUTH_TOKEN_PARAM in request.query
 
 
 def _refuse(status: int, error: str, message: str) -> web.Response:

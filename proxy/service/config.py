@@ -78,6 +78,8 @@ class Settings:
     """Seconds after its last sign of life past which an interrupted turn is left alone."""
     resume_text: str | None = None
     """The prompt a resumed turn starts with, instead of the one naming the interrupted calls."""
+    access_log: bool = False
+    """One log line per request (`proxy.service.access_log`); for the command line's runner."""
 
     def __post_init__(self) -> None:
         if self.max_body < 1:

@@ -20,6 +20,7 @@ from aiohttp import hdrs, web
 from proxy.opencode.client import basic_as
 from proxy.opencode.dialects import HEALTH_PATHS, route_line
 from proxy.opencode.tracker import LivenessTracker, StreamState
+from proxy.relay.errors import reason_of
 from proxy.service.auth import DetailsGuard, Handler
 from proxy.service.metrics import CONTENT_TYPE_LATEST
 from proxy.version import VERSION
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
 
 PREFIX = "/_settle"
 Answer = dict[str, object]
+ANSWER_WITHIN_S = 2.5
+"""How long `up` and `health` wait on the upstream, whatever it does (one that accepts connections
+and never answers included): a health checker's own timeout is seldom longer than 3 s."""
+_SILENT = f"it did not answer within {ANSWER_WITHIN_S:g} s (busy, hung, or not an HTTP server)"
 
 
 class SettleRoutes:
@@ -63,9 +68,10 @@ class SettleRoutes:
             "resume": self.resume,
         }
 
-    async def health(self, _: web.Request) -> web.Response:
+    async def health(self, request: web.Request) -> web.Response:
         """Whether the upstream answers, where liveness comes from, which version runs, and whether
-        other processes share the upstream's database (`other_processes`: who, or why unknown).
+        other processes share the upstream's database (`other_processes`: who, or why unknown),
+        and where the proxy listens (`listening`: the port bound, for `--port 0` too).
 
         503 while the upstream is unreachable, so a supervisor can tell; the proxy itself keeps
         serving (and answering 502 on forwarded routes) until it is back. Under `run`, the server's
@@ -82,7 +88,7 @@ class SettleRoutes:
             "other_processes": (await assembly.others.current()).describe(),
             "write_back": str(settings.write_back),
             "dry_run": settings.dry_run,
-        }
+        } | _listening(request)
         if (supervisor := assembly.supervisor) is not None:
             server = supervisor.health()
             command = server.pop("command", None)
@@ -132,21 +138,26 @@ class SettleRoutes:
         route of the newest line is asked, for whether the upstream answers at all."""
         assembly = self._assembly
         settings, line = assembly.settings, assembly.line
-        known = await line.known()
+        deadline = asyncio.get_running_loop().time() + ANSWER_WITHIN_S
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):  # the line goes on asking, for the next reading
+                await asyncio.shield(line.known())
+        known = line.current
         said = known.describe() if known is not None else {"not_known": line.why_unknown}
         path = known.health_route if known is not None else HEALTH_PATHS[0]
         headers = {hdrs.ACCEPT_ENCODING: "identity"}
         if settings.authorization:
             headers[hdrs.AUTHORIZATION] = basic_as(settings.authorization, route_line(path).username)
         try:
-            async with assembly.session.get(
-                settings.upstream_origin.with_path(path),
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=settings.connect_timeout),
-            ) as response:
+            async with (
+                asyncio.timeout_at(deadline),
+                assembly.session.get(settings.upstream_origin.with_path(path), headers=headers) as response,
+            ):
                 return {"reachable": True, "status": response.status, "route": path} | said
-        except (aiohttp.ClientError, TimeoutError) as error:
-            return {"reachable": False, "error": str(error) or type(error).__name__} | said
+        except TimeoutError:
+            return {"reachable": False, "error": _SILENT} | said
+        except aiohttp.ClientError as error:
+            return {"reachable": False, "error": reason_of(error)} | said
 
     def _line_user(self) -> str | None:
         """The user the upstream's line fixes (the line is built when the application starts)."""
@@ -216,6 +227,13 @@ class UpstreamHealth:
             taking.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await taking
+
+
+def _listening(request: web.Request) -> Answer:
+    """Where the proxy listens, as the socket this request came in on says: the port bound for
+    `--port 0` too."""
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    return {"listening": {"host": sockname[0], "port": sockname[1]}} if isinstance(sockname, tuple) else {}
 
 
 def _status(upstream: Answer) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -33,6 +34,14 @@ from rules import Api, JSONObject, OpenTool
 log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 5000
+TABLES = ("session", "message", "part", "session_message", "event", "event_sequence")
+"""The tables of opencode's the proxy reads and writes (`db_rows` and the events appended)."""
+KNOWN_TABLES = frozenset({*TABLES, "session_v2"})
+"""Any one of them makes a file opencode's (2.x's has `session_v2`, and no `session`)."""
+
+
+class NotOpencodeDatabase(ValueError):
+    """The path is no SQLite file with opencode's tables; nothing was written to it."""
 
 
 def default_path(environ: Mapping[str, str]) -> Path:
@@ -52,13 +61,24 @@ class OpencodeDatabase:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, path: Path) -> AsyncIterator[OpencodeDatabase]:
-        """Connect in autocommit mode, so every transaction is an explicit `BEGIN IMMEDIATE`."""
+    async def open(cls, path: Path, *, needs: Collection[str] = ()) -> AsyncIterator[OpencodeDatabase]:
+        """Connect in autocommit mode, so every transaction is an explicit `BEGIN IMMEDIATE`; a file
+        with none of opencode's tables, or without the tables a caller `needs`, is refused first."""
+        if await asyncio.to_thread(path.is_dir):
+            raise NotOpencodeDatabase(f"not an opencode database: {path}: it is a directory")
         if not await asyncio.to_thread(path.is_file):
             raise FileNotFoundError(f"no opencode database at {path}")
-        async with aiosqlite.connect(path, isolation_level=None) as connection:
+        try:
+            connection = await aiosqlite.connect(path, isolation_level=None)
+        except sqlite3.Error as error:
+            why = f"it cannot be opened ({error})"
+            raise NotOpencodeDatabase(f"not an opencode database: {path}: {why}") from None
+        try:
+            await _require_tables(connection, path, needs)
             await connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             yield cls(connection)
+        finally:
+            await connection.close()
 
     async def open_tools(self) -> list[OpenTool]:
         """Every tool call recorded as open, of both runtimes, oldest first."""
@@ -140,3 +160,23 @@ class OpencodeDatabase:
         """Every row `sql` selects."""
         async with self._db.execute(sql, parameters) as cursor:
             return list(await cursor.fetchall())
+
+
+async def _require_tables(connection: aiosqlite.Connection, path: Path, needs: Collection[str]) -> None:
+    """Refuse, before anything is written, a file that is not SQLite or lacks opencode's tables
+    (a `--db` pointing at the wrong file must not get a table of ours, nor a traceback)."""
+    try:
+        async with connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'") as cursor:
+            names = {row[0] for row in await cursor.fetchall()}
+    except sqlite3.Error as error:
+        raise NotOpencodeDatabase(f"not an opencode database: {path}: {error}") from None
+    if not names & KNOWN_TABLES:
+        raise NotOpencodeDatabase(
+            f"not an opencode database: {path}: it has none of opencode's tables "
+            "(opencode keeps its own in $XDG_DATA_HOME/opencode/opencode.db)"
+        )
+    if missing := [table for table in needs if table not in names]:
+        raise NotOpencodeDatabase(
+            f"not an opencode database this proxy settles: {path}: it has no table {', '.join(missing)} "
+            "(opencode 1.x's has them all; a 2.x server settles its own)"
+        )

@@ -234,9 +234,9 @@ class WriteBack:
         """Why nothing may be written now: the server restarted since the fetch, and is not known
         again yet or is one this mode does not write to."""
         known = await self._server.known(credentials)
-        return (
-            "which server the upstream is is not known" if known is None else known.refusal(self._writer.mode)
-        )
+        if known is None:
+            return "the upstream's opencode server is not known"
+        return known.refusal(self._writer.mode)
 
     async def _pass(self, session: Session, batch: _Batch) -> None:
         api, session_id = session

@@ -184,3 +184,25 @@ def test_the_proxys_own_routes_want_the_servers_password(
 def test_the_probe_says_up_to_anyone_and_nothing_else(guarded: Guarded, proxy: ProxyProcess) -> None:
     reply = request("GET", proxy.url + "/_settle/up")
     assert (reply.status, reply.json()) == (200, {"status": "up"})
+
+
+def test_a_proxy_without_the_password_names_the_fix_once(guarded: Guarded, tmp_path: Path) -> None:
+    """1.18.33 answers the proxy's own look-ups 401: one WARNING names the variables to set, however
+    often it is asked again, and the proxy's routes say the same."""
+    process = ProxyProcess(guarded.server.origin, tmp_path / "proxy.log")
+    fix = (
+        "the server wants a password and the proxy has none: set OPENCODE_SERVER_PASSWORD "
+        "(on 2.x OPENCODE_PASSWORD) to the server's"
+    )
+    try:
+        process.start()
+        poll(lambda: True if fix in process.log() else None, what="the line naming the fix", timeout=15)
+        replies = [request("GET", with_credentials(process.url, "opencode", PASSWORD) + "/_settle/health")]
+        replies += [request("GET", process.url + "/_settle/metrics") for _ in range(2)]
+        assert [reply.status for reply in replies] == [403] * 3
+        assert all("OPENCODE_PASSWORD" in reply.json()["message"] for reply in replies)
+        said = [line for line in process.log().splitlines() if fix in line]
+    finally:
+        process.stop()
+    assert len(said) == 1, said
+    assert " WARNING " in said[0]

@@ -154,14 +154,15 @@ def settle_proxy(*args: str, env: Mapping[str, str] | None = None) -> subprocess
 
 @asynccontextmanager
 async def proxy_process(
-    upstream: TestServer, log: Path, *flags: str, env: Mapping[str, str] | None = None
+    upstream: TestServer | URL, log: Path, *flags: str, env: Mapping[str, str] | None = None
 ) -> AsyncIterator[URL]:
     """`settle-proxy --upstream UPSTREAM FLAGS` on a free loopback port, answering once the block
     starts, its stdout and stderr in `log`; terminated when the block ends."""
     port = free_loopback_port()
+    origin = str(upstream.make_url("/") if isinstance(upstream, TestServer) else upstream)
     with log.open("wb") as output:
         process = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "proxy", "--upstream", str(upstream.make_url("/")), "--port", str(port)),
+            *(sys.executable, "-m", "proxy", "--upstream", origin, "--port", str(port)),
             *flags,
             env=env,
             stdin=subprocess.DEVNULL,

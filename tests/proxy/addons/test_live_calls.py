@@ -170,7 +170,9 @@ async def test_a_call_is_not_told_while_the_server_cannot_say_which_it_is(
     fake.web_app = True  # its health routes answer HTML: which server it is stays unknown
     told = await crashed_with_a_call_open(upstream_api, fake, ServerLine(upstream_api, Credentials()))
     assert told == []
-    assert "live settle of ses_2x: not confirmed (which server the upstream is is not known: " in caplog.text
+    assert (
+        "live settle of ses_2x: not confirmed (the upstream's opencode server is not known: " in caplog.text
+    )
 
 
 async def later_client(proxy: ProxyClient, server: StandIn, seen: Any) -> list[str]:

@@ -20,6 +20,7 @@ from proxy.opencode.server_line import KnownServer, ServerLine
 from proxy.supervision.server_command import free_loopback_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+line_log = "proxy.opencode.server_line"
 
 
 @dataclass
@@ -206,6 +207,34 @@ async def test_a_server_being_started_is_not_said_unreachable_until_it_is_starte
     said = [record.getMessage() for record in caplog.records if "not known yet" in record.getMessage()]
     assert len(said) == 1
     assert "it cannot be reached" in said[0]
+
+
+async def test_a_refused_connection_is_one_warning_and_its_return_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=line_log)
+    answers = Answers({"/global/health": json_answer({"healthy": True, "version": "1.18.33"})})
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answers.handle)
+    port = free_loopback_port()
+    async with aiohttp.ClientSession() as session:
+        line = ServerLine(UpstreamApi(session, URL(f"http://127.0.0.1:{port}")), Credentials())
+        for _ in range(3):
+            assert await line.known() is None
+        for restart in range(2):
+            async with TestServer(app, port=port):
+                assert await line.known() is not None
+                line.forget()
+            if not restart:
+                assert await line.known() is None
+    said = [(record.levelno, record.getMessage()) for record in caplog.records if record.name == line_log]
+    down = "the upstream's opencode server is not known yet (it cannot be reached: "
+    assert [(level, text[: len(down)]) for level, text in said] == [
+        (logging.WARNING, down),
+        (logging.INFO, "upstream is opencode 1.18.33: the 1.18 line"[: len(down)]),
+        (logging.WARNING, down),
+        (logging.INFO, "upstream answers again: opencode 1.18.33"),
+    ]
 
 
 def test_versions_and_lines() -> None:

@@ -2,11 +2,13 @@
 
 import json
 
+import aiohttp
 import pytest
 from aiohttp import web
 from yarl import URL
 
-from proxy.relay.errors import bad_gateway, gateway_timeout, transfer_coding_refused
+from proxy.relay.answers import NotHttp
+from proxy.relay.errors import NOT_HTTP, bad_gateway, gateway_timeout, reason_of, transfer_coding_refused
 
 UPSTREAM = URL("http://127.0.0.1:4096")
 
@@ -39,3 +41,12 @@ def test_gateway_timeout_and_a_refused_coding() -> None:
     )
     refused = transfer_coding_refused("gzip, chunked")
     assert (refused.status, body(refused)["error"]) == (501, "not_implemented")
+
+
+def test_a_parse_error_of_aiohttp_is_said_without_the_bytes_it_quotes() -> None:
+    quoted = "Bad status line:\n  Expected HTTP/:\n\n  b'SSH-2.0-OpenSSH_9.2'\n    ^"
+    error = aiohttp.ClientResponseError(None, (), status=400, message=quoted)  # type: ignore[arg-type]
+    assert reason_of(error) == NOT_HTTP
+    other = aiohttp.ClientResponseError(None, (), status=400, message="Invalid header value char:\n b'\\x01'")  # type: ignore[arg-type]
+    assert reason_of(other) == "its answer is not HTTP: Invalid header value char"
+    assert "SSH" not in str(body(bad_gateway(UPSTREAM, NotHttp("SSH-2.0"))))
