@@ -48,8 +48,9 @@ ENVIRONMENT = {
     "password (`settle-proxy/server-password`) live (default `~/.local/state`)",
     "XDG_RUNTIME_DIR": "where the write-back's per-session locks live: `$XDG_RUNTIME_DIR/settle-proxy` "
     "(unset: `settle-proxy-UID` in the temporary directory)",
+    "PATH": "where `run` looks for the server's program when its command names no path (as a shell does)",
 }
-"""The variables that are no flag's: opencode's credentials and the XDG locations."""
+"""The variables that are no flag's: opencode's credentials, the XDG locations and `PATH`."""
 
 
 @dataclass(frozen=True, slots=True)
