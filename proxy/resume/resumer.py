@@ -17,22 +17,35 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
 from proxy.opencode.client import Credentials
+from proxy.opencode.dialects import Dialect
 from proxy.relay.tasks import KeyedTasks
+from proxy.resume.admission import Admission
 from proxy.resume.clients import Clients, clients_back
-from proxy.resume.decision import After, Before, Policy, ResumeOutcome, after_settling, before_settling
+from proxy.resume.decision import (
+    After,
+    Before,
+    Policy,
+    ResumeOutcome,
+    after_settling,
+    before_settling,
+    classed_calls,
+    why_wait,
+)
 from proxy.resume.fates import Fates, no_fates
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.prompting import Prompted, Prompting
+from proxy.resume.safety import Classed, Safety
 from proxy.resume.sending import READ_ERRORS
 from proxy.resume.text import resume_text
 from proxy.resume.turns import InterruptedTurn, last_turn
+from proxy.resume.waiting import Waiting, WaitingTurns
 from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Writer
 from rules import FRESH_MARGIN_MS, Api, Liveness
@@ -41,6 +54,7 @@ __all__ = ["Known", "Records", "ResumeOptions", "Resumer"]
 
 log = logging.getLogger(__name__)
 RETRY_PAUSE_S = 5.0
+NO_PATTERNS = Safety()
 SETTLE_ATTEMPTS = 3
 SETTLE_PAUSE_S = FRESH_MARGIN_MS / 1000 + 0.5
 """Past the margin within which no reading vouches for a call, by the server's clock (in whole seconds)."""
@@ -54,6 +68,8 @@ class Reader(Protocol):
 
 class ResumeServer(Prompted, Protocol):
     """The restarted server as the resume uses it (`proxy.resume.sending.Server`)."""
+
+    dialect: Dialect
 
     async def session_info(self, turn_api: Api, session_id: str) -> dict[str, Any]: ...
 
@@ -72,6 +88,10 @@ class ResumeOptions:
     settled_by: str | None = None
     """What makes the settlement durable when the server does it itself before any model work
     (2.x); None: the write-back must, before anything is sent."""
+    safety: Safety = NO_PATTERNS
+    """Which calls are continued by itself (`--resume-safe`, `--resume-unsafe`)."""
+    auto: bool = True
+    """`--resume`: continue by itself what is safe; False: every interrupted turn waits for a Continue."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +109,10 @@ class Known:
 
     fates: Fates = no_fates
     clients: Clients | None = None
+    waiting: WaitingTurns | None = None
+    """Where a turn left for a person is kept (None: one of the resumer's own, in memory)."""
+    admission: Admission | None = None
+    """What spaces the continuations of one crash (None: one of the resumer's own, as by default)."""
 
 
 class Resumer:
@@ -117,6 +141,8 @@ class Resumer:
         self._fates = known.fates
         self._clients = known.clients
         self._clock = clock
+        self.waiting = known.waiting or WaitingTurns()
+        self._admission = known.admission or Admission()
         self._prompting = Prompting(
             server,
             records.ledger,
@@ -127,18 +153,53 @@ class Resumer:
         )
 
     def consider(self, candidate: Candidate) -> None:
-        self.tasks.start(candidate.session_id, partial(self._guarded, candidate))
+        """Decide on `candidate` in the background; its place in the admission order is taken now."""
+        ticket = self._admission.ticket()
+        if not self.tasks.start(
+            candidate.session_id, partial(self._guarded, self._consider, candidate, ticket)
+        ):
+            self._admission.drop(ticket)
 
-    async def _guarded(self, candidate: Candidate) -> None:
+    def proceed(self, waiting: Waiting) -> bool:
+        """Continue a turn that waited, once (a person's Continue); False while a resume of its
+        session is under way."""
+        turn = waiting.turn
+        candidate = Candidate(
+            turn.session_id, turn.api, waiting.directory, self._clock(), None, self._server.dialect
+        )
+        ticket = self._admission.ticket()
+        work = partial(self._guarded, partial(self._continued, waiting), candidate, ticket)
+        if not self.tasks.start(turn.session_id, work):
+            self._admission.drop(ticket)
+            return False
+        return True
+
+    async def _guarded(
+        self, consider: Callable[[Candidate, int], Awaitable[None]], candidate: Candidate, ticket: int
+    ) -> None:
         try:
-            await self._consider(candidate)
+            await consider(candidate, ticket)
         except READ_ERRORS as error:
             self._skip(candidate, f"the server could not be read: {type(error).__name__}: {error}")
         except Exception as error:
             log.exception("resume of %s failed", candidate.session_id)
             self._skip(candidate, f"failed: {type(error).__name__}: {error}")
+        finally:
+            self._admission.drop(ticket)
 
-    async def _consider(self, candidate: Candidate) -> None:
+    async def _continued(self, waiting: Waiting, candidate: Candidate, ticket: int) -> None:
+        """The waiting turn re-read (a person may have written since), then continued as an
+        automatic resume is: the same prompt, ledger claim and admission."""
+        info = await self._server.session_info(candidate.api, candidate.session_id)
+        before = await self._before(candidate, info, waiting.turn.message_id)
+        if (verdict := before_settling(before, self._options.policy)).why is not None:
+            self._skip(candidate, f"Continue: {verdict.why}", before.last.turn)
+            return
+        turn = before.last.turn
+        assert turn is not None
+        await self._resume(candidate, turn, waiting.directory, waiting.calls, ticket)
+
+    async def _consider(self, candidate: Candidate, ticket: int) -> None:
         await asyncio.sleep(self._options.grace)
         if self._clients is not None:
             await clients_back(self._clients, candidate.session_id, candidate.last_alive)
@@ -152,13 +213,19 @@ class Resumer:
             return
         turn = before.last.turn
         assert turn is not None
+        first = turn
         after = await self._settled(candidate, info, turn)
         if (verdict := after_settling(after, self._options.policy)).why is not None:
             self._skip(candidate, verdict.why, after.before.last.turn or turn)
             return
         settled = after.before.last.turn
         assert settled is not None
-        await self._resume(candidate, settled, _directory(info) or candidate.directory)
+        directory = _directory(info) or candidate.directory
+        classed = classed_calls(settled, first, self._options.safety)
+        if (why := why_wait(settled, classed, self._options.safety, auto=self._options.auto)) is not None:
+            await self._wait(settled, directory, classed, why)
+            return
+        await self._resume(candidate, settled, directory, classed, ticket)
 
     async def _settled(self, candidate: Candidate, info: dict[str, Any], turn: InterruptedTurn) -> After:
         """The session re-read after its open calls were written back. A call last alive within
@@ -250,10 +317,32 @@ class Resumer:
             return f"one running since {liveness.elsewhere_since} ms (epoch), before the turn ended"
         return None
 
-    async def _resume(self, candidate: Candidate, turn: InterruptedTurn, directory: str | None) -> None:
+    async def _wait(
+        self, turn: InterruptedTurn, directory: str | None, classed: tuple[Classed, ...], why: str
+    ) -> None:
+        """Leave the settled turn for a person: kept, told, and said in the journal."""
+        calls = [call.as_json() for call in classed]
+        if self._options.dry_run:
+            why = f"{why} (--dry-run: not kept)"
+        else:
+            await self.waiting.add(
+                Waiting(turn, directory, classed, time.time(), why, self._server.dialect.name)
+            )
+        self._journal.decided(
+            ResumeOutcome.WAITING, turn.api, turn.session_id, why, message=turn.message_id, calls=calls
+        )
+
+    async def _resume(
+        self,
+        candidate: Candidate,
+        turn: InterruptedTurn,
+        directory: str | None,
+        classed: tuple[Classed, ...],
+        ticket: int,
+    ) -> None:
         fates = await self._fates([call.call_id for call in turn.calls])
         text = self._options.text or resume_text(turn.calls, fates)
-        calls = [{"call": c.call_id, "tool": c.tool} for c in turn.calls]
+        calls = [call.as_json() for call in classed]
         if self._options.dry_run:
             why = "--dry-run: nothing sent"
             self._journal.decided(
@@ -265,7 +354,8 @@ class Resumer:
                 calls=calls,
             )
             return
-        await self._prompting.resume(turn, directory, text, calls)
+        async with self._admission.admitted(ticket):
+            await self._prompting.resume(turn, directory, text, calls)
 
     def _skip(self, candidate: Candidate, why: str, turn: InterruptedTurn | None = None) -> None:
         message = turn.message_id if turn is not None else None

@@ -78,6 +78,14 @@ class Settings:
     """Seconds after its last sign of life past which an interrupted turn is left alone."""
     resume_text: str | None = None
     """The prompt a resumed turn starts with, instead of the one naming the interrupted calls."""
+    resume_safe: tuple[str, ...] = ()
+    """Globs over a tool's name or a command line that `--resume` also continues by itself."""
+    resume_unsafe: bool = False
+    """Continue by itself a turn with an unsafe call too (as before calls were classed)."""
+    resume_concurrency: int = 2
+    """Continuations admitted at once after one crash."""
+    resume_spacing: float = 2.0
+    """Seconds at least between two admissions."""
 
     def __post_init__(self) -> None:
         if self.max_body < 1:

@@ -17,13 +17,18 @@ pytestmark = pytest.mark.usefixtures("caplog")
 
 
 async def crashed_mid_call(
-    server: StandIn, aiohttp_client: Client, tmp_path: Path, call: RunningCall, before_restart: Any = None
+    server: StandIn,
+    aiohttp_client: Client,
+    tmp_path: Path,
+    call: RunningCall,
+    before_restart: Any = None,
+    **more: Any,
 ) -> Said:
-    """Run the proxy with `--resume`; the stream shows the call's execution; the server is killed
-    and restarted; the proxy's decision line, once said."""
+    """Run the proxy with `--resume` (and `more` settings); the stream shows the call's execution;
+    the server is killed and restarted; the proxy's decision line, once said."""
     decided = Said("resume ", f": session {call.session_id}: ")
     # No --write-back: on 2.x the server's own drain makes the settlement durable.
-    settings = {"resume": True, "state_db": tmp_path / "state.db"}
+    settings = {"resume": True, "state_db": tmp_path / "state.db", **more}
     async with proxied(server, aiohttp_client, lock_dir=tmp_path, **settings) as (_, seen):
         server.publish("session.execution.started", {"sessionID": call.session_id})
         call_opened(server, call)
@@ -42,7 +47,7 @@ async def test_a_crashed_turn_is_continued_once_through_synthetic_naming_the_cal
     async with StandIn(password=PASSWORD) as server:
         session = server.add_session()
         call = server.add_running_call(session, "shell", {"command": "make test"})
-        decided = await crashed_mid_call(server, aiohttp_client, tmp_path, call)
+        decided = await crashed_mid_call(server, aiohttp_client, tmp_path, call, resume_unsafe=True)
         routes = [(c.route, c.session_id) for c in server.calls]
         body = server.calls[0].body
         settled = server.messages(session)[1]["content"][0]["state"]
@@ -71,7 +76,9 @@ async def test_a_call_2x_settled_itself_is_read_settled_and_named(
             for failed in tool_failures(session, messages, Settle.CHILD):
                 project_tool_failed(messages, failed.data, created=1)
 
-        decided = await crashed_mid_call(server, aiohttp_client, tmp_path, call, settled_by_2x)
+        decided = await crashed_mid_call(
+            server, aiohttp_client, tmp_path, call, settled_by_2x, resume_unsafe=True
+        )
         body = server.calls[0].body
     assert decided.line.startswith(f"resume resumed: session {session}")
     assert body is not None

@@ -26,6 +26,8 @@ NOW = 1000.0
 
 
 class FakeServer:
+    dialect = LINE_1_18
+
     def __init__(self, ledger: Ledger, *, starts_after: int = 1) -> None:
         self.view: Any = v1_view(v1_settled("prt_1"))
         self.info: dict[str, Any] = {"directory": "/work"}

@@ -19,7 +19,14 @@ Client = Callable[[web.Application], Awaitable[TestClient[web.Request, web.Appli
 async def test_resume_is_off_and_says_so(upstream: TestServer, aiohttp_client: Client) -> None:
     client = await aiohttp_client(create_app(Settings(upstream=URL(str(upstream.make_url("/"))))))
     answer = await client.get("/_settle/resume")
-    assert await answer.json() == {"enabled": False, "dry_run": False, "running": [], "decisions": []}
+    assert await answer.json() == {
+        "enabled": False,
+        "dry_run": False,
+        "continue": False,
+        "running": [],
+        "waiting": [],
+        "decisions": [],
+    }
 
 
 async def test_resume_on_opens_its_ledger_in_the_state_database(

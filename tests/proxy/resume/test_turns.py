@@ -11,7 +11,9 @@ def test_a_v1_call_left_running_is_an_interrupted_turn_with_its_agent_and_model(
     assert found.newer is None
     assert found.turn is not None
     assert found.turn.message_id == "msg_002"
-    assert found.turn.calls == (InterruptedCall("prt_1", "bash", RUNNING_INPUT, still_open=True),)
+    assert found.turn.calls == (
+        InterruptedCall("prt_1", "bash", RUNNING_INPUT, still_open=True, status="running"),
+    )
     assert (found.turn.agent, found.turn.model) == ("plan", {"providerID": "mock", "modelID": "m"})
     assert found.turn.prompted_by == "msg_001"
 
@@ -81,7 +83,9 @@ def test_a_2x_call_2x_settled_itself_is_interrupted_and_no_longer_open() -> None
     found = last_turn(view, V2X, "ses_2")
     assert found.turn is not None
     given = {"command": "sleep 20 && echo written >> note.txt"}
-    assert found.turn.calls == (InterruptedCall("call_0002", "shell", given, still_open=False),)
+    assert found.turn.calls == (
+        InterruptedCall("call_0002", "shell", given, still_open=False, status="error"),
+    )
     assert (found.turn.prompted_by, found.turn.model) == (
         user["id"],
         {"providerID": "provider", "modelID": "model"},
