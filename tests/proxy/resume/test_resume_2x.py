@@ -1,6 +1,7 @@
 """`--resume` in front of 2.x (the stand-in): one continuation through 2.x's own settle-then-continue
 (`POST /api/session/{id}/synthetic` under one id, naming the call), and none over a newer message,
-a pending permission or question, or for a child session."""
+a pending permission, question or form, or for a child session; an unsafe call, or one the server
+itself failed as ambiguous after a restart, waits for a person's Continue."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from proxy.service.config import basic_authorization
 from tests.opencode2.proxied import PASSWORD, Client, Said, call_opened, proxied
 from tests.opencode2.settle import Settle, project_tool_failed, tool_failures
 from tests.opencode2.stand_in import RunningCall, StandIn
@@ -89,7 +91,7 @@ def _later(server: StandIn, session: str, message: dict[str, Any]) -> None:
     server.messages(session).append(message)
 
 
-@pytest.mark.parametrize("person", ["newer message", "permission", "question"])
+@pytest.mark.parametrize("person", ["newer message", "permission", "question", "form"])
 async def test_never_over_a_person(aiohttp_client: Client, tmp_path: Path, person: str) -> None:
     async with StandIn(password=PASSWORD) as server:
         session = server.add_session()
@@ -100,6 +102,8 @@ async def test_never_over_a_person(aiohttp_client: Client, tmp_path: Path, perso
                 server.add_permission(call)
             elif person == "question":
                 server.add_question(call)
+            elif person == "form":
+                server.add_form(session)
             else:
                 later = {
                     "id": "msg_zzzzzzzzzzzzzzzzzzzzzzzzzz",
@@ -113,6 +117,8 @@ async def test_never_over_a_person(aiohttp_client: Client, tmp_path: Path, perso
         routes = [c.route for c in server.calls]
     assert line.startswith(f"resume skipped: session {session}")
     assert ("person" if person != "newer message" else "newer message") in line
+    if person == "form":
+        assert "a form asked" in line
     assert routes == []
 
 
@@ -124,4 +130,60 @@ async def test_never_for_a_child_session(aiohttp_client: Client, tmp_path: Path)
         line = (await crashed_mid_call(server, aiohttp_client, tmp_path, call)).line
         routes = [c.route for c in server.calls]
     assert "a child session" in line
+    assert routes == []
+
+
+async def test_an_unsafe_call_waits_and_a_continue_admits_one_synthetic(
+    aiohttp_client: Client, tmp_path: Path
+) -> None:
+    async with StandIn(password=PASSWORD) as server:
+        session = server.add_session()
+        call = server.add_running_call(session, "shell", {"command": "make test"})
+        decided = Said("resume ", f": session {call.session_id}: ")
+        settings = {"resume": True, "state_db": tmp_path / "state.db"}
+        async with proxied(server, aiohttp_client, lock_dir=tmp_path, **settings) as (client, seen):
+            server.publish("session.execution.started", {"sessionID": call.session_id})
+            call_opened(server, call)
+            await seen.until(lambda: any(e.kind == "session.tool.called" for e in seen.events))
+            await server.crash()
+            await server.restart()
+            await decided.wait()
+            assert decided.line.startswith(f"resume waiting: session {session}")
+            assert "'make': not a command that only reads or waits" in decided.line
+            assert server.calls == []
+            asking = {"Authorization": basic_authorization("opencode", PASSWORD)}
+            listed = (await (await client.get("/_settle/resume", headers=asking)).json())["waiting"]
+            assert [(w["session"], w["calls"][0]["command"]) for w in listed] == [(session, "make test")]
+            resumed = Said("resume resumed: ", f": session {call.session_id}: ")
+            assert (await client.post(f"/_settle/resume/{session}")).status == 401, "behind the password"
+            assert (await client.post(f"/_settle/resume/{session}", headers=asking)).status == 202
+            await resumed.wait()
+            again = await client.post(f"/_settle/resume/{session}", headers=asking)
+            assert again.status == 409
+            routes = [(c.route, c.session_id) for c in server.calls]
+    assert routes == [("session.synthetic", session)]
+
+
+async def test_a_call_the_server_failed_as_ambiguous_waits_for_a_person(
+    aiohttp_client: Client, tmp_path: Path
+) -> None:
+    """The newest `serve --service` fails, at boot, a call it will not resume (`restart.ts`
+    `resumeSuspendedSessionsWith`): its own settlement, so nothing is settled over it, and the
+    turn is left for a person even with --resume-unsafe, whatever the call ran."""
+    async with StandIn(password=PASSWORD) as server:
+        session = server.add_session()
+        call = server.add_running_call(session, "shell", {"command": "sleep 20"})
+
+        def failed_at_boot() -> None:
+            [stored] = [item for item in server.messages(session)[1]["content"] if item["type"] == "tool"]
+            error = {"type": "aborted", "message": "Tool outcome is ambiguous after restart: shell"}
+            stored["state"] = {"status": "error", "error": error, "input": stored["state"]["input"]}
+            server.store.active.discard(session)
+
+        decided = await crashed_mid_call(
+            server, aiohttp_client, tmp_path, call, failed_at_boot, resume_unsafe=True
+        )
+        routes = [c.route for c in server.calls]
+    assert decided.line.startswith(f"resume waiting: session {session}")
+    assert "Tool outcome is ambiguous after restart: shell" in decided.line
     assert routes == []
