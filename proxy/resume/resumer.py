@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -164,8 +165,9 @@ class Resumer:
         """Continue a turn that waited, once (a person's Continue); False while a resume of its
         session is under way."""
         turn = waiting.turn
+        last_alive = self._clock() - (time.time() - waiting.alive)
         candidate = Candidate(
-            turn.session_id, turn.api, waiting.directory, self._clock(), None, self._server.dialect
+            turn.session_id, turn.api, waiting.directory, last_alive, None, self._server.dialect
         )
         ticket = self._admission.ticket()
         work = partial(self._guarded, partial(self._continued, waiting), candidate, ticket)
@@ -188,16 +190,20 @@ class Resumer:
             self._admission.drop(ticket)
 
     async def _continued(self, waiting: Waiting, candidate: Candidate, ticket: int) -> None:
-        """The waiting turn re-read (a person may have written since), then continued as an
-        automatic resume is: the same prompt, ledger claim and admission."""
+        """The waiting turn re-read (a person may have written since), then settled and continued
+        as an automatic resume is: the same checks, prompt, ledger claim and admission; only
+        `--resume-within` is not asked (the person chose to continue, however late)."""
+        policy = dataclasses.replace(self._options.policy, within_s=math.inf)
         info = await self._server.session_info(candidate.api, candidate.session_id)
         before = await self._before(candidate, info, waiting.turn.message_id)
-        if (verdict := before_settling(before, self._options.policy)).why is not None:
+        if (verdict := before_settling(before, policy)).why is not None:
             self._skip(candidate, f"Continue: {verdict.why}", before.last.turn)
             return
         turn = before.last.turn
         assert turn is not None
-        await self._resume(candidate, turn, waiting.directory, waiting.calls, ticket)
+        await self._settle_then_go(
+            candidate, info, turn, waiting.directory, ticket=ticket, policy=policy, continued=waiting.calls
+        )
 
     async def _consider(self, candidate: Candidate, ticket: int) -> None:
         await asyncio.sleep(self._options.grace)
@@ -213,17 +219,49 @@ class Resumer:
             return
         turn = before.last.turn
         assert turn is not None
-        first = turn
+        directory = _directory(info) or candidate.directory
+        if not self._options.auto:
+            await self._detected(candidate, turn, directory)
+            return
+        await self._settle_then_go(
+            candidate, info, turn, directory, ticket=ticket, policy=self._options.policy
+        )
+
+    async def _detected(self, candidate: Candidate, turn: InterruptedTurn, directory: str | None) -> None:
+        """Without `--resume`: nothing is written nor sent, and a turn the restarted server still
+        runs is none; any other waits for a Continue, which settles it first."""
+        if (await self._probe.read(candidate.api, candidate.session_id, self._credentials)).active:
+            self._skip(candidate, "the session is running: the server did not lose the turn", turn)
+            return
+        classed = classed_calls(turn, turn, self._options.safety)
+        why = why_wait(turn, classed, self._options.safety, auto=False)
+        await self._wait(candidate, turn, directory, classed, why or "")
+
+    async def _settle_then_go(
+        self,
+        candidate: Candidate,
+        info: dict[str, Any],
+        turn: InterruptedTurn,
+        directory: str | None,
+        *,
+        ticket: int,
+        policy: Policy,
+        continued: tuple[Classed, ...] | None = None,
+    ) -> None:
+        """Settle the turn durably, decide on the re-read, then continue it: by itself if it is
+        safe, else leave it waiting; `continued` (the classes it waited with) continues it anyway."""
         after = await self._settled(candidate, info, turn)
-        if (verdict := after_settling(after, self._options.policy)).why is not None:
+        if (verdict := after_settling(after, policy)).why is not None:
             self._skip(candidate, verdict.why, after.before.last.turn or turn)
             return
         settled = after.before.last.turn
         assert settled is not None
-        directory = _directory(info) or candidate.directory
-        classed = classed_calls(settled, first, self._options.safety)
-        if (why := why_wait(settled, classed, self._options.safety, auto=self._options.auto)) is not None:
-            await self._wait(settled, directory, classed, why)
+        if continued is not None:
+            await self._resume(candidate, settled, directory, continued, ticket)
+            return
+        classed = classed_calls(settled, turn, self._options.safety)
+        if (why := why_wait(settled, classed, self._options.safety, auto=True)) is not None:
+            await self._wait(candidate, settled, directory, classed, why)
             return
         await self._resume(candidate, settled, directory, classed, ticket)
 
@@ -318,16 +356,22 @@ class Resumer:
         return None
 
     async def _wait(
-        self, turn: InterruptedTurn, directory: str | None, classed: tuple[Classed, ...], why: str
+        self,
+        candidate: Candidate,
+        turn: InterruptedTurn,
+        directory: str | None,
+        classed: tuple[Classed, ...],
+        why: str,
     ) -> None:
-        """Leave the settled turn for a person: kept, told, and said in the journal."""
+        """Leave the turn for a person: kept, told, and said in the journal."""
         calls = [call.as_json() for call in classed]
         if self._options.dry_run:
             why = f"{why} (--dry-run: not kept)"
         else:
-            await self.waiting.add(
-                Waiting(turn, directory, classed, time.time(), why, self._server.dialect.name)
-            )
+            now = time.time()
+            alive = now - (self._clock() - candidate.last_alive)
+            line = self._server.dialect.name
+            await self.waiting.add(Waiting(turn, directory, classed, now, why, line, alive))
         self._journal.decided(
             ResumeOutcome.WAITING, turn.api, turn.session_id, why, message=turn.message_id, calls=calls
         )

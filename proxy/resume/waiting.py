@@ -55,8 +55,9 @@ class Silent:
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """One turn waiting for a person: the settled turn, where it runs, its calls' classes, since
-    when (epoch seconds), why, and the line (a dialect's name) that continues it."""
+    """One turn waiting for a person: the turn, where it runs, its calls' classes, since when
+    (epoch seconds), why, the line (a dialect's name) that continues it, and its last sign of
+    life before the crash (epoch seconds)."""
 
     turn: InterruptedTurn
     directory: str | None
@@ -64,6 +65,7 @@ class Waiting:
     since: float
     why: str
     line: str
+    alive: float
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -88,11 +90,11 @@ class Waiting:
             turn.prompted_by,
         ]
         classes = [[c.call_id, c.tool, c.command, str(c.klass), c.why] for c in self.calls]
-        return orjson.dumps([kept, self.directory, classes, self.since, self.why, self.line])
+        return orjson.dumps([kept, self.directory, classes, self.since, self.why, self.line, self.alive])
 
     @classmethod
     def restored(cls, data: bytes) -> Waiting:
-        kept, directory, classes, since, why, line = orjson.loads(data)
+        kept, directory, classes, since, why, line, alive = orjson.loads(data)
         session_id, api, message_id, calls, agent, model, prompted_by = kept
         turn = InterruptedTurn(
             session_id,
@@ -104,7 +106,7 @@ class Waiting:
             prompted_by,
         )
         classed = tuple(Classed(c[0], c[1], c[2], CallClass(c[3]), c[4]) for c in classes)
-        return cls(turn, directory, classed, since, why, line)
+        return cls(turn, directory, classed, since, why, line, alive)
 
 
 def wait_message(calls: Sequence[Classed], session_id: str) -> str:

@@ -91,7 +91,7 @@ async def test_continue_continues_a_waiting_turn_once_and_a_second_is_409(
     resuming = app[ASSEMBLY].resuming
     assert resuming is not None
     turn = InterruptedTurn("ses_1", Api.V1, "msg_002", (), None, None, None)
-    await resuming.waiting.add(Waiting(turn, "/work", (), 1.0, "--resume is off", LINE_1_18.name))
+    await resuming.waiting.add(Waiting(turn, "/work", (), 1.0, "--resume is off", LINE_1_18.name, 1.0))
     listed = (await (await client.get("/_settle/resume")).json())["waiting"]
     assert [w["session"] for w in listed] == ["ses_1"]
     first = await client.post("/_settle/resume/ses_1")
