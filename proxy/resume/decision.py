@@ -80,6 +80,10 @@ class Before:
     """A permission or question the stream showed asked and not answered, by kind."""
     age_s: float
     """Seconds since the last sign of life of the server while the session was busy."""
+    witnessed: bool = True
+    """Whether the turn's message is the newest the stream spoke of while the dead server ran:
+    a turn only that server's crash cut. A session idle before it (an older interruption left
+    settled, news of its title) is never woken."""
 
 
 def before_settling(facts: Before, policy: Policy) -> Verdict:
@@ -95,6 +99,15 @@ def before_settling(facts: Before, policy: Policy) -> Verdict:
         )
     if turn is None:
         return Verdict("no interrupted turn: the last assistant message finished")
+    return _the_turn(facts, turn)
+
+
+def _the_turn(facts: Before, turn: InterruptedTurn) -> Verdict:
+    """What only the interrupted turn itself can tell: cut by the last crash, no person asked."""
+    if not facts.witnessed:
+        return Verdict(
+            f"not cut by the last crash: the stream never spoke of {turn.message_id} while the server ran"
+        )
     if (person := facts.waiting_on_person or _asks_a_person(turn)) is not None:
         return Verdict(f"it was waiting on a person ({person}): left settled for them to answer")
     return GO

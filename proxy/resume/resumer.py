@@ -167,7 +167,13 @@ class Resumer:
         turn = waiting.turn
         last_alive = self._clock() - (time.time() - waiting.alive)
         candidate = Candidate(
-            turn.session_id, turn.api, waiting.directory, last_alive, None, self._server.dialect
+            turn.session_id,
+            turn.api,
+            waiting.directory,
+            last_alive,
+            None,
+            self._server.dialect,
+            turn.message_id,
         )
         ticket = self._admission.ticket()
         work = partial(self._guarded, partial(self._continued, waiting), candidate, ticket)
@@ -292,17 +298,15 @@ class Resumer:
         view = await self._server.messages(candidate.api, candidate.session_id)
         parent = info.get("parentID")
         person = candidate.waiting_on_person or await self._server.waiting_on_person(candidate.session_id)
+        rules, seen = self._server.rules(candidate.api), candidate.seen_message
+        last = last_turn(view, rules, candidate.session_id, seen=seen, cut_off=cut_off)
+        witnessed = last.turn is None or (seen is not None and last.turn.message_id >= seen)
         return Before(
-            last_turn(
-                view,
-                self._server.rules(candidate.api),
-                candidate.session_id,
-                seen=candidate.seen_message,
-                cut_off=cut_off,
-            ),
+            last,
             parent if isinstance(parent, str) and parent else None,
             person,
             self._clock() - candidate.last_alive,
+            witnessed,
         )
 
     async def _settle(self, turn: InterruptedTurn, open_calls: list[str]) -> None:

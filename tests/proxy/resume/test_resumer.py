@@ -133,7 +133,7 @@ def resumer(
     return made, journal
 
 
-CANDIDATE = Candidate("ses_1", Api.V1, "/work", NOW - 5, None)
+CANDIDATE = Candidate("ses_1", Api.V1, "/work", NOW - 5, None, seen_message="msg_002")
 
 
 async def considered(made: Resumer, candidate: Candidate = CANDIDATE) -> None:
