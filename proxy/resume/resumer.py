@@ -403,7 +403,7 @@ class Resumer:
             )
             return
         async with self._admission.admitted(ticket):
-            await self._prompting.resume(turn, directory, text, calls)
+            await self._prompting.resume(turn, directory, text, calls, admitted=time.time())
 
     def _skip(self, candidate: Candidate, why: str, turn: InterruptedTurn | None = None) -> None:
         message = turn.message_id if turn is not None else None

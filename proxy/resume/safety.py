@@ -175,8 +175,8 @@ def _redirect_unsafe(words: Sequence[str], index: int) -> str | None:
         return None
     if word in (">", ">>", "&>", ">&", ">|"):
         return f"{word!r}: redirects to a file ({target or 'none named'})"
-    if word == "&":
-        return "'&': runs in the background"
+    if word.startswith("&") and not word.startswith("&>"):  # `&`, and `&;` `&&&`…: `&` then more
+        return f"{word!r}: '&' runs in the background"
     if "(" in word or ")" in word:
         return f"{word!r}: a subshell or substitution"
     return f"{word!r}: not understood"

@@ -29,7 +29,8 @@ from .turns import observe_running as observe
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-UNSAFE = "echo x > out.txt && sleep 600"
+UNSAFE = "echo hello && echo x > out.txt && sleep 600"
+"""Unsafe for its `>`; it prints first, as the harness needs to see a v1 call stably running."""
 PERSON_TEXT = "a person takes the waiting session back"
 TIMEOUT_S = 90.0
 
