@@ -1,8 +1,8 @@
 """Resume that does no harm, with the real opencode 1.18.33 and the mock model: three v1 turns
 cut by one SIGKILL mid-call, behind one `--resume --write-back api` proxy.
 
-The safe one (`echo hello && sleep 600`) is continued by itself, once. The unsafe one (`echo x >
-out.txt && sleep 600`) is settled and waits: listed in `GET /_settle/resume` with its call, class
+The safe one (`echo hello && sleep 600`) is continued by itself, once. The unsafe one (`echo hello
+&& echo x > out.txt && sleep 600`) is settled and waits: listed in `GET /_settle/resume` with its call, class
 and why, never continued by itself, continued once by `POST /_settle/resume/{session}` (a second
 POST is 409). The third, unsafe too, waits until its person writes in the session: the wait ends,
 nothing is sent for it, and a Continue is 404. Every wait ends on a positive signal: a decision,
@@ -121,7 +121,11 @@ def test_an_unsafe_turn_waits_and_a_continue_resumes_it_once(cut: Cut, mock_mode
     second = request("POST", f"{cut.proxy.url}/_settle/resume/{turn.session_id}", timeout=15)
     assert second.status == 409, second.body
     assert "continued already" in second.json()["message"]
-    sent = continuations(mock_model, turn, cut.crashed_at)
+    sent = poll(
+        lambda: continuations(mock_model, turn, cut.crashed_at) or None,
+        what="the continuation reaching the model",
+        timeout=TIMEOUT_S,
+    )
     assert len(sent) == 1
     assert f"- bash: `{UNSAFE}`" in (sent[0].latest_prompt or "")
     assert turn.session_id not in waiting(cut.proxy)
