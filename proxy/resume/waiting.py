@@ -162,10 +162,10 @@ class WaitingTurns:
 
     async def add(self, waiting: Waiting) -> None:
         session_id = waiting.turn.session_id
+        if self._ledger is not None:  # kept first: once listed, it can be continued at once
+            await self._ledger.wait(session_id, waiting.turn.message_id, waiting.stored())
         self._waiting[session_id] = waiting
         self._over.pop(session_id, None)
-        if self._ledger is not None:
-            await self._ledger.wait(session_id, waiting.turn.message_id, waiting.stored())
         self._announcer.waiting(session_id, waiting.directory, TITLE, wait_message(waiting.calls, session_id))
 
     async def take(self, session_id: str) -> Waiting:
