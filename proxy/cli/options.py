@@ -237,8 +237,10 @@ def _resume_flags(parser: argparse.ArgumentParser, flags: _Flags) -> None:
         action="store_true",
         help="start again, at most once, a turn the proxy saw running when the server died, once its calls "
         "are settled durably (opencode 1.18: written back, so only with --write-back; 2.x: by the server's "
-        "own drain), with a prompt naming them; never over a newer message, a pending permission or "
-        "question, a child session, or a turn older than --resume-within",
+        "own drain), with a prompt naming them, when every call only read or waited (--resume-safe, "
+        "--resume-unsafe); any other waits for a person (POST /_settle/resume/SESSION); never over a newer "
+        "message, a pending permission, question or form, a child session, or a turn older than "
+        "--resume-within",
     )
     flags.add(
         "--resume-attempts",
