@@ -11,7 +11,7 @@ from rules.models import Api, JSONObject, Message, V1Message, V2Message
 from rules.orphaned_tool import OrphanedTool
 from rules.registry import DEFAULT_RULES, REGISTRY, Registry, needs_settling, triggers_of
 from rules.rule import Rule, Trigger
-from rules.runtime_2x import V2X, Runtime2x
+from rules.runtime_2x import AMBIGUOUS, V2X, Runtime2x
 from rules.runtimes import V1, V1_ABORTED, V1_ERROR, V2, V2_ERROR, Runtime, runtime_for, runtime_of
 from rules.stale_compaction import StaleCompaction
 from rules.targets import OpenTool, Target
@@ -21,6 +21,7 @@ from rules.unfinished_message import UnfinishedMessage
 from rules.views import SettledMessages, ViewSettlement, messages_of, settle_view, with_messages
 
 __all__ = [
+    "AMBIGUOUS",
     "DEFAULT_RULES",
     "FRESH_MARGIN_MS",
     "OPEN_STATUSES",

@@ -26,6 +26,7 @@ from rules.runtime import extra
 from rules.runtimes import V2Shapes
 
 __all__ = [
+    "AMBIGUOUS",
     "COMPACTION_INTERRUPTED",
     "V2X",
     "Runtime2x",
@@ -34,6 +35,13 @@ __all__ = [
 ]
 
 INTERRUPTED = "Tool execution interrupted"
+AMBIGUOUS = "Tool outcome is ambiguous after restart"
+"""How the newest `serve --service` fails, at boot, a call a crash left running that it will not
+resume (`Tool outcome is ambiguous after restart: <tool>`, `aborted`, then the session's
+`session.execution.failed` "Execution stopped: a tool outcome is ambiguous after restart."):
+`resumeSuspendedSessionsWith`, `packages/core/src/session/execution/restart.ts`, anomalyco/opencode
+(a version newer than 9e2efa10, which has no such failure). The server's own settlement, as
+`INTERRUPTED` is."""
 COMPACTION_INTERRUPTED: JSONObject = {
     "type": "compaction.interrupted",
     "message": "Compaction was interrupted",
@@ -107,7 +115,7 @@ class Runtime2x(V2Shapes):
             isinstance(error, dict)
             and error.get("type") == "aborted"
             and isinstance(message, str)
-            and message.startswith(INTERRUPTED)
+            and message.startswith((INTERRUPTED, AMBIGUOUS))
         )
 
     def failed_compaction(self, message: V2Message) -> JSONObject | None:

@@ -96,6 +96,8 @@ class OneLineParser(argparse.ArgumentParser):
             if text.strip().lower() not in _SWITCH:
                 self.error(f"{variable}: 1, true, yes or on, or 0, false, no or off, got {text!r}")
             return action.const if _SWITCH[text.strip().lower()] else action.default
+        if isinstance(action, argparse._AppendAction):  # a repeatable flag: its values, comma-separated
+            return [part.strip() for part in text.split(",") if part.strip()]
         shown = "the value is not shown" if secret else f"got {text!r}"
         try:
             value = action.type(text) if callable(action.type) else text

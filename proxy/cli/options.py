@@ -247,8 +247,10 @@ def _resume_flags(parser: argparse.ArgumentParser, flags: _Flags) -> None:
         action="store_true",
         help="start again, at most once, a turn the proxy saw running when the server died, once its calls "
         "are settled durably (opencode 1.18: written back, so only with --write-back; 2.x: by the server's "
-        "own drain), with a prompt naming them; never over a newer message, a pending permission or "
-        "question, a child session, or a turn older than --resume-within",
+        "own drain), with a prompt naming them, when every call only read or waited (--resume-safe, "
+        "--resume-unsafe); any other waits for a person (POST /_settle/resume/SESSION); never over a newer "
+        "message, a pending permission, question or form, a child session, or a turn older than "
+        "--resume-within",
     )
     flags.add(
         "--resume-attempts",
@@ -273,6 +275,40 @@ def _resume_flags(parser: argparse.ArgumentParser, flags: _Flags) -> None:
         "the prompt a resumed turn starts with, instead of the one that names each interrupted call and "
         "says its outcome is unknown",
         shown=False,
+    )
+    _resume_safety_flags(parser, flags)
+
+
+def _resume_safety_flags(parser: argparse.ArgumentParser, flags: _Flags) -> None:
+    """Which interrupted calls `--resume` continues by itself, and how fast after one crash."""
+    parser.add_argument(
+        "--resume-safe",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="also continue by itself a call whose tool name, command line or one of its simple "
+        "commands matches this glob (repeatable; the variable takes several, comma-separated)",
+    )
+    parser.add_argument(
+        "--resume-unsafe",
+        action="store_true",
+        help="also continue by itself a turn whose interrupted call may have changed something "
+        "(an edit, a build, `git push`); without it such a turn waits for a person",
+    )
+    flags.add(
+        "--resume-concurrency",
+        "SETTLE_RESUME_CONCURRENCY",
+        "2",
+        "continuations admitted at once after one crash",
+        type=typed(at_least_one, "a whole number of at least 1"),
+    )
+    flags.seconds(
+        "--resume-spacing",
+        "SETTLE_RESUME_SPACING",
+        "2",
+        "seconds at least between two admitted continuations; 0 admits them back to back",
+        HOUR_S,
+        zero=True,
     )
 
 
@@ -301,4 +337,8 @@ def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Se
         resume_within=args.resume_within,
         resume_text=args.resume_text or None,
         access_log=args.access_log,
+        resume_safe=tuple(pattern for pattern in args.resume_safe if pattern),
+        resume_unsafe=bool(args.resume_unsafe),
+        resume_concurrency=args.resume_concurrency,
+        resume_spacing=args.resume_spacing,
     )

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +24,9 @@ from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.dialects import LINE_1_18, LINE_2X, Dialect
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.tracker import GlobalEvent, StreamListener
-from proxy.relay.tasks import Together
+from proxy.opencode.vocabulary import mentioned_message
+from proxy.relay.tasks import KeyedTasks, Together
+from proxy.resume.admission import Admission
 from proxy.resume.clients import Clients
 from proxy.resume.continuing import Continuation
 from proxy.resume.decision import ResumeOutcome
@@ -33,6 +35,7 @@ from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import Known, Records, ResumeOptions, Resumer
 from proxy.resume.sending import Server
+from proxy.resume.waiting import Announcer, Continued, NotWaiting, Waiting, WaitingTurns
 from proxy.resume.watch import Candidate, Watch
 from proxy.writeback.scheduler import Writer
 
@@ -41,16 +44,19 @@ __all__ = ["Resuming", "open_ledger", "resuming"]
 log = logging.getLogger(__name__)
 
 
-async def open_ledger(stack: AsyncExitStack, state_db: Path | None) -> Ledger | None:
+async def open_ledger(stack: AsyncExitStack, state_db: Path | None, *, asked: bool = True) -> Ledger | None:
     """The durable record of each resume in `state_db`, closed with `stack`; or None, said once
-    in the log, when none can be kept: without it, nothing is resumed (`--resume` is off)."""
+    in the log (a warning when `--resume` was `asked` for), when none can be kept: without it,
+    nothing is resumed and no turn waits for a Continue."""
+    level = logging.WARNING if asked else logging.INFO
+    what = "--resume is off" if asked else "interrupted turns are not kept for a Continue"
     if state_db is None:
-        log.warning("--resume is off: there is no state database to record resumes in")
+        log.log(level, "%s: there is no state database to record resumes in", what)
         return None
     try:
         return await stack.enter_async_context(Ledger.open(state_db))
     except (OSError, sqlite3.Error) as error:
-        log.warning("--resume is off: the state database %s cannot be used: %s", state_db, error)
+        log.log(level, "%s: the state database %s cannot be used: %s", what, state_db, error)
         return None
 
 
@@ -68,18 +74,23 @@ def resuming(
     fates: Fates = no_fates,
     clients: Clients | None = None,
     health_route: Callable[[Dialect], str] = lambda dialect: dialect.health_paths[0],
+    admission: Admission | None = None,
+    announcer: Announcer | None = None,
 ) -> Resuming:
-    """`--resume` as a part that follows the stream, recording in `ledger`, its resumers closed
-    with `stack`. `writer` is the write-back's, counted as it is; `fates` what became of the
+    """Resume as a part that follows the stream, recording in `ledger`, its resumers closed with
+    `stack`. `writer` is the write-back's, counted as it is; `fates` what became of the
     interrupted calls' processes; `health_route` the route a server of a line was known by
-    (`ServerLine.health_route`), which a continuation asks whether it is up."""
+    (`ServerLine.health_route`), which a continuation asks whether it is up; `admission` spaces
+    continuations; `announcer` tells a person of a turn that waits for them (None: no one is told
+    but the log and `/_settle/resume`)."""
     api = UpstreamApi(session, origin)
+    waiting = WaitingTurns(announcer, ledger)
     resumers = functools.partial(
         Resumer,
         probe=probe,
         records=Records(ledger, journal),
         credentials=credentials,
-        known=Known(fates, clients),
+        known=Known(fates, clients, waiting, admission or Admission()),
     )
     servers = (
         Server(session, api, probe, origin, credentials, dialect=LINE_1_18),
@@ -93,33 +104,78 @@ def resuming(
     running = [resumer for resumer in by_line.values() if isinstance(resumer, Resumer)]
     for resumer in running:
         stack.push_async_callback(resumer.tasks.close)
+    _said(options)
+    watch = Watch(lambda candidate: by_line[candidate.dialect.name].consider(candidate))
+    ends: KeyedTasks[str] = KeyedTasks("resume-waits")
+    stack.push_async_callback(ends.close)
+    return Resuming(watch, Together(ends, *(resumer.tasks for resumer in running)), waiting, by_line, ends)
+
+
+def _said(options: ResumeOptions) -> None:
+    if not options.auto:
+        log.info(
+            "resume detects interrupted turns: each waits for a Continue (POST /_settle/resume/<session>)"
+        )
+        return
     log.info(
-        "resume is on%s: at most %d prompt(s) per interrupted turn, within %g s",
+        "resume is on%s: at most %d prompt(s) per interrupted turn, within %g s; %s",
         " (dry run: nothing is sent)" if options.dry_run else "",
         options.policy.attempts,
         options.policy.within_s,
+        "every turn continued (--resume-unsafe)"
+        if options.safety.unsafe_ok
+        else "a turn with an unsafe call waits for a person",
     )
-    watch = Watch(lambda candidate: by_line[candidate.dialect.name].consider(candidate))
-    return Resuming(watch, Together(*(resumer.tasks for resumer in running)))
 
 
 class Resuming(StreamListener):
-    """`--resume` in the application: follows the server's stream (its `Watch`), holds its
-    resumers' background work (`tasks`), and says which sessions it would consider should the
-    server die now (`running`)."""
+    """Resume in the application: follows the server's stream (its `Watch`), holds its resumers'
+    background work (`tasks`), says which sessions it would consider should the server die now
+    (`running`), keeps the turns that wait for a person (`waiting`: a message of theirs in the
+    session ends the wait) and continues one on a person's word (`proceed`)."""
 
-    def __init__(self, watch: Watch, tasks: Together) -> None:
+    def __init__(
+        self,
+        watch: Watch,
+        tasks: Together,
+        waiting: WaitingTurns,
+        by_line: Mapping[str, Resumer | _Refused],
+        ends: KeyedTasks[str],
+    ) -> None:
         self._watch = watch
         self.tasks = tasks
+        self.waiting = waiting
+        self._by_line = by_line
+        self._ends = ends
 
     def following(self) -> None:
         self._watch.following()
 
     def event(self, event: GlobalEvent) -> None:
         self._watch.event(event)
+        session_id = event.session_id
+        if session_id is None or (waiting := self.waiting.get(session_id)) is None:
+            return
+        message = mentioned_message(event.kind, event.properties)
+        if message is not None and message > waiting.turn.message_id:
+            why = f"a newer message {message} in the session: it is the person's again"
+            self._ends.start(session_id, functools.partial(self.waiting.end, session_id, why))
 
     def running(self) -> list[str]:
         return self._watch.running()
+
+    async def proceed(self, session_id: str) -> Waiting:
+        """Continue the session's waiting turn once (`POST /_settle/resume/{session}`): raises
+        `NotWaiting` when none waits, `Continued` when it was continued already."""
+        found = self.waiting.get(session_id)
+        resumer = self._by_line.get(found.line) if found is not None else None
+        if found is not None and not isinstance(resumer, Resumer):
+            raise NotWaiting(f"the {found.line} line resumes nothing here")
+        waiting = await self.waiting.take(session_id)
+        assert isinstance(resumer, Resumer)
+        if not resumer.proceed(waiting):
+            raise Continued("a resume of this session is under way")
+        return waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +185,11 @@ class _Refused:
     journal: Journal
     why: str
 
+    auto: bool = True
+
     def consider(self, candidate: Candidate) -> None:
+        if not self.auto:  # without --resume, a line that cannot resume has nothing to say
+            return
         why = f"--resume does nothing: {self.why}"
         self.journal.decided(ResumeOutcome.SKIPPED, candidate.api, candidate.session_id, why)
 
@@ -146,7 +206,7 @@ def _on_line(
     where no settlement can be made durable (1.18 without a writer), nothing but a skip."""
     line = server.dialect
     if (refused := line.resume_refusal(writer.mode if writer is not None else None)) is not None:
-        return _Refused(journal, refused)
+        return _Refused(journal, refused, options.auto)
     settled_by = line.settles_before_resume
     return resumers(
         server,

@@ -8,7 +8,7 @@ anomalyco/opencode @008d57153952), and both of its routes that start one do so. 
 and it takes the item's `id`, which 2.x refuses to admit twice (409 `ConflictError`), so a send
 retried under the same id is admitted at most once. `POST …/resume` takes no id (a second call
 starts another execution) and holds the request until the execution settles. What a person
-asked and has not answered is listed by `GET …/permission` and `GET …/question`.
+asked and has not answered is listed by `GET …/permission`, `GET …/question` and `GET …/form`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ __all__ = ["Continuation"]
 
 DESCRIPTION = "settle-proxy: the server went away mid-turn"
 CONFLICT = 409
+NOT_FOUND = 404
+PERSON_LISTS = ("permission", "question", "form")
+"""What a person must answer, each listed by `GET /api/session/{id}/<kind>`: `form` is
+`session.form.list` (`protocol/src/groups/form.ts` @8c6ff62466ba), newer than the other two."""
+NEWER_LISTS = frozenset({"form"})
 
 
 class Continuation(Server):
@@ -76,8 +81,13 @@ class Continuation(Server):
         return "the continuation is stored, and a step ran after it" if stored and newer else None
 
     async def waiting_on_person(self, session_id: str) -> str | None:
-        for kind in ("permission", "question"):
-            listed = await self._api.get(f"/api/session/{session_id}/{kind}", self._credentials)
+        for kind in PERSON_LISTS:
+            try:
+                listed = await self._api.get(f"/api/session/{session_id}/{kind}", self._credentials)
+            except UpstreamRefused as refusal:
+                if kind in NEWER_LISTS and refusal.status == NOT_FOUND:
+                    continue  # a server older than the route: it asks no forms
+                raise
             pending = listed.get("data") if isinstance(listed, dict) else None
             if isinstance(pending, list) and pending:
                 return f"a {kind} asked"

@@ -11,9 +11,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from proxy.resume.safety import CallClass, Classed, Safety, classify
+from proxy.resume.text import shortened
 from proxy.resume.turns import InterruptedTurn, LastTurn
 
-__all__ = ["After", "Before", "Policy", "ResumeOutcome", "Verdict", "after_settling", "before_settling"]
+__all__ = [
+    "After",
+    "Before",
+    "Policy",
+    "ResumeOutcome",
+    "Verdict",
+    "after_settling",
+    "before_settling",
+    "classed_calls",
+    "why_wait",
+]
 
 DEFAULT_WITHIN_S = 300.0
 """`--resume-within`: a restart under `settle-proxy run` takes seconds (its pauses grow to 15 s,
@@ -31,6 +43,8 @@ class ResumeOutcome(StrEnum):
     RESUMED = "resumed"
     WOULD_RESUME = "would-resume"
     SKIPPED = "skipped"
+    WAITING = "waiting"
+    """Settled, and left for a person: an unsafe call, or no `--resume` (`GET /_settle/resume`)."""
     NOT_STARTED = "not-started"
     GAVE_UP = "gave-up"
 
@@ -66,6 +80,10 @@ class Before:
     """A permission or question the stream showed asked and not answered, by kind."""
     age_s: float
     """Seconds since the last sign of life of the server while the session was busy."""
+    witnessed: bool = True
+    """Whether the turn's message is the newest the stream spoke of while the dead server ran:
+    a turn only that server's crash cut. A session idle before it (an older interruption left
+    settled, news of its title) is never woken."""
 
 
 def before_settling(facts: Before, policy: Policy) -> Verdict:
@@ -81,6 +99,15 @@ def before_settling(facts: Before, policy: Policy) -> Verdict:
         )
     if turn is None:
         return Verdict("no interrupted turn: the last assistant message finished")
+    return _the_turn(facts, turn)
+
+
+def _the_turn(facts: Before, turn: InterruptedTurn) -> Verdict:
+    """What only the interrupted turn itself can tell: cut by the last crash, no person asked."""
+    if not facts.witnessed:
+        return Verdict(
+            f"not cut by the last crash: the stream never spoke of {turn.message_id} while the server ran"
+        )
     if (person := facts.waiting_on_person or _asks_a_person(turn)) is not None:
         return Verdict(f"it was waiting on a person ({person}): left settled for them to answer")
     return GO
@@ -124,3 +151,35 @@ def after_settling(facts: After, policy: Policy) -> Verdict:
             f"{facts.used} prompt(s) sent for this turn already (--resume-attempts {policy.attempts})"
         )
     return GO
+
+
+def classed_calls(settled: InterruptedTurn, first: InterruptedTurn, safety: Safety) -> tuple[Classed, ...]:
+    """The class of each call of the `settled` turn, by its status as `first` read it (before the
+    settlement made every call `error`); a call the server failed as ambiguous is unsafe, whatever
+    it ran: the server itself would not continue it."""
+    status = {call.call_id: call.status for call in first.calls}
+    found = []
+    for call in settled.calls:
+        shown = shortened(call)
+        if call.refused is not None:
+            why = f"the server failed it itself: {call.refused}"
+            found.append(Classed(call.call_id, call.tool, shown, CallClass.UNSAFE, why))
+        else:
+            seen = status.get(call.call_id, call.status)
+            found.append(classify(call.call_id, call.tool, call.input, seen, safety=safety, shown=shown))
+    return tuple(found)
+
+
+def why_wait(
+    turn: InterruptedTurn, classed: tuple[Classed, ...], safety: Safety, *, auto: bool
+) -> str | None:
+    """Why the settled `turn` waits for a person instead of being continued by itself, or None."""
+    if (refused := next((call for call in turn.calls if call.refused is not None), None)) is not None:
+        return f"the server did not continue it ({refused.refused}): a person decides"
+    if not auto:
+        return "--resume is off: an interrupted turn waits for a Continue"
+    unsafe = [call for call in classed if not call.safe]
+    if unsafe and not safety.unsafe_ok:
+        named = "; ".join(f"{call.tool} `{call.command}`: {call.why}" for call in unsafe)
+        return f"an unsafe call ({named}); --resume-unsafe would continue it"
+    return None

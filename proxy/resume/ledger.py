@@ -31,6 +31,8 @@ _SCHEMA = (
         PRIMARY KEY (session, message))""",
     """CREATE TABLE IF NOT EXISTS resume_prompt (
         prompt TEXT PRIMARY KEY, session TEXT NOT NULL, message TEXT NOT NULL, sent_at REAL NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS resume_waiting (
+        session TEXT PRIMARY KEY, message TEXT NOT NULL, since REAL NOT NULL, turn BLOB NOT NULL)""",
 )
 _BUSY_TIMEOUT_MS = 5000
 
@@ -133,6 +135,23 @@ class Ledger:
                 "UPDATE resume_claim SET outcome = ? WHERE session = ? AND message = ?",
                 (outcome, session_id, message_id),
             )
+
+    async def wait(self, session_id: str, message_id: str, turn: bytes) -> None:
+        """Keep a turn waiting for a person (`proxy.resume.waiting`), one per session."""
+        async with self._lock:
+            await self._db.execute(
+                "INSERT OR REPLACE INTO resume_waiting VALUES (?, ?, ?, ?)",
+                (session_id, message_id, time.time(), turn),
+            )
+
+    async def unwait(self, session_id: str) -> None:
+        async with self._lock:
+            await self._db.execute("DELETE FROM resume_waiting WHERE session = ?", (session_id,))
+
+    async def waits(self) -> list[bytes]:
+        """Every turn kept waiting, oldest first."""
+        async with self._lock, self._db.execute("SELECT turn FROM resume_waiting ORDER BY since") as rows:
+            return [bytes(row[0]) for row in await rows.fetchall()]
 
     async def _chain(self, session_id: str, prompted_by: str | None, message_id: str) -> str:
         """The first interrupted message of the person's turn: the chain of the claim whose prompt

@@ -70,16 +70,25 @@ class Prompting:
         self._settled_by = settled_by
 
     async def resume(
-        self, turn: InterruptedTurn, directory: str | None, text: str, calls: list[dict[str, str]]
+        self,
+        turn: InterruptedTurn,
+        directory: str | None,
+        text: str,
+        calls: list[dict[str, str]],
+        *,
+        admitted: float | None = None,
     ) -> None:
+        """Claim the turn, then prompt; `admitted` (epoch seconds: when the admission let it go)
+        is said with the decision that it started."""
         claim = await self._ledger.claim(turn.session_id, turn.prompted_by, turn.message_id)
         if not claim.won:
             self._decide(ResumeOutcome.SKIPPED, turn, f"already claimed, by {claim.owner} (state database)")
             return
-        await self._send(turn, directory, claim.used, text, calls)
+        more = {"calls": calls} | ({"admitted": admitted} if admitted is not None else {})
+        await self._send(turn, directory, claim.used, text, more)
 
     async def _send(
-        self, turn: InterruptedTurn, directory: str | None, used: int, text: str, calls: list[dict[str, str]]
+        self, turn: InterruptedTurn, directory: str | None, used: int, text: str, more: dict[str, Any]
     ) -> None:
         """Prompt until the turn starts (`used` prompts spent already); a server never ready
         spends a try too, not a prompt."""
@@ -92,7 +101,7 @@ class Prompting:
             why = tried.how
             if tried.started:
                 await self._ledger.finished(turn.session_id, turn.message_id, str(ResumeOutcome.RESUMED))
-                self._decide(ResumeOutcome.RESUMED, turn, why, prompt=prompt_id, attempt=used, calls=calls)
+                self._decide(ResumeOutcome.RESUMED, turn, why, prompt=prompt_id, attempt=used, **more)
                 return
             if used >= attempts or tries >= attempts:
                 await self._ledger.finished(turn.session_id, turn.message_id, str(ResumeOutcome.GAVE_UP))

@@ -16,23 +16,37 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
 from proxy.opencode.client import Credentials
+from proxy.opencode.dialects import Dialect
 from proxy.relay.tasks import KeyedTasks
+from proxy.resume.admission import Admission
 from proxy.resume.clients import Clients, clients_back
-from proxy.resume.decision import After, Before, Policy, ResumeOutcome, after_settling, before_settling
+from proxy.resume.decision import (
+    After,
+    Before,
+    Policy,
+    ResumeOutcome,
+    after_settling,
+    before_settling,
+    classed_calls,
+    why_wait,
+)
 from proxy.resume.fates import Fates, no_fates
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.prompting import Prompted, Prompting
+from proxy.resume.safety import Classed, Safety
 from proxy.resume.sending import READ_ERRORS
 from proxy.resume.text import resume_text
 from proxy.resume.turns import InterruptedTurn, last_turn
+from proxy.resume.waiting import Waiting, WaitingTurns
 from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Writer
 from rules import FRESH_MARGIN_MS, Api, Liveness
@@ -41,6 +55,7 @@ __all__ = ["Known", "Records", "ResumeOptions", "Resumer"]
 
 log = logging.getLogger(__name__)
 RETRY_PAUSE_S = 5.0
+NO_PATTERNS = Safety()
 SETTLE_ATTEMPTS = 3
 SETTLE_PAUSE_S = FRESH_MARGIN_MS / 1000 + 0.5
 """Past the margin within which no reading vouches for a call, by the server's clock (in whole seconds)."""
@@ -54,6 +69,8 @@ class Reader(Protocol):
 
 class ResumeServer(Prompted, Protocol):
     """The restarted server as the resume uses it (`proxy.resume.sending.Server`)."""
+
+    dialect: Dialect
 
     async def session_info(self, turn_api: Api, session_id: str) -> dict[str, Any]: ...
 
@@ -72,6 +89,10 @@ class ResumeOptions:
     settled_by: str | None = None
     """What makes the settlement durable when the server does it itself before any model work
     (2.x); None: the write-back must, before anything is sent."""
+    safety: Safety = NO_PATTERNS
+    """Which calls are continued by itself (`--resume-safe`, `--resume-unsafe`)."""
+    auto: bool = True
+    """`--resume`: continue by itself what is safe; False: every interrupted turn waits for a Continue."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +110,10 @@ class Known:
 
     fates: Fates = no_fates
     clients: Clients | None = None
+    waiting: WaitingTurns | None = None
+    """Where a turn left for a person is kept (None: one of the resumer's own, in memory)."""
+    admission: Admission | None = None
+    """What spaces the continuations of one crash (None: one of the resumer's own, as by default)."""
 
 
 class Resumer:
@@ -117,6 +142,8 @@ class Resumer:
         self._fates = known.fates
         self._clients = known.clients
         self._clock = clock
+        self.waiting = known.waiting or WaitingTurns()
+        self._admission = known.admission or Admission()
         self._prompting = Prompting(
             server,
             records.ledger,
@@ -127,18 +154,64 @@ class Resumer:
         )
 
     def consider(self, candidate: Candidate) -> None:
-        self.tasks.start(candidate.session_id, partial(self._guarded, candidate))
+        """Decide on `candidate` in the background; its place in the admission order is taken now."""
+        ticket = self._admission.ticket()
+        if not self.tasks.start(
+            candidate.session_id, partial(self._guarded, self._consider, candidate, ticket)
+        ):
+            self._admission.drop(ticket)
 
-    async def _guarded(self, candidate: Candidate) -> None:
+    def proceed(self, waiting: Waiting) -> bool:
+        """Continue a turn that waited, once (a person's Continue); False while a resume of its
+        session is under way."""
+        turn = waiting.turn
+        last_alive = self._clock() - (time.time() - waiting.alive)
+        candidate = Candidate(
+            turn.session_id,
+            turn.api,
+            waiting.directory,
+            last_alive,
+            None,
+            self._server.dialect,
+            turn.message_id,
+        )
+        ticket = self._admission.ticket()
+        work = partial(self._guarded, partial(self._continued, waiting), candidate, ticket)
+        if not self.tasks.start(turn.session_id, work):
+            self._admission.drop(ticket)
+            return False
+        return True
+
+    async def _guarded(
+        self, consider: Callable[[Candidate, int], Awaitable[None]], candidate: Candidate, ticket: int
+    ) -> None:
         try:
-            await self._consider(candidate)
+            await consider(candidate, ticket)
         except READ_ERRORS as error:
             self._skip(candidate, f"the server could not be read: {type(error).__name__}: {error}")
         except Exception as error:
             log.exception("resume of %s failed", candidate.session_id)
             self._skip(candidate, f"failed: {type(error).__name__}: {error}")
+        finally:
+            self._admission.drop(ticket)
 
-    async def _consider(self, candidate: Candidate) -> None:
+    async def _continued(self, waiting: Waiting, candidate: Candidate, ticket: int) -> None:
+        """The waiting turn re-read (a person may have written since), then settled and continued
+        as an automatic resume is: the same checks, prompt, ledger claim and admission; only
+        `--resume-within` is not asked (the person chose to continue, however late)."""
+        policy = dataclasses.replace(self._options.policy, within_s=math.inf)
+        info = await self._server.session_info(candidate.api, candidate.session_id)
+        before = await self._before(candidate, info, waiting.turn.message_id)
+        if (verdict := before_settling(before, policy)).why is not None:
+            self._skip(candidate, f"Continue: {verdict.why}", before.last.turn)
+            return
+        turn = before.last.turn
+        assert turn is not None
+        await self._settle_then_go(
+            candidate, info, turn, waiting.directory, ticket=ticket, policy=policy, continued=waiting.calls
+        )
+
+    async def _consider(self, candidate: Candidate, ticket: int) -> None:
         await asyncio.sleep(self._options.grace)
         if self._clients is not None:
             await clients_back(self._clients, candidate.session_id, candidate.last_alive)
@@ -152,13 +225,51 @@ class Resumer:
             return
         turn = before.last.turn
         assert turn is not None
+        directory = _directory(info) or candidate.directory
+        if not self._options.auto:
+            await self._detected(candidate, turn, directory)
+            return
+        await self._settle_then_go(
+            candidate, info, turn, directory, ticket=ticket, policy=self._options.policy
+        )
+
+    async def _detected(self, candidate: Candidate, turn: InterruptedTurn, directory: str | None) -> None:
+        """Without `--resume`: nothing is written nor sent, and a turn the restarted server still
+        runs is none; any other waits for a Continue, which settles it first."""
+        if (await self._probe.read(candidate.api, candidate.session_id, self._credentials)).active:
+            self._skip(candidate, "the session is running: the server did not lose the turn", turn)
+            return
+        classed = classed_calls(turn, turn, self._options.safety)
+        why = why_wait(turn, classed, self._options.safety, auto=False)
+        await self._wait(candidate, turn, directory, classed, why or "")
+
+    async def _settle_then_go(
+        self,
+        candidate: Candidate,
+        info: dict[str, Any],
+        turn: InterruptedTurn,
+        directory: str | None,
+        *,
+        ticket: int,
+        policy: Policy,
+        continued: tuple[Classed, ...] | None = None,
+    ) -> None:
+        """Settle the turn durably, decide on the re-read, then continue it: by itself if it is
+        safe, else leave it waiting; `continued` (the classes it waited with) continues it anyway."""
         after = await self._settled(candidate, info, turn)
-        if (verdict := after_settling(after, self._options.policy)).why is not None:
+        if (verdict := after_settling(after, policy)).why is not None:
             self._skip(candidate, verdict.why, after.before.last.turn or turn)
             return
         settled = after.before.last.turn
         assert settled is not None
-        await self._resume(candidate, settled, _directory(info) or candidate.directory)
+        if continued is not None:
+            await self._resume(candidate, settled, directory, continued, ticket)
+            return
+        classed = classed_calls(settled, turn, self._options.safety)
+        if (why := why_wait(settled, classed, self._options.safety, auto=True)) is not None:
+            await self._wait(candidate, settled, directory, classed, why)
+            return
+        await self._resume(candidate, settled, directory, classed, ticket)
 
     async def _settled(self, candidate: Candidate, info: dict[str, Any], turn: InterruptedTurn) -> After:
         """The session re-read after its open calls were written back. A call last alive within
@@ -187,17 +298,15 @@ class Resumer:
         view = await self._server.messages(candidate.api, candidate.session_id)
         parent = info.get("parentID")
         person = candidate.waiting_on_person or await self._server.waiting_on_person(candidate.session_id)
+        rules, seen = self._server.rules(candidate.api), candidate.seen_message
+        last = last_turn(view, rules, candidate.session_id, seen=seen, cut_off=cut_off)
+        witnessed = last.turn is None or (seen is not None and last.turn.message_id >= seen)
         return Before(
-            last_turn(
-                view,
-                self._server.rules(candidate.api),
-                candidate.session_id,
-                seen=candidate.seen_message,
-                cut_off=cut_off,
-            ),
+            last,
             parent if isinstance(parent, str) and parent else None,
             person,
             self._clock() - candidate.last_alive,
+            witnessed,
         )
 
     async def _settle(self, turn: InterruptedTurn, open_calls: list[str]) -> None:
@@ -250,10 +359,38 @@ class Resumer:
             return f"one running since {liveness.elsewhere_since} ms (epoch), before the turn ended"
         return None
 
-    async def _resume(self, candidate: Candidate, turn: InterruptedTurn, directory: str | None) -> None:
+    async def _wait(
+        self,
+        candidate: Candidate,
+        turn: InterruptedTurn,
+        directory: str | None,
+        classed: tuple[Classed, ...],
+        why: str,
+    ) -> None:
+        """Leave the turn for a person: kept, told, and said in the journal."""
+        calls = [call.as_json() for call in classed]
+        if self._options.dry_run:
+            why = f"{why} (--dry-run: not kept)"
+        else:
+            now = time.time()
+            alive = now - (self._clock() - candidate.last_alive)
+            line = self._server.dialect.name
+            await self.waiting.add(Waiting(turn, directory, classed, now, why, line, alive))
+        self._journal.decided(
+            ResumeOutcome.WAITING, turn.api, turn.session_id, why, message=turn.message_id, calls=calls
+        )
+
+    async def _resume(
+        self,
+        candidate: Candidate,
+        turn: InterruptedTurn,
+        directory: str | None,
+        classed: tuple[Classed, ...],
+        ticket: int,
+    ) -> None:
         fates = await self._fates([call.call_id for call in turn.calls])
         text = self._options.text or resume_text(turn.calls, fates)
-        calls = [{"call": c.call_id, "tool": c.tool} for c in turn.calls]
+        calls = [call.as_json() for call in classed]
         if self._options.dry_run:
             why = "--dry-run: nothing sent"
             self._journal.decided(
@@ -265,7 +402,8 @@ class Resumer:
                 calls=calls,
             )
             return
-        await self._prompting.resume(turn, directory, text, calls)
+        async with self._admission.admitted(ticket):
+            await self._prompting.resume(turn, directory, text, calls, admitted=time.time())
 
     def _skip(self, candidate: Candidate, why: str, turn: InterruptedTurn | None = None) -> None:
         message = turn.message_id if turn is not None else None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.opencode.vocabulary import is_open_tool
-from rules import Api, Runtime, UnexpectedShape
+from rules import AMBIGUOUS, Api, Runtime, UnexpectedShape
 
 __all__ = [
     "InterruptedCall",
@@ -36,6 +36,11 @@ class InterruptedCall:
     input: dict[str, Any]
     still_open: bool
     """True while storage still shows it running (it must be settled before any resume)."""
+    status: str | None = None
+    """Its status as read (`pending`/`streaming`: cut while the model wrote its input; `error`)."""
+    refused: str | None = None
+    """The server's own word when it failed the call as ambiguous after a restart (2.x `serve
+    --service`): it did not continue the turn, and neither does the proxy by itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,11 +165,15 @@ def _interrupted(item: dict[str, Any], rules: Runtime[Any]) -> InterruptedCall |
     else:
         return None
     given = state.get("input")
+    status = state.get("status")
+    error = _dict(state.get("error")).get("message")
     return InterruptedCall(
         str(item.get("id")),
         str(item.get(rules.tool_key)),
         given if isinstance(given, dict) else {},
         still_open,
+        status if isinstance(status, str) else None,
+        error if isinstance(error, str) and error.startswith(AMBIGUOUS) else None,
     )
 
 

@@ -43,6 +43,7 @@ from proxy.relay.transport import Transport
 from proxy.relay.upstream import upstream_session
 from proxy.resume.assembly import Resuming
 from proxy.resume.journal import Journal
+from proxy.resume.waiting import Announcer
 from proxy.service.config import Settings
 from proxy.service.health import SettleRoutes
 from proxy.service.metrics import Metrics
@@ -134,8 +135,11 @@ class Assembly:
         supervisor: Supervisor | None = None,
         prefix: str = "",
         where: Locations,
+        announcer: Announcer | None = None,
     ) -> None:
         self.settings = settings
+        self.announcer = announcer
+        """Who tells a person of a turn that waits for them (None: only the log and `/_settle/resume`)."""
         self.supervisor = supervisor
         self.prefix = prefix
         self.metrics = metrics = Metrics()
@@ -193,7 +197,8 @@ class Assembly:
         live = next((addon for addon in addons if isinstance(addon, LiveSettle)), None)
         self.notices = live.notices if live is not None else None
         ledger = await resume_ledger(settings, stack)
-        self.journal = Journal(metrics.registry, enabled=ledger is not None, dry_run=settings.dry_run)
+        enabled = settings.resume and ledger is not None
+        self.journal = Journal(metrics.registry, enabled=enabled, dry_run=settings.dry_run)
         self.resuming = resuming(
             settings,
             stack,
@@ -206,7 +211,10 @@ class Assembly:
             watcher=self.tool_processes,
             clients=clients,
             line=self.line,
+            announcer=self.announcer if self.announcer is not None else self.notices,
         )
+        if self.resuming is not None:
+            await self.resuming.waiting.load()
         parts = [*addons, self.notices, self.routes.guard, self.tool_processes, self.resuming]
         dispatcher = wire(
             parts, tracker=tracker, background=self.background, errors=metrics.addon_errors, stack=stack

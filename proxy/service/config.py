@@ -80,6 +80,14 @@ class Settings:
     """The prompt a resumed turn starts with, instead of the one naming the interrupted calls."""
     access_log: bool = False
     """One log line per request (`proxy.service.access_log`); for the command line's runner."""
+    resume_safe: tuple[str, ...] = ()
+    """Globs over a tool's name or a command line that `--resume` also continues by itself."""
+    resume_unsafe: bool = False
+    """Continue by itself a turn with an unsafe call too (as before calls were classed)."""
+    resume_concurrency: int = 2
+    """Continuations admitted at once after one crash."""
+    resume_spacing: float = 2.0
+    """Seconds at least between two admissions."""
 
     def __post_init__(self) -> None:
         if self.max_body < 1:

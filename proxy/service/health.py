@@ -21,6 +21,7 @@ from proxy.opencode.client import basic_as
 from proxy.opencode.dialects import HEALTH_PATHS, route_line
 from proxy.opencode.tracker import LivenessTracker, StreamState
 from proxy.relay.errors import reason_of
+from proxy.resume.waiting import Continued, NotWaiting
 from proxy.service.auth import DetailsGuard, Handler
 from proxy.service.metrics import CONTENT_TYPE_LATEST
 from proxy.version import VERSION
@@ -57,6 +58,7 @@ class SettleRoutes:
         app.router.add_get(f"{PREFIX}/up", self.up)
         for name, handler in self.guarded().items():
             app.router.add_get(f"{PREFIX}/{name}", self.guard.guard(handler))
+        app.router.add_post(f"{PREFIX}/resume/{{session_id}}", self.guard.guard(self.proceed))
         app.router.add_route("*", PREFIX + "/{tail:.*}", self.guard.guard(not_found))
 
     def guarded(self) -> dict[str, Handler]:
@@ -127,10 +129,27 @@ class SettleRoutes:
             {
                 "enabled": journal.enabled,
                 "dry_run": journal.dry_run,
+                "continue": resuming is not None,
                 "running": resuming.running() if resuming is not None else [],
+                "waiting": resuming.waiting.listed() if resuming is not None else [],
                 "decisions": journal.recent(),
             }
         )
+
+    async def proceed(self, request: web.Request) -> web.Response:
+        """`POST /_settle/resume/{session_id}`: continue the session's waiting turn, once (202); 404
+        when none waits (or the wait ended), 409 when it was continued already; each with why."""
+        session_id = request.match_info["session_id"]
+        if (resuming := self._assembly.resuming) is None:
+            why = "no turn waits here: there is no state database to keep resumes in"
+            return _refusal(404, "not_waiting", why)
+        try:
+            waiting = await resuming.proceed(session_id)
+        except NotWaiting as error:
+            return _refusal(404, "not_waiting", str(error))
+        except Continued as error:
+            return _refusal(409, "continued", str(error))
+        return web.json_response({"continuing": waiting.as_json()}, status=202)
 
     async def _ask(self) -> Answer:
         """Which server the upstream is (asked now, if it is not known), or why that is not known,
@@ -255,6 +274,10 @@ def _liveness_source(tracker: LivenessTracker) -> dict[str, object]:
     if tracker.last_failure is not None:
         said |= {"restarts": tracker.restarts, "last_failure": tracker.last_failure}
     return said
+
+
+def _refusal(status: int, error: str, why: str) -> web.Response:
+    return web.json_response({"error": error, "message": why}, status=status)
 
 
 async def not_found(_: web.Request) -> web.Response:

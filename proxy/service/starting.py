@@ -16,6 +16,7 @@ from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.server_line import KnownServer, ServerLine
 from proxy.opencode.surveys import OtherProcesses
+from proxy.resume.admission import Admission
 from proxy.resume.assembly import Resuming, open_ledger
 from proxy.resume.assembly import resuming as assembled_resuming
 from proxy.resume.clients import Clients
@@ -24,6 +25,8 @@ from proxy.resume.fates import Fates, no_fates, process_fates
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import ResumeOptions
+from proxy.resume.safety import Safety
+from proxy.resume.waiting import Announcer
 from proxy.service.config import Settings
 from proxy.supervision.process_records import ProcessRecords
 from proxy.supervision.supervisor import Orphans, Supervisor
@@ -116,8 +119,11 @@ async def tool_processes(
 
 
 async def resume_ledger(settings: Settings, stack: AsyncExitStack) -> Ledger | None:
-    """The ledger of `--resume`, if asked for and one can be kept; None: resume is off."""
-    return await open_ledger(stack, settings.state_db) if settings.resume else None
+    """The ledger of resumes, where one can be kept: with `--resume`, or without it for the turns
+    that wait for a person's Continue; None: nothing is resumed nor waits."""
+    if not settings.resume and settings.state_db is None:
+        return None
+    return await open_ledger(stack, settings.state_db, asked=settings.resume)
 
 
 def resuming(
@@ -133,10 +139,12 @@ def resuming(
     watcher: ToolProcesses | None,
     clients: Clients | None,
     line: ServerLine,
+    announcer: Announcer | None = None,
 ) -> Resuming | None:
-    """`--resume`, when it has its `ledger`: resume assembles itself from values. It writes only
-    into a server the write-back's mode writes into, and asks a restarted server whether it is up
-    on the route `line` knew it by."""
+    """Resume, when it has its `ledger`: it assembles itself from values. Without `--resume` it
+    only detects: every interrupted turn waits for a Continue. It writes only into a server the
+    write-back's mode writes into, and asks a restarted server whether it is up on the route
+    `line` knew it by."""
     if ledger is None:
         return None
     options = ResumeOptions(
@@ -144,6 +152,8 @@ def resuming(
         settings.grace,
         settings.dry_run,
         settings.resume_text,
+        safety=Safety(settings.resume_safe, settings.resume_unsafe),
+        auto=settings.resume,
     )
     return assembled_resuming(
         stack,
@@ -158,6 +168,8 @@ def resuming(
         options=options,
         fates=_fates(supervisor, watcher),
         clients=clients,
+        admission=Admission(settings.resume_concurrency, settings.resume_spacing),
+        announcer=announcer,
     )
 
 

@@ -67,8 +67,9 @@ from .turns import observe_running as observe
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LATER_TEXT = "a person continues right after the restart"
-RESUMING = ("--resume", "--write-back", "api", "--log-format", "json")
-RESUMING_DB = ("--resume", "--write-back", "db", "--log-format", "json")
+RESUMING = ("--resume", "--resume-safe", "task", "--write-back", "api", "--log-format", "json")
+"""`task` is no tool that only reads: named safe, so the parent of the child session is resumed."""
+RESUMING_DB = ("--resume", "--resume-safe", "task", "--write-back", "db", "--log-format", "json")
 DECISION_TIMEOUT_S = 90.0
 LOST_TO_THE_OTHER = ("already claimed, by ", "a newer message ", "the session is running")
 

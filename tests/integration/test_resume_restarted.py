@@ -30,6 +30,7 @@ PROMPT = "resume, restart the proxy, crash again"
 TICKING = "for i in $(seq 600); do echo tick$i; sleep 1; done"
 OPTIONS = (
     "--resume",
+    "--resume-unsafe",  # TICKING is a `for` loop with a `$(...)`: unsafe, and resumed all the same here
     "--write-back",
     "api",
     "--grace",

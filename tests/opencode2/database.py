@@ -11,7 +11,7 @@ import orjson
 
 from tests.opencode2.store import Store
 
-TABLES = ("sessions", "messages", "permissions", "questions", "inbox")
+TABLES = ("sessions", "messages", "permissions", "questions", "forms", "inbox")
 
 
 def save(store: Store, path: Path) -> None:

@@ -82,6 +82,7 @@ class Api:
         get("/api/session/{session}/message/{message}", self.message)
         get("/api/session/{session}/permission", self.permissions)
         get("/api/session/{session}/question", self.questions)
+        get("/api/session/{session}/form", self.forms)
         post("/api/session/{session}/prompt", self.inputs.prompt)
         post("/api/session/{session}/synthetic", self.inputs.synthetic)
         post("/api/session/{session}/resume", self.inputs.resume)
@@ -198,6 +199,12 @@ class Api:
         `protocol/src/groups/question.ts` @1652328ecae0)."""
         return self._pending(request, self.store.questions)
 
+    async def forms(self, request: web.Request) -> web.Response:
+        """`GET /api/session/{id}/form` → `{data: Form.Info[]}`, the pending forms of the session
+        (`session.form.list`, `protocol/src/groups/form.ts` @8c6ff62466ba), a newer route than the
+        other two."""
+        return self._pending(request, self.store.forms)
+
     def _pending(self, request: web.Request, pending: dict[str, list[Json]]) -> web.Response:
         session_id = request.match_info["session"]
         if session_id not in self.store.sessions:
@@ -216,6 +223,12 @@ def permission_request(session_id: str, action: str, resources: list[str], call:
         "resources": resources,
         "source": source,
     }
+
+
+def form_request(session_id: str, title: str) -> Json:
+    """`Form.Info` as `session.form.create` makes one (`{id?, title, metadata, mode: "form", fields}`,
+    its `CreatePayload`, `protocol/src/groups/form.ts` @8c6ff62466ba), for the session."""
+    return {"id": ascending("frm"), "sessionID": session_id, "title": title, "mode": "form", "fields": []}
 
 
 def question_request(session_id: str, question: str, call: tuple[str, str]) -> Json:

@@ -28,7 +28,7 @@ from aiohttp import web
 from tests.opencode2.auth import Auth, basic
 from tests.opencode2.database import load, save
 from tests.opencode2.events import HEARTBEAT_SECONDS, EventHub
-from tests.opencode2.routes import Api, permission_request, question_request
+from tests.opencode2.routes import Api, form_request, permission_request, question_request
 from tests.opencode2.settle import Settle
 from tests.opencode2.shapes import (
     Json,
@@ -274,6 +274,12 @@ class StandIn:
             call.session_id, action, resources or ["*"], (call.message_id, call.call_id)
         )
         self.store.permissions.setdefault(call.session_id, []).append(request)
+        return request
+
+    def add_form(self, session_id: str, title: str = "Sign in") -> Json:
+        """A pending form of the session (listed by `GET /api/session/{id}/form`)."""
+        request = form_request(session_id, title)
+        self.store.forms.setdefault(session_id, []).append(request)
         return request
 
     def add_question(self, call: RunningCall, question: str = "Go on?") -> Json:

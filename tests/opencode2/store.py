@@ -79,6 +79,7 @@ class Store:
     active: set[str] = field(default_factory=set)
     permissions: dict[str, list[Json]] = field(default_factory=dict)
     questions: dict[str, list[Json]] = field(default_factory=dict)
+    forms: dict[str, list[Json]] = field(default_factory=dict)
     inbox: dict[str, list[Json]] = field(default_factory=dict)
     """Admitted inputs not yet delivered: what the drain turns into messages after it settles
     (`session.inbox.enqueued` → `session.inbox.delivered`, `specs/v2/session.md` per idx:70823202177)."""

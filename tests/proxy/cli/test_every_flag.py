@@ -53,6 +53,8 @@ def a_value(action: argparse.Action) -> tuple[str, object]:
     """A value for the variable, and what the flag then holds."""
     if action.nargs == 0:
         return "1", action.const
+    if isinstance(action, argparse._AppendAction):  # a repeatable flag: its variable holds a list
+        return "7, 8", ["7", "8"]
     if action.choices is not None:
         choice = next(str(choice) for choice in action.choices if choice != action.default)
         return choice, choice

@@ -14,7 +14,11 @@ from proxy.cli.arguments import variable_of
 from proxy.cli.main import PARSERS
 from tests.proxy.cli.test_every_flag import every_flag, find
 
-ZERO_MEANS = {"--grace": "0 takes them back to back", "--response-timeout": "0 for no limit"}
+ZERO_MEANS = {
+    "--grace": "0 takes them back to back",
+    "--response-timeout": "0 for no limit",
+    "--resume-spacing": "0 admits them back to back",
+}
 """The seconds flags whose help gives 0 a meaning, and the words that give it."""
 BAD = ("nan", "NaN", "inf", "-inf", "-1", "1e9", "-0.5")
 RANGE = re.compile(r"\((from 0 to|more than 0, at most) (\d+)\)")

@@ -21,6 +21,13 @@ def test_a_settled_interrupted_turn_of_a_watched_session_is_resumed() -> None:
     assert after_settling(AFTER, POLICY).go
 
 
+def test_a_turn_the_stream_never_spoke_of_was_not_cut_by_the_last_crash() -> None:
+    """A session idle before the crash (news of its title, an older interruption left settled)."""
+    verdict = before_settling(dataclasses.replace(BEFORE, witnessed=False), POLICY)
+    assert verdict.why is not None
+    assert verdict.why.startswith("not cut by the last crash")
+
+
 @pytest.mark.parametrize("within_s", [math.nan, -1.0])
 def test_a_nonsense_bound_resumes_nothing(within_s: float) -> None:
     """The command line refuses these; a policy built another way must still resume nothing."""

@@ -1,6 +1,7 @@
 """`--resume` in front of 2.x (the stand-in): one continuation through 2.x's own settle-then-continue
 (`POST /api/session/{id}/synthetic` under one id, naming the call), and none over a newer message,
-a pending permission or question, or for a child session."""
+a pending permission, question or form, or for a child session; an unsafe call, or one the server
+itself failed as ambiguous after a restart, waits for a person's Continue."""
 
 from __future__ import annotations
 
@@ -24,13 +25,18 @@ pytestmark = pytest.mark.usefixtures("caplog")
 
 
 async def crashed_mid_call(
-    server: StandIn, aiohttp_client: Client, tmp_path: Path, call: RunningCall, before_restart: Any = None
+    server: StandIn,
+    aiohttp_client: Client,
+    tmp_path: Path,
+    call: RunningCall,
+    before_restart: Any = None,
+    **more: Any,
 ) -> Said:
-    """Run the proxy with `--resume`; the stream shows the call's execution; the server is killed
-    and restarted; the proxy's decision line, once said."""
+    """Run the proxy with `--resume` (and `more` settings); the stream shows the call's execution;
+    the server is killed and restarted; the proxy's decision line, once said."""
     decided = Said("resume ", f": session {call.session_id}: ")
     # No --write-back: on 2.x the server's own drain makes the settlement durable.
-    settings: dict[str, Any] = {"resume": True, "state_db": tmp_path / "state.db"}
+    settings: dict[str, Any] = {"resume": True, "state_db": tmp_path / "state.db", **more}
     async with proxied(server, aiohttp_client, lock_dir=tmp_path, **settings) as (_, seen):
         server.publish("session.execution.started", {"sessionID": call.session_id})
         call_opened(server, call)
@@ -50,7 +56,7 @@ async def test_a_crashed_turn_is_continued_once_through_synthetic_naming_the_cal
     async with StandIn(password=PASSWORD, **VARIANTS[variant]) as server:
         session = server.add_session()
         call = server.add_running_call(session, "shell", {"command": "make test"})
-        decided = await crashed_mid_call(server, aiohttp_client, tmp_path, call)
+        decided = await crashed_mid_call(server, aiohttp_client, tmp_path, call, resume_unsafe=True)
         routes = [(c.route, c.session_id) for c in server.calls]
         body = server.calls[0].body
         settled = server.messages(session)[1]["content"][0]["state"]
@@ -79,7 +85,9 @@ async def test_a_call_2x_settled_itself_is_read_settled_and_named(
             for failed in tool_failures(session, messages, Settle.CHILD):
                 project_tool_failed(messages, failed.data, created=1)
 
-        decided = await crashed_mid_call(server, aiohttp_client, tmp_path, call, settled_by_2x)
+        decided = await crashed_mid_call(
+            server, aiohttp_client, tmp_path, call, settled_by_2x, resume_unsafe=True
+        )
         body = server.calls[0].body
     assert decided.line.startswith(f"resume resumed: session {session}")
     assert body is not None
@@ -90,7 +98,7 @@ def _later(server: StandIn, session: str, message: dict[str, Any]) -> None:
     server.messages(session).append(message)
 
 
-@pytest.mark.parametrize("person", ["newer message", "permission", "question"])
+@pytest.mark.parametrize("person", ["newer message", "permission", "question", "form"])
 async def test_never_over_a_person(aiohttp_client: Client, tmp_path: Path, person: str) -> None:
     async with StandIn(password=PASSWORD) as server:
         session = server.add_session()
@@ -101,6 +109,8 @@ async def test_never_over_a_person(aiohttp_client: Client, tmp_path: Path, perso
                 server.add_permission(call)
             elif person == "question":
                 server.add_question(call)
+            elif person == "form":
+                server.add_form(session)
             else:
                 later = {
                     "id": "msg_zzzzzzzzzzzzzzzzzzzzzzzzzz",
@@ -114,6 +124,8 @@ async def test_never_over_a_person(aiohttp_client: Client, tmp_path: Path, perso
         routes = [c.route for c in server.calls]
     assert line.startswith(f"resume skipped: session {session}")
     assert ("person" if person != "newer message" else "newer message") in line
+    if person == "form":
+        assert "a form asked" in line
     assert routes == []
 
 
@@ -147,3 +159,59 @@ async def test_readiness_asks_the_route_the_line_was_found_on_and_says_what_came
         assert await made("/api/health").ready(None, None) is None
         unready = await made("/api/info").ready(None, None)
     assert unready == "asked for 0.2 s; last, GET /api/info: HTTP 404 (not found)"
+
+
+async def test_an_unsafe_call_waits_and_a_continue_admits_one_synthetic(
+    aiohttp_client: Client, tmp_path: Path
+) -> None:
+    async with StandIn(password=PASSWORD) as server:
+        session = server.add_session()
+        call = server.add_running_call(session, "shell", {"command": "make test"})
+        decided = Said("resume ", f": session {call.session_id}: ")
+        settings: dict[str, Any] = {"resume": True, "state_db": tmp_path / "state.db"}
+        async with proxied(server, aiohttp_client, lock_dir=tmp_path, **settings) as (client, seen):
+            server.publish("session.execution.started", {"sessionID": call.session_id})
+            call_opened(server, call)
+            await seen.until(lambda: any(e.kind == "session.tool.called" for e in seen.events))
+            await server.crash()
+            await server.restart()
+            await decided.wait()
+            assert decided.line.startswith(f"resume waiting: session {session}")
+            assert "'make': not a command that only reads or waits" in decided.line
+            assert server.calls == []
+            asking = {"Authorization": basic_authorization("opencode", PASSWORD)}
+            listed = (await (await client.get("/_settle/resume", headers=asking)).json())["waiting"]
+            assert [(w["session"], w["calls"][0]["command"]) for w in listed] == [(session, "make test")]
+            resumed = Said("resume resumed: ", f": session {call.session_id}: ")
+            assert (await client.post(f"/_settle/resume/{session}")).status == 401, "behind the password"
+            assert (await client.post(f"/_settle/resume/{session}", headers=asking)).status == 202
+            await resumed.wait()
+            again = await client.post(f"/_settle/resume/{session}", headers=asking)
+            assert again.status == 409
+            routes = [(c.route, c.session_id) for c in server.calls]
+    assert routes == [("session.synthetic", session)]
+
+
+async def test_a_call_the_server_failed_as_ambiguous_waits_for_a_person(
+    aiohttp_client: Client, tmp_path: Path
+) -> None:
+    """The newest `serve --service` fails, at boot, a call it will not resume (`restart.ts`
+    `resumeSuspendedSessionsWith`): its own settlement, so nothing is settled over it, and the
+    turn is left for a person even with --resume-unsafe, whatever the call ran."""
+    async with StandIn(password=PASSWORD) as server:
+        session = server.add_session()
+        call = server.add_running_call(session, "shell", {"command": "sleep 20"})
+
+        def failed_at_boot() -> None:
+            [stored] = [item for item in server.messages(session)[1]["content"] if item["type"] == "tool"]
+            error = {"type": "aborted", "message": "Tool outcome is ambiguous after restart: shell"}
+            stored["state"] = {"status": "error", "error": error, "input": stored["state"]["input"]}
+            server.store.active.discard(session)
+
+        decided = await crashed_mid_call(
+            server, aiohttp_client, tmp_path, call, failed_at_boot, resume_unsafe=True
+        )
+        routes = [c.route for c in server.calls]
+    assert decided.line.startswith(f"resume waiting: session {session}")
+    assert "Tool outcome is ambiguous after restart: shell" in decided.line
+    assert routes == []

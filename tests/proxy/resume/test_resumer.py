@@ -26,6 +26,8 @@ NOW = 1000.0
 
 
 class FakeServer:
+    dialect = LINE_1_18
+
     def __init__(self, ledger: Ledger, *, starts_after: int = 1) -> None:
         self.view: Any = v1_view(v1_settled("prt_1"))
         self.info: dict[str, Any] = {"directory": "/work"}
@@ -132,7 +134,7 @@ def resumer(
     return made, journal
 
 
-CANDIDATE = Candidate("ses_1", Api.V1, "/work", NOW - 5, None)
+CANDIDATE = Candidate("ses_1", Api.V1, "/work", NOW - 5, None, seen_message="msg_002")
 
 
 async def considered(made: Resumer, candidate: Candidate = CANDIDATE) -> None:

@@ -9,9 +9,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
-from proxy.service.app import create_app
+from proxy.opencode.dialects import LINE_1_18
+from proxy.resume.turns import InterruptedTurn
+from proxy.resume.waiting import Waiting
+from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.config import Settings
 from proxy.writeback.scheduler import WriteBackMode
+from rules import Api
 
 Client = Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]]
 
@@ -19,7 +23,14 @@ Client = Callable[[web.Application], Awaitable[TestClient[web.Request, web.Appli
 async def test_resume_is_off_and_says_so(upstream: TestServer, aiohttp_client: Client) -> None:
     client = await aiohttp_client(create_app(Settings(upstream=URL(str(upstream.make_url("/"))))))
     answer = await client.get("/_settle/resume")
-    assert await answer.json() == {"enabled": False, "dry_run": False, "running": [], "decisions": []}
+    assert await answer.json() == {
+        "enabled": False,
+        "dry_run": False,
+        "continue": False,
+        "running": [],
+        "waiting": [],
+        "decisions": [],
+    }
 
 
 async def test_resume_on_opens_its_ledger_in_the_state_database(
@@ -52,3 +63,53 @@ async def test_resume_without_write_back_is_on(
     settings = Settings(upstream=URL(str(upstream.make_url("/"))), resume=True, state_db=tmp_path / "s.db")
     client = await aiohttp_client(create_app(settings))
     assert (await (await client.get("/_settle/resume")).json())["enabled"] is True
+
+
+async def test_continue_answers_404_for_a_session_that_does_not_wait(
+    upstream: TestServer, aiohttp_client: Client, tmp_path: Path
+) -> None:
+    url = URL(str(upstream.make_url("/")))
+    for settings in (Settings(upstream=url), Settings(upstream=url, state_db=tmp_path / "s.db")):
+        client = await aiohttp_client(create_app(settings))
+        answer = await client.post("/_settle/resume/ses_nobody")
+        assert answer.status == 404
+        assert (await answer.json())["error"] == "not_waiting"
+
+
+async def test_continue_continues_a_waiting_turn_once_and_a_second_is_409(
+    upstream: TestServer, aiohttp_client: Client, tmp_path: Path
+) -> None:
+    """Without --resume too: the turn waits for the person's Continue."""
+    settings = Settings(
+        upstream=URL(str(upstream.make_url("/"))),
+        write_back=WriteBackMode.API,
+        state_db=tmp_path / "s.db",
+        lock_dir=tmp_path / "locks",
+    )
+    app = create_app(settings)
+    client = await aiohttp_client(app)
+    resuming = app[ASSEMBLY].resuming
+    assert resuming is not None
+    turn = InterruptedTurn("ses_1", Api.V1, "msg_002", (), None, None, None)
+    await resuming.waiting.add(Waiting(turn, "/work", (), 1.0, "--resume is off", LINE_1_18.name, 1.0))
+    listed = (await (await client.get("/_settle/resume")).json())["waiting"]
+    assert [w["session"] for w in listed] == ["ses_1"]
+    first = await client.post("/_settle/resume/ses_1")
+    assert first.status == 202
+    assert (await first.json())["continuing"]["message"] == "msg_002"
+    second = await client.post("/_settle/resume/ses_1")
+    assert second.status == 409
+    assert "continued already" in (await second.json())["message"]
+    assert (await (await client.get("/_settle/resume")).json())["waiting"] == []
+
+
+async def test_continue_is_behind_the_upstreams_credentials(
+    upstream: TestServer, aiohttp_client: Client, tmp_path: Path
+) -> None:
+    settings = Settings(
+        upstream=URL(str(upstream.make_url("/"))),
+        state_db=tmp_path / "s.db",
+        authorization="Basic b3BlbmNvZGU6eA==",
+    )
+    client = await aiohttp_client(create_app(settings))
+    assert (await client.post("/_settle/resume/ses_1")).status == 401

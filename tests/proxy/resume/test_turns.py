@@ -11,7 +11,9 @@ def test_a_v1_call_left_running_is_an_interrupted_turn_with_its_agent_and_model(
     assert found.newer is None
     assert found.turn is not None
     assert found.turn.message_id == "msg_002"
-    assert found.turn.calls == (InterruptedCall("prt_1", "bash", RUNNING_INPUT, still_open=True),)
+    assert found.turn.calls == (
+        InterruptedCall("prt_1", "bash", RUNNING_INPUT, still_open=True, status="running"),
+    )
     assert (found.turn.agent, found.turn.model) == ("plan", {"providerID": "mock", "modelID": "m"})
     assert found.turn.prompted_by == "msg_001"
 
@@ -81,7 +83,9 @@ def test_a_2x_call_2x_settled_itself_is_interrupted_and_no_longer_open() -> None
     found = last_turn(view, V2X, "ses_2")
     assert found.turn is not None
     given = {"command": "sleep 20 && echo written >> note.txt"}
-    assert found.turn.calls == (InterruptedCall("call_0002", "shell", given, still_open=False),)
+    assert found.turn.calls == (
+        InterruptedCall("call_0002", "shell", given, still_open=False, status="error"),
+    )
     assert (found.turn.prompted_by, found.turn.model) == (
         user["id"],
         {"providerID": "provider", "modelID": "model"},
@@ -89,3 +93,18 @@ def test_a_2x_call_2x_settled_itself_is_interrupted_and_no_longer_open() -> None
     read_as_1_18 = last_turn(view, V2, "ses_2").turn
     assert read_as_1_18 is not None
     assert read_as_1_18.calls == ()
+
+
+def test_a_2x_call_the_server_failed_as_ambiguous_is_its_own_settlement_and_refused() -> None:
+    """The newest `serve --service` fails a call it will not resume as ambiguous (`restart.ts`):
+    read as the server's settlement (never open), with its word kept."""
+    settled = load("assistant-tool-settled-shell.json")
+    ambiguous = "Tool outcome is ambiguous after restart: shell"
+    [tool] = [item for item in settled["content"] if item["type"] == "tool"]
+    tool["state"]["error"] = {"type": "aborted", "message": ambiguous}
+    user = {"id": "msg_1f0a2b3c4e00AbCdEfGhIjKlMn", "type": "user", "text": "go", "time": {"created": 1}}
+    found = last_turn({"data": [settled, user], "cursor": {}}, V2X, "ses_2")
+    assert found.turn is not None
+    [call] = found.turn.calls
+    assert (call.still_open, call.refused) == (False, ambiguous)
+    assert V2X.settled_as_interrupted(tool["state"])
