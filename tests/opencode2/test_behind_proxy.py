@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -158,9 +159,9 @@ async def test_write_back_is_refused_and_nothing_is_written(
 ) -> None:
     call = await crashed(server_2x)
     one = f"/api/session/{call.session_id}/message/{call.message_id}"
-    async with proxy_in_front(
-        server_2x, tmp_path, "--write-back", mode, "--db", str(server_2x.database)
-    ) as proxy:
+    database = sqlite_database(server_2x, tmp_path)
+    before = database.read_bytes()  # the stand-in's: nothing else writes it (a real server does)
+    async with proxy_in_front(server_2x, tmp_path, "--write-back", mode, "--db", str(database)) as proxy:
         refused = await until_logged(proxy, f"--write-back {mode} does nothing on opencode")
         shown = tool_of((await through(proxy, server_2x, one))["data"], call)
         decided = with_credentials(proxy.url, "opencode", server_2x.password)
@@ -169,6 +170,20 @@ async def test_write_back_is_refused_and_nothing_is_written(
     assert "WARNING" in refused
     assert shown["state"]["error"] == INTERRUPTED
     assert stored["state"]["status"] == "running"
+    if isinstance(server_2x, StandInServer):
+        assert database.read_bytes() == before
+
+
+def sqlite_database(server: Server2x, tmp_path: Path) -> Path:
+    """The SQLite file a 2.x server keeps: the real server's own; for the stand-in, which keeps its
+    tables in JSON, an empty one with 2.x's session table (`session_v2`, `packages/core/src/session/
+    sql.ts`), which makes a file opencode's to the proxy's `--db` check."""
+    if isinstance(server, StandInServer):
+        path = tmp_path / "opencode.db"
+        with contextlib.closing(sqlite3.connect(path)) as database, database:
+            database.execute("CREATE TABLE session_v2 (id TEXT PRIMARY KEY, data TEXT)")
+        return path
+    return server.database
 
 
 async def test_health_names_the_2x_server_and_its_stream_is_followed(
