@@ -15,7 +15,8 @@ from typing import ClassVar
 
 from aiohttp import hdrs
 
-from proxy.opencode.routes import Route, match_route
+from proxy.opencode.client import Credentials
+from proxy.opencode.routes import EventStream, Route, match_route
 from proxy.opencode.server_line import ServerLine
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow, FlowKey
@@ -40,10 +41,20 @@ class Routing(Addon):
 
     async def request_headers(self, flow: Flow) -> None:
         route = flow[ROUTE] = self._route(flow.request.method, flow.request.path.removeprefix(self._prefix))
-        booting = self._line is not None and self._line.current is None
-        flow.start_timeout = route.start_timeout(flow.start_timeout, booting=booting)
+        flow.start_timeout = route.start_timeout(flow.start_timeout, booting=await self._booting(flow, route))
         if route.stream is not None:
             flow.upstream_headers[hdrs.ACCEPT_ENCODING] = "identity"
+
+    async def _booting(self, flow: Flow, route: Route) -> bool:
+        """Whether the upstream is not known to answer yet. Only a session stream's timing depends
+        on it, so only for one is a server not known yet asked now (once, however many wait): a
+        healthy server just started is then known healthy, not taken for one still booting."""
+        if self._line is None:
+            return False
+        if route.stream is EventStream.SESSION and self._line.current is None:
+            client = Credentials.for_request(flow.request, None)
+            await self._line.known(client if client.headers or client.params else None)
+        return self._line.current is None
 
     def _route(self, method: str, path: str) -> Route:
         """`match_route`, remembered: a route depends on nothing else, and a few regular

@@ -137,12 +137,12 @@ class ServerLine:
         credentials: Credentials,
         *,
         timeout: float = ASK_TIMEOUT_S,
-        starting: Callable[[], bool] = lambda: False,
+        absent: Callable[[], bool] = lambda: False,
     ) -> None:
         self._upstream = upstream
-        self._starting = starting
-        """Whether the upstream is a server being started (under `run`): while it is, that it
-        cannot be reached is no news, and is not said."""
+        self._absent = absent
+        """Whether the upstream is a server known not to be up (under `run`: being started, stopped,
+        given up on): while it is, that it cannot be reached is no news, and is not said."""
         self._credentials = credentials
         self._timeout = timeout
         self._lock = asyncio.Lock()
@@ -177,8 +177,9 @@ class ServerLine:
 
     async def known(self, credentials: Credentials | None = None) -> KnownServer | None:
         """The server, asked now (once, however many wait) if it is not known; None while it cannot
-        tell. `credentials` are a client's, for a proxy that has none of its own."""
-        if self.current is None:
+        tell (a line with no upstream to ask is never asked). `credentials` are a client's, for a
+        proxy that has none of its own."""
+        if self.current is None and self._upstream is not None:
             async with self._lock:
                 if self.current is None:
                     await self._ask(credentials or self._credentials)
@@ -214,7 +215,7 @@ class ServerLine:
         return list(dict.fromkeys((*first, *HEALTH_PATHS)))
 
     async def _ask(self, credentials: Credentials) -> None:
-        assert self._upstream is not None, "a line told its server is never asked"
+        assert self._upstream is not None
         reasons, self._pause, versionless, refused = [], None, None, False
         for path in self._order():
             try:
@@ -290,7 +291,7 @@ class ServerLine:
 
     def _not_known(self, why: str, *, unreachable: bool) -> None:
         self.why_unknown = why
-        if self._said_unknown or (unreachable and self._starting()):
+        if self._said_unknown or (unreachable and self._absent()):
             return
         self._said_unknown = True
         log.log(

@@ -39,6 +39,9 @@ class Admission:
         self._active = 0
         self._last: float | None = None
         self._changed = asyncio.Event()
+        self._epoch = time.time() - clock()
+        """The wall-clock time of `clock`'s zero: an admission's time said on `clock`, so that two
+        said `spacing` apart are that far apart in the log too."""
 
     def ticket(self) -> int:
         number = next(self._numbers)
@@ -52,9 +55,10 @@ class Admission:
             self._wake()
 
     @asynccontextmanager
-    async def admitted(self, ticket: int) -> AsyncIterator[None]:
+    async def admitted(self, ticket: int) -> AsyncIterator[float]:
         """Wait until every earlier ticket was admitted or dropped, fewer than `concurrency` are
-        in, and `spacing` seconds passed since the last admission; hold the place until exit."""
+        in, and `spacing` seconds passed since the last admission; hold the place until exit.
+        Yields the wall-clock time of the admission."""
         while True:
             if min(self._waiting) == ticket and self._active < self.concurrency:
                 delay = 0.0 if self._last is None else self._last + self.spacing - self._clock()
@@ -69,7 +73,7 @@ class Admission:
         self._last = self._clock()
         self._wake()
         try:
-            yield
+            yield self._epoch + self._last
         finally:
             self._active -= 1
             self._wake()

@@ -402,8 +402,8 @@ class Resumer:
                 calls=calls,
             )
             return
-        async with self._admission.admitted(ticket):
-            await self._prompting.resume(turn, directory, text, calls, admitted=time.time())
+        async with self._admission.admitted(ticket) as admitted:
+            await self._prompting.resume(turn, directory, text, calls, admitted=admitted)
 
     def _skip(self, candidate: Candidate, why: str, turn: InterruptedTurn | None = None) -> None:
         message = turn.message_id if turn is not None else None

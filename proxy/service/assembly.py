@@ -239,12 +239,12 @@ class Assembly:
     def _server_line(self, session: aiohttp.ClientSession, stack: AsyncExitStack) -> None:
         """Which server the upstream is, asked on its own client (each route as the user of the
         line it belongs to), and asked again, under `run`, each time the server exits; quiet
-        while the supervisor starts the server."""
+        while the supervised server is not up."""
         settings = self.settings
         supervisor = self.supervisor
-        starting = supervisor.starting if supervisor is not None else (lambda: False)
+        absent = supervisor.absent if supervisor is not None else (lambda: False)
         credentials = Credentials.configured(settings.authorization)
-        line = self.line = ServerLine(UpstreamApi(session, settings.upstream), credentials, starting=starting)
+        line = self.line = ServerLine(UpstreamApi(session, settings.upstream), credentials, absent=absent)
         line.listeners.append(modes_said(settings))
         if supervisor is not None:
             supervisor.exited.append(line.forget)

@@ -146,9 +146,10 @@ class Supervisor:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None and self._process.returncode is None else None
 
-    def starting(self) -> bool:
-        """Whether the server is being started (or started again) and has not answered yet."""
-        return self.state in (ChildState.STARTING, ChildState.BACKING_OFF)
+    def absent(self) -> bool:
+        """Whether the server is not up: being started (or started again), stopped, or given up on.
+        That it cannot be reached then is the supervisor's own news, which it says itself."""
+        return self.state is not ChildState.RUNNING
 
     async def _server_pid(self) -> int | None:
         return self.pid

@@ -4,7 +4,9 @@ list in idx:70823202177). Written whole, atomically (a rename), after every chan
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 from pathlib import Path
 
 import orjson
@@ -27,3 +29,12 @@ def load(store: Store, path: Path) -> None:
     for name in TABLES:
         setattr(store, name, tables.get(name, {}))
     store.hub.sequences = tables.get("sequences", {})
+
+
+def opencode_sqlite(path: Path) -> Path:
+    """An empty SQLite file with 2.x's session table (`session_v2`, `packages/core/src/session/
+    sql.ts` @2092350c), which makes a file opencode's to the proxy's `--db` check: the stand-in
+    keeps its own tables in JSON."""
+    with contextlib.closing(sqlite3.connect(path)) as database, database:
+        database.execute("CREATE TABLE session_v2 (id TEXT PRIMARY KEY, data TEXT)")
+    return path

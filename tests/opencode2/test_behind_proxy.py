@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from tests.integration.http_client import request, with_credentials
 from tests.integration.polling import poll
 from tests.integration.proxy_process import ProxyProcess, wait_all_decided
+from tests.opencode2.database import opencode_sqlite
 from tests.opencode2.servers import Server2x, StandInServer
 from tests.opencode2.stand_in import VARIANT_FLAGS, RunningCall
 
@@ -175,14 +175,10 @@ async def test_write_back_is_refused_and_nothing_is_written(
 
 
 def sqlite_database(server: Server2x, tmp_path: Path) -> Path:
-    """The SQLite file a 2.x server keeps: the real server's own; for the stand-in, which keeps its
-    tables in JSON, an empty one with 2.x's session table (`session_v2`, `packages/core/src/session/
-    sql.ts`), which makes a file opencode's to the proxy's `--db` check."""
+    """The SQLite file a 2.x server keeps: the real server's own; for the stand-in, an empty one
+    with 2.x's session table."""
     if isinstance(server, StandInServer):
-        path = tmp_path / "opencode.db"
-        with contextlib.closing(sqlite3.connect(path)) as database, database:
-            database.execute("CREATE TABLE session_v2 (id TEXT PRIMARY KEY, data TEXT)")
-        return path
+        return opencode_sqlite(tmp_path / "opencode.db")
     return server.database
 
 

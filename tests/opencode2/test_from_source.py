@@ -13,6 +13,7 @@ import pytest
 
 from proxy.service.app import ASSEMBLY
 from proxy.writeback.scheduler import WriteBackMode
+from tests.opencode2.database import opencode_sqlite
 from tests.opencode2.proxied import PASSWORD, Client, proxied
 from tests.opencode2.stand_in import StandIn
 
@@ -24,8 +25,8 @@ async def test_a_from_source_build_is_followed_as_2x_and_never_written_into(
     aiohttp_client: Client, caplog: pytest.LogCaptureFixture, tmp_path: Path, mode: WriteBackMode
 ) -> None:
     caplog.set_level(logging.INFO, "proxy")
-    database = tmp_path / "opencode.db"
-    database.touch()
+    database = opencode_sqlite(tmp_path / "opencode.db")
+    before = database.read_bytes()
     async with (
         StandIn.from_source(password=PASSWORD) as server,
         proxied(server, aiohttp_client, write_back=mode, db_path=database, lock_dir=tmp_path) as (proxy, _),
@@ -46,7 +47,7 @@ async def test_a_from_source_build_is_followed_as_2x_and_never_written_into(
     refused = [message for message in warnings if message.startswith(f"--write-back {mode} does nothing")]
     assert len(refused) == 1
     assert "no writer of the proxy's exists for the 2.x line" in refused[0]
-    assert database.stat().st_size == 0
+    assert database.read_bytes() == before
 
 
 async def test_2x_is_asked_as_opencode_whatever_opencode_server_username_says(

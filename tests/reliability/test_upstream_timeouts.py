@@ -154,7 +154,7 @@ async def _session_stream_after(delay: float, request: Received) -> Reply:
 
 async def test_a_session_stream_may_wait_for_its_first_event(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("proxy.opencode.routes.STREAM_START_TIMEOUT_S", TIMEOUT_S)
-    responder = functools.partial(_session_stream_after, 3 * TIMEOUT_S)
+    responder = opencode_routes(functools.partial(_session_stream_after, 3 * TIMEOUT_S))
     async with proxy_in_front(responder, response_timeout=TIMEOUT_S) as proxy:
         status, _, body = await get(proxy.with_path("/api/session/ses_x/event"))
     assert status == 200

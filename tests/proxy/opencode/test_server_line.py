@@ -193,15 +193,15 @@ async def test_a_server_being_started_is_not_said_unreachable_until_it_is_starte
 ) -> None:
     """Under `run`: the supervisor says the server is being started; that it cannot be reached yet
     is no news. Once it is started, an unreachable server is said, once."""
-    starting = True
+    absent = True
     async with aiohttp.ClientSession() as session:
         upstream = UpstreamApi(session, URL(f"http://127.0.0.1:{free_loopback_port()}"))
-        line = ServerLine(upstream, Credentials(), starting=lambda: starting)
+        line = ServerLine(upstream, Credentials(), absent=lambda: absent)
         with caplog.at_level(logging.INFO):
             assert await line.known() is None
             assert str(line.why_unknown).startswith("it cannot be reached")
             assert not [record for record in caplog.records if "not known yet" in record.getMessage()]
-            starting = False
+            absent = False
             assert await line.known() is None
             assert await line.known() is None
     said = [record.getMessage() for record in caplog.records if "not known yet" in record.getMessage()]
