@@ -27,18 +27,20 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from proxy.supervision.supervisor import RESTARTS_PER_WINDOW, WINDOW_S
 
 from .http_client import request
 from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer
-from .polling import WaitTimeout, poll
+from .polling import poll
 from .resumes import WRITING_TEXT, answer_started
 from .test_resume_supervised import running_again
 from .test_run_supervised import following
@@ -50,10 +52,11 @@ from .turns import (
     find_running_tool,
     read_messages,
     start_turn,
+    turn_done,
     wait_tool_running,
-    wait_turn_done,
 )
 
+T = TypeVar("T")
 Kind = Literal["proxy", "after-restart", "continuation", "crash"]
 DECK: tuple[Kind, ...] = ("proxy", "after-restart", "continuation")
 """A round's kind is `DECK[seed % 3]`: consecutive seeds (a soak's rounds) deal every kind in turn."""
@@ -68,6 +71,19 @@ TEXT_EVERY_S = 1.0
 TIMEOUT_S = 90.0
 _PACE_MARGIN_S = 2.0
 _HEALTH_TIMEOUT_S = 2.0
+
+
+def patiently(check: Callable[[], T | None]) -> Callable[[], T | None]:
+    """`check`, with a request the loaded server did not answer in time taken for not yet (seen: a
+    message view 10 s late while the restarted server booted and resumed on a busy machine)."""
+
+    def patient() -> T | None:
+        try:
+            return check()
+        except TimeoutError:
+            return None
+
+    return patient
 
 
 @dataclass(frozen=True)
@@ -182,7 +198,7 @@ def start_turns(server: OpencodeServer, model: MockModel, plan: RoundPlan) -> Tu
         turns.observed[runtime] = Observed(turn, wait_tool_running(server.url, turn))
         turns.calls[runtime] = [turns.observed[runtime].tool_id]
     for turn in turns.writing.values():
-        poll(partial(answer_started, server, turn), what="the model writing", timeout=TIMEOUT_S)
+        poll(patiently(partial(answer_started, server, turn)), what="the model writing", timeout=TIMEOUT_S)
     return turns
 
 
@@ -192,28 +208,27 @@ def answer_continuations_with_text(model: MockModel, turns: Turns) -> None:
         model.plan(turn.prompt, Plan())
 
 
-def server_state(server: OpencodeServer) -> dict[str, Any] | None:
-    """The supervisor's view of the server, from the proxy's health (None while it does not answer)."""
+def _health(server: OpencodeServer) -> dict[str, Any] | None:
+    """The proxy's health (None while it does not answer in time: a proxy being started again)."""
     try:
         reply = request("GET", f"{server.url}/_settle/health", timeout=_HEALTH_TIMEOUT_S)
     except OSError:
         return None
-    found: dict[str, Any] = reply.json()["server"]
+    found: dict[str, Any] = reply.json()
     return found
 
 
 def _started(server: OpencodeServer, restarts: int) -> int | None:
-    state = server_state(server)
-    return state["pid"] if state and state["restarts"] == restarts and state["pid"] else None
+    """The pid of the server once the supervisor has started it `restarts` times."""
+    found = _health(server)
+    state = found["server"] if found else {}
+    return state["pid"] if state.get("restarts") == restarts and state.get("pid") else None
 
 
 def _answering(server: OpencodeServer, restarts: int) -> bool | None:
-    try:
-        reply = request("GET", f"{server.url}/_settle/health", timeout=_HEALTH_TIMEOUT_S)
-    except OSError:
-        return None
-    found = reply.json()
-    return True if found["server"]["restarts"] == restarts and found["upstream"]["reachable"] else None
+    found = _health(server)
+    answers = found is not None and found["server"]["restarts"] == restarts and found["upstream"]["reachable"]
+    return True if answers else None
 
 
 @dataclass
@@ -257,7 +272,7 @@ class Killer:
     def _kill(self, pid: int) -> None:
         self.pacer.before_kill()
         try:
-            os.kill(pid, 9)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError as gone:
             raise AssertionError(f"the server {pid} was gone before its kill") from gone
         self.restarts += 1
@@ -267,22 +282,17 @@ def kill_during_continuation(server: OpencodeServer, model: MockModel, killer: K
     """Once every resumed tool turn runs its own call (and the text turns have answered), SIGKILL
     the server there; the next continuations answer with text."""
     for turn in turns.writing.values():
-        poll(partial(_answered, server, turn), what="the text turn's continuation", timeout=TIMEOUT_S)
+        poll(
+            patiently(partial(turn_done, server.url, turn)), what=f"{turn.prompt} answered", timeout=TIMEOUT_S
+        )
     for runtime, turn in turns.tools.items():
-        poll(partial(running_again, server, turn, 2), what=f"the resumed {runtime} call", timeout=TIMEOUT_S)
+        again = patiently(partial(running_again, server, turn, 2))
+        poll(again, what=f"the resumed {runtime} call", timeout=TIMEOUT_S)
         running = find_running_tool(read_messages(server.url, turn), runtime)
         assert running is not None
         turns.calls[runtime].append(str(running.tool["id"]))
     answer_continuations_with_text(model, turns)
     killer.kill_server()
-
-
-def _answered(server: OpencodeServer, turn: Turn) -> bool | None:
-    try:
-        wait_turn_done(server.url, turn, timeout=0)
-    except WaitTimeout:
-        return None
-    return True
 
 
 def play(server: OpencodeServer, model: MockModel, killer: Killer, plan: RoundPlan, turns: Turns) -> None:

@@ -20,10 +20,10 @@ from .mock_model import MockModel
 from .opencode_server import OpencodeServer
 from .polling import WaitTimeout, poll
 from .proxy_process import wait_all_decided
-from .soak import TIMEOUT_S, RoundPlan, Turns
+from .soak import TIMEOUT_S, RoundPlan, Turns, patiently
 from .soak_clients import Clients, v1_problems, v1_told, v2_problems
 from .test_run_supervised import health, settled, written
-from .turns import Observed, Turn, is_active, wait_turn_done
+from .turns import Observed, Turn, is_active, turn_done
 
 FD_SLACK = 12
 THREAD_SLACK = 3
@@ -73,25 +73,22 @@ def wait_round_over(server: OpencodeServer, plan: RoundPlan, turns: Turns) -> li
     """Wait (bounded) until every turn is answered (resumed) or settled and written (not), and the
     proxy has decided all it was going to: the positive signal the other checks then read."""
     direct = health(server)["upstream"]["url"]
-    waits: list[tuple[str, Callable[[], object]]] = []
+    checks: list[tuple[str, Callable[[], object | None]]] = []
     if plan.resumed:
-        waits += [
-            (f"{t.prompt} answered", partial(wait_turn_done, server.url, t, timeout=TIMEOUT_S))
-            for t in turns.all()
-        ]
+        checks += [(f"{t.prompt} answered", partial(turn_done, server.url, t)) for t in turns.all()]
     for observed in turns.observed.values():
-        prompt = observed.turn.prompt
-        through = partial(settled, server, observed)
-        stored = partial(written, direct, observed.turn)
-        waits.append((f"{prompt} settled", partial(poll, through, what=prompt, timeout=TIMEOUT_S)))
-        waits.append((f"{prompt} written", partial(poll, stored, what=prompt, timeout=TIMEOUT_S)))
-    waits.append(("every decision", partial(wait_all_decided, server.url, within=TIMEOUT_S)))
+        checks.append((f"{observed.turn.prompt} settled", partial(settled, server, observed)))
+        checks.append((f"{observed.turn.prompt} written", partial(written, direct, observed.turn)))
     problems = []
-    for what, wait in waits:
+    for what, check in checks:
         try:
-            wait()
+            poll(patiently(check), what=what, timeout=TIMEOUT_S)
         except WaitTimeout as late:
-            problems.append(f"{what}: {late}")
+            problems.append(str(late))
+    try:
+        wait_all_decided(server.url, within=TIMEOUT_S)
+    except WaitTimeout as late:
+        problems.append(str(late))
     return problems
 
 

@@ -12,6 +12,7 @@ plays it first. The long soak: `SETTLE_SOAK_ROUNDS=50 scripts/test tests/integra
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -66,6 +67,15 @@ def soak_round(
     return problems + usage.problems(server.pid)
 
 
+def _raised(error: Exception) -> str:
+    """The error, where it was raised and what it came from: a round's one line of it."""
+    where = traceback.extract_tb(error.__traceback__)[-1]
+    cause = f" (from {error.__cause__!r})" if error.__cause__ else ""
+    return (
+        f"{type(error).__name__}: {error}{cause}, at {Path(where.filename).name}:{where.lineno} {where.name}"
+    )
+
+
 def test_soak(mock_model: MockModel, clients: tuple[Path, Terminals, WebPages]) -> None:
     root, terminals, pages = clients
     plans = soak_plans()
@@ -79,8 +89,7 @@ def test_soak(mock_model: MockModel, clients: tuple[Path, Terminals, WebPages]) 
                 try:
                     problems = soak_round(server, mock_model, soaked, killer, plan=plan, usage=usage)
                 except Exception as error:  # the round cannot go on: say which, with its seed
-                    cause = f" (from {error.__cause__!r})" if error.__cause__ else ""
-                    failed.append(f"FAILED {plan.describe()}\n  {type(error).__name__}: {error}{cause}")
+                    failed.append(f"FAILED {plan.describe()}\n  {_raised(error)}")
                     break
                 if problems:
                     failed.append("\n  ".join([f"FAILED {plan.describe()}", *problems]))
