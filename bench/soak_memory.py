@@ -123,7 +123,7 @@ def measure(model: MockModel, root: Path, rounds: int, seed: int) -> tuple[Growt
         poll(partial(following, server), what="the proxy following the server", timeout=60)
         killer = Killer(server)
         for number in range(rounds):
-            plan = round_plan(number, seed + number, watched=False, kind="crash")
+            plan = round_plan(number + 1, seed + number, watched=False, kind="crash")  # as reported
             since = time.time()
             turns = start_turns(server, model, plan)
             play(server, model, killer, plan, turns)
@@ -131,7 +131,7 @@ def measure(model: MockModel, root: Path, rounds: int, seed: int) -> tuple[Growt
             problems += continuation_problems(model, since, plan, turns)
             failed += [f"{plan.describe()}: {problem}" for problem in problems]
             rss.append(_rss_kib(server))
-            print(f"round {number + 1}: {rss[-1] / KIB_PER_MIB:.1f} MiB", file=sys.stderr, flush=True)
+            print(f"round {plan.number}: {rss[-1] / KIB_PER_MIB:.1f} MiB", file=sys.stderr, flush=True)
     return Growth(tuple(rss)), failed
 
 
