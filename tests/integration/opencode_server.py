@@ -14,13 +14,14 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import orjson
 
-from .http_client import free_port, get_json, request, with_credentials
+from .http_client import free_port, request, with_credentials
 from .opencode_config import opencode_environment, project_config
 from .polling import poll
 from .proctree import descendants, kill_tree
@@ -30,7 +31,7 @@ DEFAULT_BINARY = "node_modules/.bin/opencode"
 """Where CI's `npm install opencode-ai@1.18.33` in the repo root puts the binary."""
 
 _READY_TIMEOUT_S = 60.0
-_WARMUP_REQUEST_TIMEOUT_S = 30.0
+_WARMUP_REQUEST_TIMEOUT_S = 15.0
 _EXPORT_TIMEOUT_S = 60.0
 _EXPORT_ATTEMPTS = 5
 _EXPORT_RETRY_DELAY_S = 0.5
@@ -153,7 +154,7 @@ class OpencodeServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self._wait_ready()
+        self.wait_ready()
 
     def crash(self) -> None:
         """SIGKILL the server and every descendant (tools run in their own process groups)."""
@@ -225,11 +226,14 @@ class OpencodeServer:
             env["OPENCODE_SERVER_PASSWORD"] = self._password
         return env
 
-    def _wait_ready(self) -> None:
-        """Health first, then load the main instance, then each project's provider.
+    def wait_ready(self) -> None:
+        """Health first, then load the main instance, then each project's provider (after `start`,
+        and after a supervising proxy started the server again, before the next v2 prompt).
 
         Health answers before the project is loaded, and a request sent the instant the port opens
-        can hang: every request here has a timeout.
+        can hang for good (seen under `run` on a loaded machine: `/config` unanswered for 30 s while
+        the server went on booting; `/api/provider/mock` past 5 s): every request here has a
+        timeout, and is sent again until one is answered.
         """
         try:
             poll(
@@ -238,12 +242,20 @@ class OpencodeServer:
                 timeout=_READY_TIMEOUT_S,
                 interval=0.25,
             )
-            get_json(f"{self.url}/config", timeout=_WARMUP_REQUEST_TIMEOUT_S)
-            get_json(f"{self.url}/api/location", timeout=_WARMUP_REQUEST_TIMEOUT_S)
+            for path in ("/config", "/api/location"):
+                poll(partial(self._answers, path), what=f"GET {path}", timeout=_READY_TIMEOUT_S)
             for directory in self._projects:
                 self._warm_project(directory)
         except Exception as err:
             raise RuntimeError(f"opencode did not become ready; log tail:\n{self._log_tail()}") from err
+
+    def _answers(self, path: str, headers: dict[str, str] | None = None) -> bool | None:
+        """Whether `path` is answered 200 in time (None: not yet, ask again)."""
+        try:
+            reply = request("GET", f"{self.url}{path}", headers=headers, timeout=_WARMUP_REQUEST_TIMEOUT_S)
+        except TimeoutError:
+            return None
+        return True if reply.status == 200 else None
 
     def _healthy(self) -> bool | None:
         process = self._require_process()
@@ -258,16 +270,9 @@ class OpencodeServer:
     def _warm_project(self, directory: Path) -> None:
         """Boot the directory's instance and wait until its `mock` provider is loaded."""
         headers = directory_header(directory)
-        get_json(f"{self.url}/api/location", headers=headers, timeout=_WARMUP_REQUEST_TIMEOUT_S)
-
-        def provider_loaded() -> bool | None:
-            try:
-                reply = request("GET", f"{self.url}/api/provider/mock", headers=headers, timeout=5.0)
-            except TimeoutError:  # a loaded machine's booting instance: asked again until the deadline
-                return None
-            return True if reply.status == 200 else None
-
-        poll(provider_loaded, what=f"provider mock in {directory}", timeout=_READY_TIMEOUT_S, interval=0.25)
+        for path in ("/api/location", "/api/provider/mock"):
+            answers = partial(self._answers, path, headers)
+            poll(answers, what=f"{path} in {directory}", timeout=_READY_TIMEOUT_S, interval=0.25)
 
     def _log_tail(self) -> str:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -162,16 +163,20 @@ def wait_turn_done(
 ) -> list[dict[str, Any]]:
     """Poll until the session is inactive and its newest message is an assistant answer with text
     and `time.completed`; return the messages then."""
-
-    def done() -> list[dict[str, Any]] | None:
-        messages = read_messages(base_url, turn)
-        if is_active(base_url, turn) or not _answered(messages, turn.runtime):
-            return None
-        return messages
-
     return poll(
-        done, what=f"{turn.runtime} turn in {turn.session_id} to finish", timeout=timeout, interval=0.25
+        partial(turn_done, base_url, turn),
+        what=f"{turn.runtime} turn in {turn.session_id} to finish",
+        timeout=timeout,
+        interval=0.25,
     )
+
+
+def turn_done(base_url: str, turn: Turn) -> list[dict[str, Any]] | None:
+    """The turn's messages once it is over (`wait_turn_done`), else None."""
+    messages = read_messages(base_url, turn)
+    if is_active(base_url, turn) or not _answered(messages, turn.runtime):
+        return None
+    return messages
 
 
 def _answered(messages: list[dict[str, Any]], runtime: Runtime) -> bool:

@@ -1,0 +1,165 @@
+"""What a soak round must leave, checked once it is over: every interrupted call settled through
+the proxy and in the server's storage, every session inactive, every client told (and, watched,
+shown) idle, each eligible turn continued once after each kill that cut it and nothing else
+continued (counted in the mock model's request log), and the proxy's fds and threads flat.
+
+Each check returns its problems instead of failing at the first, so a failing round says all it
+got wrong, with its seed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from .mock_model import MockModel
+from .opencode_server import OpencodeServer
+from .polling import WaitTimeout, poll
+from .proxy_process import wait_all_decided
+from .soak import TIMEOUT_S, RoundPlan, Turns, patiently
+from .soak_clients import Clients, v1_problems, v1_told, v2_problems
+from .test_run_supervised import health, settled, written
+from .turns import Observed, Turn, is_active, turn_done
+
+FD_SLACK = 12
+THREAD_SLACK = 3
+"""How far above the first round of its life the proxy's fds and threads may be after a round:
+room for the connections a round leaves kept alive and the executor's threads, never for a leak
+that grows with every round."""
+_TOLD_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The proxy process's open files, threads and resident memory, from /proc."""
+
+    fds: int
+    threads: int
+    rss_kib: int
+
+    @classmethod
+    def of(cls, pid: int) -> Usage:
+        status = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+        )
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        return cls(fds, int(status["Threads"]), int(status["VmRSS"].split()[0]))
+
+
+@dataclass
+class Lifetimes:
+    """The proxy's usage after each round, and the first of each proxy lifetime (its baseline)."""
+
+    seen: list[tuple[int, Usage]] = field(default_factory=list)
+    baseline: dict[int, Usage] = field(default_factory=dict)
+
+    def problems(self, pid: int) -> list[str]:
+        usage = Usage.of(pid)
+        self.seen.append((pid, usage))
+        first = self.baseline.setdefault(pid, usage)
+        problems = []
+        if usage.fds > first.fds + FD_SLACK:
+            problems.append(f"the proxy holds {usage.fds} fds, {first.fds} after its first round")
+        if usage.threads > first.threads + THREAD_SLACK:
+            problems.append(f"the proxy runs {usage.threads} threads, {first.threads} after its first round")
+        return problems
+
+
+def wait_round_over(server: OpencodeServer, plan: RoundPlan, turns: Turns) -> list[str]:
+    """Wait (bounded) until every turn is answered (resumed) or settled and written (not), and the
+    proxy has decided all it was going to: the positive signal the other checks then read."""
+    direct = health(server)["upstream"]["url"]
+    checks: list[tuple[str, Callable[[], object | None]]] = []
+    if plan.resumed:
+        checks += [(f"{t.prompt} answered", partial(turn_done, server.url, t)) for t in turns.all()]
+    for observed in turns.observed.values():
+        checks.append((f"{observed.turn.prompt} settled", partial(settled, server, observed)))
+        checks.append((f"{observed.turn.prompt} written", partial(written, direct, observed.turn)))
+    problems = []
+    for what, check in checks:
+        try:
+            poll(patiently(check), what=what, timeout=TIMEOUT_S)
+        except WaitTimeout as late:
+            problems.append(str(late))
+    try:
+        wait_all_decided(server.url, within=TIMEOUT_S)
+    except WaitTimeout as late:
+        problems.append(str(late))
+    return problems
+
+
+def state_problems(server: OpencodeServer, turns: Turns) -> list[str]:
+    """Every call settled through the proxy and in storage; no session of the round active."""
+    direct = health(server)["upstream"]["url"]
+    problems = [
+        f"{o.turn.prompt}: {what}"
+        for o in turns.observed.values()
+        for what, ok in (
+            ("open through the proxy", settled(server, o)),
+            ("open in storage", written(direct, o.turn)),
+        )
+        if not ok
+    ]
+    problems += [f"{t.prompt}: still active" for t in turns.all() if is_active(direct, t)]
+    return problems
+
+
+def continuation_problems(model: MockModel, since: float, plan: RoundPlan, turns: Turns) -> list[str]:
+    """Each eligible turn continued once per kill that cut it, and nothing else: every model request
+    of a session whose newest user text is not its person's prompt is a continuation."""
+    found = Counter(
+        r.prompt
+        for r in model.requests()
+        if r.at >= since and "bash" in r.tools and r.latest_prompt != r.prompt
+    )
+    expected = turns.expected(plan)
+    if dict(found) == expected:
+        return []
+    return [f"continuations {dict(found)}, expected {expected}"]
+
+
+def told_problems(clients: Clients, since: int, plan: RoundPlan, turns: Turns) -> list[str]:
+    """What the SDK followers heard, waited for (bounded) until it is complete. A v2 text turn the
+    proxy died with has nothing to be told on its own stream (no call; its step never ends)."""
+    resumed = plan.resumed
+    checks: dict[str, Callable[[], list[str]]] = {}
+    for runtime, turn in turns.tools.items():
+        calls = turns.calls[runtime]
+        if runtime == "v1":
+            checks[turn.prompt] = partial(
+                _v1, clients, since, turn, turns.observed[runtime], calls, resumed=resumed
+            )
+        else:
+            checks[turn.prompt] = partial(
+                v2_problems, clients.sessions[turn.session_id], calls, resumed=resumed
+            )
+    for runtime, turn in turns.writing.items():
+        if runtime == "v1":
+            checks[turn.prompt] = partial(_v1, clients, since, turn, None, [], resumed=resumed)
+        elif resumed:
+            checks[turn.prompt] = partial(v2_problems, clients.sessions[turn.session_id], [], resumed=True)
+    problems = []
+    for prompt, check in checks.items():
+        try:
+            poll(partial(_complete, check), what=prompt, timeout=_TOLD_TIMEOUT_S)
+        except WaitTimeout:
+            problems += [f"{prompt}: {problem}" for problem in check()]
+    return problems
+
+
+def _complete(check: Callable[[], list[str]]) -> bool | None:
+    return None if check() else True
+
+
+def _v1(
+    clients: Clients, since: int, turn: Turn, observed: Observed | None, calls: list[str], *, resumed: bool
+) -> list[str]:
+    """A v1 session's problems; the answer of a resumed turn is looked for after its tool call's
+    message (a text turn's is in its continuation count)."""
+    story = v1_told(clients.follower, since, observed, turn)
+    answered = resumed and observed is not None
+    return [f"{problem} ({story})" for problem in v1_problems(story, calls, answered=answered)]
