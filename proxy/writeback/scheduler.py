@@ -35,7 +35,6 @@ from proxy.relay.tasks import Idles, KeyedTasks
 from proxy.writeback.decisions import (
     BECAME_ACTIVE,
     NOT_VOUCHED,
-    VIEW_ONLY,
     Decisions,
     WriteBackOutcome,
     Written,
@@ -175,8 +174,14 @@ class WriteBack:
         known = self._server.current
         if known is None or known.refusal(self._writer.mode) is not None:
             return
-        session = (api, session_id)
-        self._pending.setdefault(session, _Batch(credentials)).targets.update(targets)
+        session, named = (api, session_id), set(targets)
+        if self._writer.mode is WriteBackMode.API:
+            messages = {key for key in named if is_message(key)}
+            self._decisions.view_only(session, messages)
+            named -= messages
+        if not named:
+            return
+        self._pending.setdefault(session, _Batch(credentials)).targets.update(named)
         if session not in self._running:
             self._running.add(session)
             self._passing.start((api, session_id, next(self._serial)), lambda: self._passes(session))
@@ -264,8 +269,4 @@ class WriteBack:
         if became_active:
             self._decisions.skipped(session, left, BECAME_ACTIVE)
             return
-        if self._writer.mode is WriteBackMode.API:
-            messages = {key for key in left if is_message(key)}
-            self._decisions.skipped(session, messages, VIEW_ONLY)
-            left -= messages
         self._decisions.skipped(session, left, NOT_VOUCHED)

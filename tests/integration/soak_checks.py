@@ -9,7 +9,10 @@ got wrong, with its seed.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +34,10 @@ THREAD_SLACK = 3
 room for the connections a round leaves kept alive and the executor's threads, never for a leak
 that grows with every round."""
 _TOLD_TIMEOUT_S = 30.0
+_QUIET_TIMEOUT_S = 30.0
+_OWN_UPSTREAM = 3
+"""Upstream connections the proxy keeps of its own: its follower of the server's event stream, and
+a look-up or two under way."""
 
 
 @dataclass(frozen=True)
@@ -40,14 +47,52 @@ class Usage:
     fds: int
     threads: int
     rss_kib: int
+    kinds: Counter[str] = field(default_factory=Counter, compare=False, repr=False)
+    """The open files by kind (`socket`, `pipe`, `anon_inode:[eventpoll]`, a file's path), so
+    that a growth says what grew."""
+
+    @property
+    def clients(self) -> int:
+        """Connections clients hold open to the proxy."""
+        return self.kinds["tcp established client"]
+
+    @property
+    def upstream(self) -> int:
+        """Connections the proxy holds open to the server."""
+        return sum(n for kind, n in self.kinds.items() if kind.startswith("tcp established to :"))
 
     @classmethod
     def of(cls, pid: int) -> Usage:
         status = dict(
             line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
         )
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
-        return cls(fds, int(status["Threads"]), int(status["VmRSS"].split()[0]))
+        kinds: Counter[str] = Counter()
+        sockets = _tcp_sockets(pid)
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                kinds[sockets.get(target) or re.sub(r":\[\d+\]$", "", target)] += 1
+        return cls(kinds.total(), int(status["Threads"]), int(status["VmRSS"].split()[0]), kinds)
+
+
+_TCP_STATES = {"01": "established", "06": "time-wait", "08": "close-wait", "0A": "listening"}
+
+
+def _tcp_sockets(pid: int) -> dict[str, str]:
+    """Each TCP socket of the process's network namespace, by its fd link (`socket:[inode]`), as
+    `tcp STATE client` (accepted on a port it listens on) or `tcp STATE to :PORT`."""
+    rows = []
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            rows += [line.split() for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]]
+    listening = {row[1].rsplit(":", 1)[1] for row in rows if row[3] == "0A"}
+    named = {}
+    for row in rows:
+        local, remote, state = row[1].rsplit(":", 1)[1], row[2].rsplit(":", 1)[1], row[3]
+        word = _TCP_STATES.get(state, f"state {state}")
+        where = "client" if local in listening and state != "0A" else f"to :{int(remote, 16)}"
+        named[f"socket:[{row[9]}]"] = f"tcp {word} {where}"
+    return named
 
 
 @dataclass
@@ -58,15 +103,30 @@ class Lifetimes:
     baseline: dict[int, Usage] = field(default_factory=dict)
 
     def problems(self, pid: int) -> list[str]:
-        usage = Usage.of(pid)
+        usage = _quiet_usage(pid)
         self.seen.append((pid, usage))
         first = self.baseline.setdefault(pid, usage)
         problems = []
         if usage.fds > first.fds + FD_SLACK:
-            problems.append(f"the proxy holds {usage.fds} fds, {first.fds} after its first round")
+            grown = dict((usage.kinds - first.kinds).most_common(5))
+            problems.append(
+                f"the proxy holds {usage.fds} fds, {first.fds} after its first round (more: {grown})"
+            )
         if usage.threads > first.threads + THREAD_SLACK:
             problems.append(f"the proxy runs {usage.threads} threads, {first.threads} after its first round")
         return problems
+
+
+def _quiet_usage(pid: int) -> Usage:
+    """The proxy's usage once its upstream connections are no more than its clients' streams and a
+    few of its own (the server closes an idle kept-alive one after 10 s): a round's last requests
+    leave idle connections a leak would not tell apart. After `_QUIET_TIMEOUT_S`, as it is."""
+    usage = Usage.of(pid)
+    deadline = time.monotonic() + _QUIET_TIMEOUT_S
+    while usage.upstream > usage.clients + _OWN_UPSTREAM and time.monotonic() < deadline:
+        time.sleep(0.5)
+        usage = Usage.of(pid)
+    return usage
 
 
 def wait_round_over(server: OpencodeServer, plan: RoundPlan, turns: Turns) -> list[str]:

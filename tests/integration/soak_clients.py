@@ -81,6 +81,9 @@ class WebPages:
     def shot(self, page: Page, path: Path) -> None:
         self._run(page.screenshot(path))
 
+    def close(self, page: Page) -> None:
+        self._run(page.call("Page.close"))
+
 
 @dataclass
 class Watchers:
@@ -126,6 +129,12 @@ class Clients:
             subscription.process.kill()
             subscription.process.wait(timeout=10)
         self.sessions.clear()
+
+    def detach(self, watchers: Watchers) -> None:
+        """Close a watched round's TUI and page: each round's usage is then measured with the
+        same clients open (the whole soak's follower)."""
+        self.terminals.tmux("kill-session", "-t", watchers.tui.name)
+        self.pages.close(watchers.page)
 
 
 def _wait(check: Callable[[], bool | None], timeout: float) -> bool:
