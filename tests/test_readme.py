@@ -110,7 +110,7 @@ def parse(arguments: list[str]) -> None:
 
 def _assignments(words: list[str], monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Apply the leading `NAME=value` words of a command line; the rest of it."""
-    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
         name, _, value = words.pop(0).partition("=")
         monkeypatch.setenv(name, value)
     return words
