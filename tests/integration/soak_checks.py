@@ -54,7 +54,7 @@ class Usage:
     @property
     def clients(self) -> int:
         """Connections clients hold open to the proxy."""
-        return self.kinds["tcp established client"]
+        return sum(n for kind, n in self.kinds.items() if kind.startswith("tcp established client"))
 
     @property
     def upstream(self) -> int:
@@ -86,13 +86,31 @@ def _tcp_sockets(pid: int) -> dict[str, str]:
         with contextlib.suppress(OSError):
             rows += [line.split() for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]]
     listening = {row[1].rsplit(":", 1)[1] for row in rows if row[3] == "0A"}
+    by_local = {row[1]: row[9] for row in rows}
+    owners: dict[str, str] | None = None
     named = {}
     for row in rows:
         local, remote, state = row[1].rsplit(":", 1)[1], row[2].rsplit(":", 1)[1], row[3]
         word = _TCP_STATES.get(state, f"state {state}")
-        where = "client" if local in listening and state != "0A" else f"to :{int(remote, 16)}"
+        where = f"to :{int(remote, 16)}"
+        if local in listening and state != "0A":
+            owners = _socket_owners() if owners is None else owners
+            where = f"client {owners.get(by_local.get(row[2], ''), 'elsewhere')}"
         named[f"socket:[{row[9]}]"] = f"tcp {word} {where}"
     return named
+
+
+def _socket_owners() -> dict[str, str]:
+    """The program holding each socket of this machine, by inode: who a client connection is."""
+    owners = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            program = Path(f"/proc/{pid}/comm").read_text().strip()
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if (target := os.readlink(f"/proc/{pid}/fd/{fd}")).startswith("socket:["):
+                        owners[target[8:-1]] = program
+    return owners
 
 
 @dataclass

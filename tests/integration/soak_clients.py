@@ -29,6 +29,7 @@ from proxy.opencode.vocabulary import (
 )
 
 from .browser import Chromium, Page
+from .proctree import kill_tree
 from .resumes import event_kind, v1_story
 from .test_resume import resumed_on_screen
 from .test_resume_web_ui import resumed_on_page
@@ -133,7 +134,8 @@ class Clients:
     def detach(self, watchers: Watchers) -> None:
         """Close a watched round's TUI and page: each round's usage is then measured with the
         same clients open (the whole soak's follower)."""
-        self.terminals.tmux("kill-session", "-t", watchers.tui.name)
+        pane = int(self.terminals.tmux("list-panes", "-t", watchers.tui.name, "-F", "#{pane_pid}").split()[0])
+        kill_tree(pane)  # the TUI outlives a hang-up: its tmux session ends with it
         self.pages.close(watchers.page)
 
 
