@@ -81,16 +81,23 @@ class Writer(Protocol):
     ) -> list[Written]: ...
 
 
-class CountingWriter:
-    """A writer that counts what the writer it wraps achieved, by mode and outcome."""
+class _WrappingWriter:
+    """A writer around another, in its mode."""
 
-    def __init__(self, writer: Writer, write_backs: Counter) -> None:
+    def __init__(self, writer: Writer) -> None:
         self._writer = writer
-        self._write_backs = write_backs
 
     @property
     def mode(self) -> WriteBackMode:
         return self._writer.mode
+
+
+class CountingWriter(_WrappingWriter):
+    """A writer that counts what the writer it wraps achieved, by mode and outcome."""
+
+    def __init__(self, writer: Writer, write_backs: Counter) -> None:
+        super().__init__(writer)
+        self._write_backs = write_backs
 
     async def write(
         self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
@@ -104,18 +111,14 @@ class CountingWriter:
             self._write_backs.labels(self.mode, outcome).inc()
 
 
-class ServersWrittenInto:
+class ServersWrittenInto(_WrappingWriter):
     """A writer that writes only into a server its mode writes into (`KnownServer.refusal`),
     asked when it writes: for a caller that writes outside the scheduler (the resume), on a line
     that may be a release or a build no writes were measured on."""
 
     def __init__(self, writer: Writer, server: ServerLine) -> None:
-        self._writer = writer
+        super().__init__(writer)
         self._server = server
-
-    @property
-    def mode(self) -> WriteBackMode:
-        return self._writer.mode
 
     async def write(
         self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
