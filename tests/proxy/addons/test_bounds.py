@@ -77,3 +77,30 @@ async def test_problems_said_once_are_remembered_for_a_bounded_number_of_session
         for number in range(50):
             addon._report_once(MessageRoute(Api.V1, f"ses_{number}", single=False), "body is not JSON")
     assert len(addon._reported) == 5
+
+
+def big_orphan(session_id: str, size: int) -> Orphan:
+    info = {"id": "msg_1", "sessionID": session_id, "summary": {"body": "x" * size}}
+    return Orphan(Place(session_id, "msg_1", "/cwd", None), state=[message_updated(session_id, info)])
+
+
+def test_replays_are_kept_within_a_byte_budget_the_oldest_sessions_first() -> None:
+    streams = ClientStreams(Counter("injected", "", registry=CollectorRegistry()))
+    for number in range(100):
+        streams.publish(f"msg_{number}", big_orphan(f"ses_{number}", 100_000))
+    replays = streams.replays
+    assert replays.size <= live_replay.REPLAYED_BYTES == 2 * 2**20
+    assert replays.size == sum(r.size for kept in replays.sessions.values() for r in kept.values())
+    assert "ses_99" in replays.sessions
+    assert "ses_0" not in replays.sessions
+
+
+def test_the_replays_bytes_are_given_back_as_their_events_go() -> None:
+    streams = ClientStreams(Counter("injected", "", registry=CollectorRegistry()))
+    streams.publish("msg_1", big_orphan("ses_1", 1_000))
+    streams.publish("msg_1", big_orphan("ses_1", 5_000))  # the same message, told again
+    replays = streams.replays
+    assert 5_000 < replays.size < 6_000
+    replays.withdraw("ses_1", "message:msg_1")
+    assert replays.size == 0
+    assert list(replays.sessions["ses_1"]) == []
