@@ -78,9 +78,9 @@ class Replays:
     """Per session, by what it is news of, the newest event a later client must be replayed;
     at most `REMEMBERED` sessions, `REPLAYED_PER_SESSION` events each, `budget` bytes in all."""
 
-    def __init__(self, budget: int = REPLAYED_BYTES) -> None:
+    def __init__(self, budget: int | None = None) -> None:
         self.sessions: Bounded[str, Bounded[str, Replayed]] = Bounded(REMEMBERED, forgotten=self._gone)
-        self._budget = budget
+        self._budget = REPLAYED_BYTES if budget is None else budget
         self.size = 0
         """The kept events' bytes."""
 
