@@ -50,7 +50,6 @@ from proxy.service.metrics import Metrics
 from proxy.service.starting import modes_said, resume_ledger, resuming, tool_processes, write_back, writer
 from proxy.supervision.supervisor import Supervisor
 from proxy.supervision.tool_processes import ToolProcesses
-from proxy.system.heap import GiveBackOnRestart
 from proxy.writeback.locations import Locations
 from proxy.writeback.scheduler import WriteBack
 
@@ -216,14 +215,7 @@ class Assembly:
         )
         if self.resuming is not None:
             await self.resuming.waiting.load()
-        parts = [
-            *addons,
-            self.notices,
-            self.routes.guard,
-            self.tool_processes,
-            self.resuming,
-            GiveBackOnRestart(),
-        ]
+        parts = [*addons, self.notices, self.routes.guard, self.tool_processes, self.resuming]
         dispatcher = wire(
             parts, tracker=tracker, background=self.background, errors=metrics.addon_errors, stack=stack
         )
