@@ -97,8 +97,7 @@ class Notices(Addon):
         notice = self._waiting.pop(session_id, None)
         if notice is None or (place := notice.place) is None:
             return
-        if (kept := self._clients.replays.sessions.get(session_id)) is not None:
-            kept.pop(part_subject(notice.part_id), None)
+        self._clients.replays.withdraw(session_id, part_subject(notice.part_id))
         removed = notice_removed(session_id, place.message_id, notice.part_id)
         self._clients.publish(f"notice {session_id}", Orphan(place, moment=[removed]))
         log.info(

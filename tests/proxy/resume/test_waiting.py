@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from proxy.opencode.client import Credentials
 from proxy.opencode.global_events import GlobalEvent
 from proxy.relay.tasks import KeyedTasks, Together
+from proxy.resume import waiting as waiting_module
 from proxy.resume.admission import Admission
 from proxy.resume.assembly import Resuming
 from proxy.resume.decision import Policy
@@ -24,9 +25,11 @@ from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import Known, Records, ResumeOptions, Resumer
 from proxy.resume.safety import Safety
-from proxy.resume.waiting import TITLE, Continued, NotWaiting, WaitingTurns
+from proxy.resume.turns import InterruptedTurn
+from proxy.resume.waiting import TITLE, Continued, NotWaiting, Waiting, WaitingTurns
 from proxy.resume.watch import Watch
 from proxy.writeback.scheduler import Written
+from rules import Api
 from tests.proxy.resume.test_resumer import CANDIDATE, NOW, FakeProbe, FakeServer, SettlingWriter, ledger
 from tests.proxy.resume.views import v1_settled, v1_tool, v1_user, v1_view
 
@@ -284,3 +287,20 @@ async def test_a_dropped_ticket_lets_the_next_one_in() -> None:
     admission.drop(first)
     await asyncio.wait_for(entered.wait(), 5)
     await task
+
+
+async def test_the_sessions_whose_wait_ended_are_remembered_up_to_a_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(waiting_module, "OVER_KEPT", 3)
+    turns = WaitingTurns()
+    for number in range(10):
+        session_id = f"ses_{number}"
+        turn = InterruptedTurn(session_id, Api.V1, "msg_1", (), None, None, None)
+        await turns.add(Waiting(turn, "/cwd", (), NOW, "unsafe", "1.x", NOW))
+        await turns.take(session_id)
+    assert len(turns._over) == 3
+    with pytest.raises(Continued):
+        await turns.take("ses_9")
+    with pytest.raises(NotWaiting, match="no turn of this session waits"):
+        await turns.take("ses_0")
