@@ -112,11 +112,13 @@ class Decisions:
         """`keys` (messages) are skipped: the API cannot change a message itself. Said once per
         message: a client fetching its view again and again names it again and again."""
         api, session_id = session
+        new = set()
         for key in keys:
-            self._outcomes[(api, session_id, key)] = WriteBackOutcome.SKIPPED
-        new = {key for key in keys if (api, session_id, key) not in self._view_only}
-        for key in new:
-            self._view_only[(api, session_id, key)] = True
+            if (api, session_id, key) in self._view_only:
+                self._outcomes[(api, session_id, key)] = WriteBackOutcome.SKIPPED  # decided again, unsaid
+            else:
+                self._view_only[(api, session_id, key)] = True
+                new.add(key)
         self.skipped(session, new, VIEW_ONLY)
 
     def failed(
