@@ -62,12 +62,14 @@ class Usage:
         return sum(n for kind, n in self.kinds.items() if kind.startswith("tcp established to :"))
 
     @classmethod
-    def of(cls, pid: int) -> Usage:
+    def of(cls, pid: int, *, named: bool = False) -> Usage:
+        """The usage now; `named`: each client connection also by the program that holds it (a
+        look through every process, for a report)."""
         status = dict(
             line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
         )
         kinds: Counter[str] = Counter()
-        sockets = _tcp_sockets(pid)
+        sockets = _tcp_sockets(pid, named=named)
         for fd in os.listdir(f"/proc/{pid}/fd"):
             with contextlib.suppress(OSError):
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")
@@ -78,9 +80,10 @@ class Usage:
 _TCP_STATES = {"01": "established", "06": "time-wait", "08": "close-wait", "0A": "listening"}
 
 
-def _tcp_sockets(pid: int) -> dict[str, str]:
+def _tcp_sockets(pid: int, *, named: bool) -> dict[str, str]:
     """Each TCP socket of the process's network namespace, by its fd link (`socket:[inode]`), as
-    `tcp STATE client` (accepted on a port it listens on) or `tcp STATE to :PORT`."""
+    `tcp STATE client` (accepted on a port it listens on; `named`, with the program holding its
+    other end) or `tcp STATE to :PORT`."""
     rows = []
     for table in ("tcp", "tcp6"):
         with contextlib.suppress(OSError):
@@ -88,16 +91,18 @@ def _tcp_sockets(pid: int) -> dict[str, str]:
     listening = {row[1].rsplit(":", 1)[1] for row in rows if row[3] == "0A"}
     by_local = {row[1]: row[9] for row in rows}
     owners: dict[str, str] | None = None
-    named = {}
+    labels = {}
     for row in rows:
         local, remote, state = row[1].rsplit(":", 1)[1], row[2].rsplit(":", 1)[1], row[3]
         word = _TCP_STATES.get(state, f"state {state}")
         where = f"to :{int(remote, 16)}"
         if local in listening and state != "0A":
-            owners = _socket_owners() if owners is None else owners
-            where = f"client {owners.get(by_local.get(row[2], ''), 'elsewhere')}"
-        named[f"socket:[{row[9]}]"] = f"tcp {word} {where}"
-    return named
+            where = "client"
+            if named:
+                owners = _socket_owners() if owners is None else owners
+                where += f" {owners.get(by_local.get(row[2], ''), 'elsewhere')}"
+        labels[f"socket:[{row[9]}]"] = f"tcp {word} {where}"
+    return labels
 
 
 def _socket_owners() -> dict[str, str]:
@@ -127,8 +132,14 @@ class Lifetimes:
         problems = []
         if usage.fds > first.fds + FD_SLACK:
             grown = dict((usage.kinds - first.kinds).most_common(5))
+            clients = {
+                k: n
+                for k, n in Usage.of(pid, named=True).kinds.items()
+                if k.startswith("tcp established client")
+            }
             problems.append(
-                f"the proxy holds {usage.fds} fds, {first.fds} after its first round (more: {grown})"
+                f"the proxy holds {usage.fds} fds, {first.fds} after its first round (more: {grown}; "
+                f"its clients now: {clients})"
             )
         if usage.threads > first.threads + THREAD_SLACK:
             problems.append(f"the proxy runs {usage.threads} threads, {first.threads} after its first round")
