@@ -53,8 +53,19 @@ class Usage:
 
     @property
     def clients(self) -> int:
-        """Connections clients hold open to the proxy."""
-        return sum(n for kind, n in self.kinds.items() if kind.startswith("tcp established client"))
+        """Connections live clients hold open to the proxy: how many is theirs to say (a browser
+        keeps idle ones for its next requests), so they are no part of the proxy's own count."""
+        return sum(n for kind, n in self.kinds.items() if kind.startswith(_CLIENT))
+
+    @property
+    def left(self) -> int:
+        """Connections of clients that went away, still held by the proxy."""
+        return sum(n for kind, n in self.kinds.items() if kind.startswith(_LEFT))
+
+    @property
+    def own(self) -> int:
+        """Every open file but the connections of live clients."""
+        return self.fds - self.clients
 
     @property
     def upstream(self) -> int:
@@ -78,30 +89,36 @@ class Usage:
 
 
 _TCP_STATES = {"01": "established", "06": "time-wait", "08": "close-wait", "0A": "listening"}
+_CLIENT = "tcp established client"
+_LEFT = "tcp client left"
 
 
 def _tcp_sockets(pid: int, *, named: bool) -> dict[str, str]:
     """Each TCP socket of the process's network namespace, by its fd link (`socket:[inode]`), as
-    `tcp STATE client` (accepted on a port it listens on; `named`, with the program holding its
-    other end) or `tcp STATE to :PORT`."""
+    `tcp established client` (accepted on a port it listens on, its other end open; `named`,
+    with the program holding that end), `tcp client left (STATE)` (its other end closed or gone)
+    or `tcp STATE to :PORT`."""
     rows = []
     for table in ("tcp", "tcp6"):
         with contextlib.suppress(OSError):
             rows += [line.split() for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]]
     listening = {row[1].rsplit(":", 1)[1] for row in rows if row[3] == "0A"}
-    by_local = {row[1]: row[9] for row in rows}
+    by_local = {row[1]: row for row in rows}
     owners: dict[str, str] | None = None
     labels = {}
     for row in rows:
         local, remote, state = row[1].rsplit(":", 1)[1], row[2].rsplit(":", 1)[1], row[3]
         word = _TCP_STATES.get(state, f"state {state}")
-        where = f"to :{int(remote, 16)}"
+        label = f"tcp {word} to :{int(remote, 16)}"
         if local in listening and state != "0A":
-            where = "client"
-            if named:
+            peer = by_local.get(row[2])
+            label = _CLIENT
+            if state != "01" or peer is None or peer[3] != "01" or peer[9] == "0":
+                label = f"{_LEFT} ({word}, its end {_TCP_STATES.get(peer[3], 'gone') if peer else 'gone'})"
+            elif named:
                 owners = _socket_owners() if owners is None else owners
-                where += f" {owners.get(by_local.get(row[2], ''), 'elsewhere')}"
-        labels[f"socket:[{row[9]}]"] = f"tcp {word} {where}"
+                label += f" {owners.get(peer[9], 'elsewhere')}"
+        labels[f"socket:[{row[9]}]"] = label
     return labels
 
 
@@ -130,15 +147,16 @@ class Lifetimes:
         self.seen.append((pid, usage))
         first = self.baseline.setdefault(pid, usage)
         problems = []
-        if usage.fds > first.fds + FD_SLACK:
-            grown = dict((usage.kinds - first.kinds).most_common(5))
-            clients = {
-                k: n
-                for k, n in Usage.of(pid, named=True).kinds.items()
-                if k.startswith("tcp established client")
-            }
+        if usage.left:
             problems.append(
-                f"the proxy holds {usage.fds} fds, {first.fds} after its first round (more: {grown}; "
+                f"the proxy still holds {usage.left} connections of clients that went away, "
+                f"{_QUIET_TIMEOUT_S:.0f} s after the round"
+            )
+        if usage.own > first.own + FD_SLACK:
+            clients = {k: n for k, n in Usage.of(pid, named=True).kinds.items() if k.startswith(_CLIENT)}
+            problems.append(
+                f"the proxy holds {usage.own} fds besides its live clients' connections, {first.own} after "
+                f"its first round (more: {dict((usage.kinds - first.kinds).most_common(5))}; "
                 f"its clients now: {clients})"
             )
         if usage.threads > first.threads + THREAD_SLACK:
@@ -147,12 +165,14 @@ class Lifetimes:
 
 
 def _quiet_usage(pid: int) -> Usage:
-    """The proxy's usage once its upstream connections are no more than its clients' streams and a
-    few of its own (the server closes an idle kept-alive one after 10 s): a round's last requests
-    leave idle connections a leak would not tell apart. After `_QUIET_TIMEOUT_S`, as it is."""
+    """The proxy's usage once it has closed the connections of the clients that went away (a
+    round's TUI and page end just before) and its upstream connections are no more than its
+    clients' streams and a few of its own (the server closes an idle kept-alive one after 10 s):
+    what a round leaves behind for a while would not tell a leak apart. After
+    `_QUIET_TIMEOUT_S`, as it is."""
     usage = Usage.of(pid)
     deadline = time.monotonic() + _QUIET_TIMEOUT_S
-    while usage.upstream > usage.clients + _OWN_UPSTREAM and time.monotonic() < deadline:
+    while (usage.left or usage.upstream > usage.clients + _OWN_UPSTREAM) and time.monotonic() < deadline:
         time.sleep(0.5)
         usage = Usage.of(pid)
     return usage
