@@ -42,13 +42,15 @@ that process exits (`live_held`).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import ClassVar
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live_calls import OpenCalls
 from proxy.addons.live_clients import ClientStreams
 from proxy.addons.live_default import DefaultDirectory
-from proxy.addons.live_memory import StreamMemory
+from proxy.addons.live_kept import Kept
+from proxy.addons.live_memory import Keeper, StreamMemory
 from proxy.addons.live_notices import Notices
 from proxy.addons.live_parts import OpenParts
 from proxy.addons.live_turns import DeadTurns
@@ -86,6 +88,24 @@ class LiveSettle(Addon, StreamListener):
         self.tasks: Together = Together(
             self._default, self._parts.tasks, self._turns.tasks, self._calls.tasks
         )
+
+    def remember(self, keeper: Keeper, kept: list[Kept]) -> None:
+        """Keep the memory through `keeper` from now on, holding first what it `kept` of the proxy
+        before: confirmed, once the server's stream is followed, as after a loss of that stream."""
+        for thing in kept:
+            self._memory.restore(thing.kind, thing.key, thing.place)
+        self._memory.kept_by(keeper)
+        if kept:
+            self._followed = True
+            counts = Counter(thing.kind for thing in kept)
+            log.info(
+                "kept by the proxy that ran before: %d open parts, %d busy sessions, %d unfinished "
+                "messages; each confirmed once the server's stream is followed",
+                counts["part"],
+                counts["busy"],
+                counts["unfinished"],
+                extra={"fields": dict(counts) | {"decision": "confirm what was kept"}},
+            )
 
     # What the followed stream says.
 

@@ -3,12 +3,14 @@
 Kept from `/global/event` (bounded, the oldest forgotten first) so that when the stream
 comes back after a loss, or a session goes idle with a part still open, the addon knows
 what a client may still show running: v1 tool parts, busy sessions, unfinished assistant
-messages.
+messages. Each change can also be handed to a `Keeper` (`live_kept`: the state database, for the
+proxy that runs next on the same address).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, Protocol, TypeVar
 
 from proxy.addons.live_watch import says_idle
 from proxy.opencode.tracker import GlobalEvent
@@ -17,6 +19,7 @@ from proxy.relay.bounded import Bounded
 from rules import V1, OpenTool
 
 REMEMBERED = 10_000
+Kind = Literal["part", "busy", "unfinished"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,16 +33,67 @@ class Place:
     project: str | None
 
 
+V = TypeVar("V", bound=OpenTool | Place)
+
+
+class Keeper(Protocol):
+    """Where the memory's changes are kept beyond this process."""
+
+    def keep(self, kind: Kind, key: str, place: OpenTool | Place) -> None: ...
+
+    def drop(self, kind: Kind, key: str) -> None: ...
+
+
+class _Kept(Bounded[str, V]):
+    """One kind of the memory: each entry set anew, deleted or forgotten is told to the keeper."""
+
+    def __init__(self, kind: Kind) -> None:
+        super().__init__(REMEMBERED)
+        self._kind: Kind = kind
+        self._keeper: Keeper | None = None
+
+    def kept_by(self, keeper: Keeper) -> None:
+        self._keeper = keeper
+        self._forgotten = lambda key, _: keeper.drop(self._kind, key)
+
+    def restore(self, key: str, value: V) -> None:
+        """Set what the keeper already holds (loaded from it), without telling it again."""
+        super().__setitem__(key, value)
+
+    def __setitem__(self, key: str, value: V) -> None:
+        changed = self.peek(key) != value
+        super().__setitem__(key, value)
+        if changed and self._keeper is not None:
+            self._keeper.keep(self._kind, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        if self._keeper is not None:
+            self._keeper.drop(self._kind, key)
+
+
 class StreamMemory:
     """Open parts, busy sessions and unfinished messages, as the stream last showed them."""
 
     def __init__(self) -> None:
-        self.parts: Bounded[str, OpenTool] = Bounded(REMEMBERED)
+        self.parts: _Kept[OpenTool] = _Kept("part")
         """Open v1 tool parts, by part id."""
-        self.busy: Bounded[str, Place] = Bounded(REMEMBERED)
+        self.busy: _Kept[Place] = _Kept("busy")
         """Sessions the stream last showed busy (`message_id` empty), by session id."""
-        self.unfinished: Bounded[str, Place] = Bounded(REMEMBERED)
+        self.unfinished: _Kept[Place] = _Kept("unfinished")
         """Assistant messages the stream last showed without `time.completed`, by message id."""
+
+    def kept_by(self, keeper: Keeper) -> None:
+        """Hand every change from now on to `keeper` too."""
+        for kept in (self.parts, self.busy, self.unfinished):
+            kept.kept_by(keeper)
+
+    def restore(self, kind: Kind, key: str, place: OpenTool | Place) -> None:
+        """Hold what the keeper kept of a proxy before (not told to it again)."""
+        if isinstance(place, OpenTool):
+            self.parts.restore(key, place)
+        else:
+            (self.busy if kind == "busy" else self.unfinished).restore(key, place)
 
     def observe(self, event: GlobalEvent) -> str | None:
         """Remember what `event` shows; return the session it says went idle while one of its

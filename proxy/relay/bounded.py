@@ -52,6 +52,10 @@ class Bounded(MutableMapping[K, V]):
         entries.move_to_end(key)
         return entries[key]
 
+    def peek(self, key: K) -> V | None:
+        """The entry of `key`, or None, refreshing nothing."""
+        return self._entries.get(key)
+
     def __setitem__(self, key: K, value: V) -> None:
         self._entries[key] = value
         self._entries.move_to_end(key)

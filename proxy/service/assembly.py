@@ -47,7 +47,15 @@ from proxy.resume.waiting import Announcer
 from proxy.service.config import Settings
 from proxy.service.health import SettleRoutes
 from proxy.service.metrics import Metrics
-from proxy.service.starting import modes_said, resume_ledger, resuming, tool_processes, write_back, writer
+from proxy.service.starting import (
+    kept_memory,
+    modes_said,
+    resume_ledger,
+    resuming,
+    tool_processes,
+    write_back,
+    writer,
+)
 from proxy.supervision.supervisor import Supervisor
 from proxy.supervision.tool_processes import ToolProcesses
 from proxy.writeback.locations import Locations
@@ -196,6 +204,9 @@ class Assembly:
         clients = next((addon for addon in addons if isinstance(addon, ResumeClients)), None)
         live = next((addon for addon in addons if isinstance(addon, LiveSettle)), None)
         self.notices = live.notices if live is not None else None
+        if live is not None and (kept := await kept_memory(settings, stack)) is not None:
+            live.remember(*kept)
+            self.background.add(kept[0])
         ledger = await resume_ledger(settings, stack)
         enabled = settings.resume and ledger is not None
         self.journal = Journal(metrics.registry, enabled=enabled, dry_run=settings.dry_run)

@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import Counter
 
+from proxy.addons.live_kept import Kept, KeptMemory
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.server_line import KnownServer, ServerLine
@@ -38,7 +39,7 @@ from proxy.writeback.locations import Locations
 from proxy.writeback.locks import SessionLocks
 from proxy.writeback.scheduler import CountingWriter, ServersWrittenInto, WriteBack, WriteBackMode, Writer
 
-__all__ = ["modes_said", "resume_ledger", "resuming", "tool_processes", "write_back", "writer"]
+__all__ = ["kept_memory", "modes_said", "resume_ledger", "resuming", "tool_processes", "write_back", "writer"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,25 @@ async def tool_processes(
     watcher.recorder = records
     stack.push_async_callback(watcher.flush)
     return watcher
+
+
+async def kept_memory(settings: Settings, stack: AsyncExitStack) -> tuple[KeptMemory, list[Kept]] | None:
+    """Where the stream memory is kept for the proxy that runs next on this address, and what the
+    one before kept; None without a state database or a fixed port (no proxy comes back there)."""
+    if settings.state_db is None or not settings.port:
+        return None
+    try:
+        kept = await stack.enter_async_context(
+            KeptMemory.open(settings.state_db, f"{settings.host}:{settings.port}")
+        )
+        return kept, await kept.load()
+    except (OSError, sqlite3.Error) as error:
+        log.warning(
+            "what the event stream shows open is not kept for the proxy that runs next: %s: %s",
+            settings.state_db,
+            error,
+        )
+        return None
 
 
 async def resume_ledger(settings: Settings, stack: AsyncExitStack) -> Ledger | None:

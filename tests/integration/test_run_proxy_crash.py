@@ -1,11 +1,12 @@
 """`settle-proxy run --write-back api -- opencode serve` with the real opencode 1.18.33, the
 supervising proxy itself SIGKILLed mid-tool (its server and the tool die with it) and a new one
 started on the same data: a follower of `/global/event` that reconnects to the new proxy kept its
-state from before (the session busy). The new proxy, which never saw the call, settles and writes
-back the orphan when a client fetches the view; the server announces only the part, and the
-follower must still end with the message closed and the session idle, as after a server crash,
-and a real TUI open across the proxy's crash loses its busy bar
-(the write-back's own announcement, which would tell it as well, is covered in-process:
+state from before (the session busy). The new proxy never saw the call, but reads what the one
+before kept in the state database of what its stream showed open; with no client fetching
+anything, the follower must end with the part settled, the message closed and the session idle,
+as after a server crash, the view settled and written back, and a real TUI open across the
+proxy's crash loses its busy bar (a view settled for a client of a proxy that kept nothing, and
+the write-back's own announcement, which would tell it as well, are covered in-process:
 `tests/proxy/addons/test_live_unseen.py`)."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .event_tap import EventTap
 from .mock_model import MockModel
 from .opencode_server import opencode_binary, running_opencode
 from .polling import poll
-from .test_run_supervised import following
+from .test_run_supervised import following, health, written
 from .test_tui import assert_settled, shows_running, shows_settled, watch
 from .tui import Terminals
 from .turns import fetch_settled, start_v1_turn, wait_tool_running
@@ -49,6 +50,16 @@ def closed(payload: Any, message_id: str) -> bool:
     )
 
 
+def part_failed(payload: Any, part_id: str) -> bool:
+    event = payload.get("payload") or {}
+    part = (event.get("properties") or {}).get("part") or {}
+    return (
+        event.get("type") == "message.part.updated"
+        and part.get("id") == part_id
+        and (part["state"]["status"] == "error")
+    )
+
+
 def test_a_follower_of_the_new_proxy_ends_with_the_message_closed_and_the_session_idle(
     mock_model: MockModel, tmp_path: Path
 ) -> None:
@@ -67,15 +78,17 @@ def test_a_follower_of_the_new_proxy_ends_with_the_message_closed_and_the_sessio
         server.restart()  # a new proxy on the same data
         poll(partial(following, server), what="the new proxy following the server's events", timeout=60)
         with EventTap(f"{server.origin}/global/event") as after:  # the follower reconnects
-            fetch_settled(f"{server.url}{turn.messages_path}", timeout=30)  # settled, and written back
             after.wait_for(
                 lambda p: status_of(p, turn.session_id) == "idle", what="the session told idle", timeout=60
             )
             statuses = [s for p in after.payloads() if (s := status_of(p, turn.session_id)) is not None]
             told = after.payloads()
+        fetch_settled(f"{server.url}{turn.messages_path}", timeout=30)
+        direct = health(server)["upstream"]["url"]
+        poll(partial(written, direct, turn), what="the call written back", timeout=30)
         seen = watch({tui: shows_settled})["across_proxy_crash"]
     assert statuses[-1] == "idle"
     assert any(closed(payload, running.message_id) for payload in told)
-    log = server.log_path.read_text(errors="replace")
-    assert f"view of {turn.session_id} settled for a client: confirmed for the client streams" in log
+    assert any(part_failed(payload, running.tool["id"]) for payload in told)
+    assert "kept by the proxy that ran before: 1 open parts" in server.log_path.read_text(errors="replace")
     assert_settled(seen, "open through settle-proxy run across the proxy's own crash")

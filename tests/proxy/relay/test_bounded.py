@@ -25,11 +25,12 @@ def test_it_never_holds_more_than_its_capacity() -> None:
     assert list(kept) == list(range(9_900, 10_000))
 
 
-def test_iterating_and_asking_for_a_key_refresh_nothing() -> None:
+def test_iterating_asking_for_a_key_and_peeking_refresh_nothing() -> None:
     kept: Bounded[str, int] = Bounded(3)
     kept.update(a=1, b=2, c=3)
     assert [value for key, value in kept.items() if key in kept] == [1, 2, 3]
     assert list(kept.values()) == [1, 2, 3]
+    assert (kept.peek("a"), kept.peek("z")) == (1, None)
     kept["d"] = 4
     assert list(kept) == ["b", "c", "d"], "the oldest set went, however often it was iterated over"
     assert kept.pop("b") == 2
