@@ -3,7 +3,7 @@ prompt, confirm the start, retry within the budget, and say every decision."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,8 @@ def resumer(
     dry_run: bool = False,
     attempts: int = 3,
     text: str | None = None,
+    probe: FakeProbe | None = None,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
 ) -> tuple[Resumer, Journal]:
     journal = Journal(CollectorRegistry(), enabled=True, dry_run=dry_run)
     options = ResumeOptions(
@@ -124,14 +126,20 @@ def resumer(
     )
     made = Resumer(
         server,
-        FakeProbe(),
+        probe or FakeProbe(),
         Records(ledger, journal),
         options,
         writer=writer,
         credentials=Credentials(),
         clock=lambda: NOW,
+        sleep=sleep or no_pause,
     )
     return made, journal
+
+
+async def no_pause(seconds: float) -> None:
+    """No wall-clock wait: the pauses between reads are only counted (the clock stands still)."""
+    del seconds
 
 
 CANDIDATE = Candidate("ses_1", Api.V1, "/work", NOW - 5, None, seen_message="msg_002")
@@ -230,7 +238,7 @@ async def test_a_server_that_cannot_be_read_is_a_skip_with_the_reason(ledger: Le
     server.unreadable = True
     made, journal = resumer(server, ledger)
     await considered(made)
-    assert journal.recent()[0]["why"].startswith("the server could not be read: UpstreamRefused")
+    assert journal.recent()[0]["why"].startswith("the server could not be read in 7 tries over 31.5 s: GET")
 
 
 async def test_a_child_session_is_left_to_its_parent(ledger: Ledger) -> None:
