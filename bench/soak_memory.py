@@ -12,6 +12,7 @@ Flat means: no round after round 10 above round 10 by more than 5 MiB (issue 38,
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -41,6 +42,9 @@ class Growth:
 
     rss_kib: tuple[int, ...]
     after: int = AFTER
+    fds: tuple[int, ...] = ()
+    """The proxy's open files after each round (a connection, a pipe or a database left open per
+    round shows here as it would in the RSS)."""
 
     @property
     def measurable(self) -> bool:
@@ -69,6 +73,8 @@ class Growth:
 def report(growth: Growth) -> str:
     """The RSS per round, then the growth after the warm-up and whether it is flat."""
     lines = [f"round {n:3}: {kib / KIB_PER_MIB:7.1f} MiB" for n, kib in enumerate(growth.rss_kib, start=1)]
+    for index, fds in enumerate(growth.fds):
+        lines[index] += f", {fds:4} open files"
     if not growth.measurable:
         lines.append(f"growth after round {growth.after}: not measured ({len(growth.rss_kib)} rounds)")
         return "\n".join(lines)
@@ -78,6 +84,9 @@ def report(growth: Growth) -> str:
         f"(the last round {_mib(growth.last_kib)}), over {len(growth.rss_kib) - growth.after} rounds "
         f"from {growth.base_kib / KIB_PER_MIB:.1f} MiB: {verdict} within {FLAT_KIB // KIB_PER_MIB} MiB"
     )
+    if len(growth.fds) > growth.after:
+        base, last = growth.fds[growth.after - 1], growth.fds[-1]
+        lines.append(f"open files: {base} after round {growth.after}, {last} after the last")
     return "\n".join(lines)
 
 
@@ -118,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def measure(model: MockModel, root: Path, rounds: int, seed: int) -> tuple[Growth, list[str]]:
     """`rounds` server crashes in one proxy lifetime; the proxy's RSS after each, and what failed."""
     rss: list[int] = []
+    fds: list[int] = []
     failed: list[str] = []
     with running_opencode(root, model.base_url, supervised=OPTIONS) as server:
         poll(partial(following, server), what="the proxy following the server", timeout=60)
@@ -131,8 +141,13 @@ def measure(model: MockModel, root: Path, rounds: int, seed: int) -> tuple[Growt
             problems += continuation_problems(model, since, plan, turns)
             failed += [f"{plan.describe()}: {problem}" for problem in problems]
             rss.append(_rss_kib(server))
-            print(f"round {plan.number}: {rss[-1] / KIB_PER_MIB:.1f} MiB", file=sys.stderr, flush=True)
-    return Growth(tuple(rss)), failed
+            fds.append(len(os.listdir(f"/proc/{server.pid}/fd")))
+            print(
+                f"round {plan.number}: {rss[-1] / KIB_PER_MIB:.1f} MiB, {fds[-1]} fds",
+                file=sys.stderr,
+                flush=True,
+            )
+    return Growth(tuple(rss), fds=tuple(fds)), failed
 
 
 def _rss_kib(server: OpencodeServer) -> int:

@@ -138,7 +138,7 @@ def test_each_failure_prints_what_the_page_says(
     command: str, printed: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     words = shlex.split(command)
-    while re.fullmatch(r"[A-Z_]+=.*", words[0]):
+    while re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
         name, _, value = words.pop(0).partition("=")
         monkeypatch.setenv(name, value)
     assert words[0] == "settle-proxy"

@@ -110,7 +110,7 @@ def parse(arguments: list[str]) -> None:
 
 def _assignments(words: list[str], monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Apply the leading `NAME=value` words of a command line; the rest of it."""
-    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
         name, _, value = words.pop(0).partition("=")
         monkeypatch.setenv(name, value)
     return words
@@ -147,15 +147,18 @@ def _parses(arguments: list[str]) -> None:
 
 
 async def _names_a_route(arguments: list[str]) -> None:
-    """A `curl` of the docs asks the proxy's default address for a route it registers itself
-    (not the `/_settle` catch-all's 404), or goes to the server through it."""
+    """A `curl` of the docs asks the proxy's default address, with its method (`-X`), for a route
+    it registers itself (not the `/_settle` catch-all's 404, nor the forwarder's), its `{name}`s
+    filled in (`POST /_settle/resume/ses_123`)."""
     (url,) = [URL(word) for word in arguments if word.startswith("http")]
     assert (url.host, url.port) == ("127.0.0.1", 4097), url
+    method = arguments[arguments.index("-X") + 1] if "-X" in arguments else "GET"
     app = create_app(Settings(upstream=URL("http://127.0.0.1:4096")))
-    match = await app.router.resolve(make_mocked_request("GET", url.path_qs, app=app))
+    match = await app.router.resolve(make_mocked_request(method, url.path_qs, app=app))
     resource = match.route.resource
-    assert resource is not None
-    assert resource.canonical == url.path, f"{url.path} is no route of the proxy"
+    assert resource is not None, f"{method} {url.path} is no route of the proxy"
+    assert "tail" not in match, f"{method} {url.path} is no route of the proxy"
+    assert resource.canonical.format_map(match) == url.path, f"{method} {url.path} is no route of the proxy"
 
 
 def _runs_what_exists(arguments: list[str]) -> None:

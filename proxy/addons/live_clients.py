@@ -96,7 +96,7 @@ class ClientStreams:
 
     def subscribe(self, flow: Flow, *, by: str) -> Subscriber | None:
         """Take `flow` as a client stream if it is one: replay the known state, then inject."""
-        if flow.status != 200 or flow.request.method != "GET" or not flow.event_stream:
+        if not flow.opened_event_stream:
             return None
         stream = route_of(flow).stream
         if stream is EventStream.GLOBAL:

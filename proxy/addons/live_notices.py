@@ -1,7 +1,7 @@
 """Notices for a person, in the clients they use: a turn that waits for them is said on every
 client event stream of its session, for the live-settle addon (`Notices` is the resume's Announcer).
 
-What the 1.18.33 clients draw of an event on `/global/event` (measured, `docs/_incoming/tell.md`):
+What the 1.18.33 clients draw of an event on `/global/event` (measured, `docs/resume.md`):
 the TUI (`opencode attach`) draws `tui.toast.show` as a toast and `session.error` as a 5 s error
 toast; the bundled web UI draws neither (its reducer has no case for them: a `session.error` only
 marks the session unseen and may raise a system notification naming the session's title). Both
@@ -97,8 +97,7 @@ class Notices(Addon):
         notice = self._waiting.pop(session_id, None)
         if notice is None or (place := notice.place) is None:
             return
-        if (kept := self._clients.replays.sessions.get(session_id)) is not None:
-            kept.pop(part_subject(notice.part_id), None)
+        self._clients.replays.withdraw(session_id, part_subject(notice.part_id))
         removed = notice_removed(session_id, place.message_id, notice.part_id)
         self._clients.publish(f"notice {session_id}", Orphan(place, moment=[removed]))
         log.info(

@@ -22,7 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.addons.live_memory import REMEMBERED, Place
+from proxy.addons.live_memory import Place
+from proxy.opencode import jsonio
 from proxy.opencode.events_2x import api_event
 from proxy.opencode.global_events import GlobalEvent
 from proxy.opencode.vocabulary import (
@@ -41,8 +42,17 @@ from proxy.opencode.vocabulary import (
 from proxy.relay.bounded import Bounded
 from rules import V1, OpenTool
 
+REMEMBERED = 1_000
+"""Sessions with a replay; the least recently told go first. A replay matters to a client that
+comes back after a crash, within seconds of it: the sessions of the last few crashes are enough."""
 REPLAYED_PER_SESSION = 3_000
 """Things kept per session to replay to streams that connect later; the oldest go first."""
+REPLAYED_BYTES = 2 * 2**20
+"""The replays' events together, as JSON (a tool part carries its output): the least recently told
+sessions go first, then, if one session alone holds more, its oldest events. Without it every
+settlement of a proxy's life stays (each crash's sessions, their parts and prompts: the soak's
+proxy grew with every round), while what one crash leaves to replay (its sessions' open parts,
+the prompts and answers of their resumes) is some tens of KB a session."""
 USER_MESSAGES_PER_SESSION = 3
 """User messages kept per session after its settlement (a resume prompts at most `--resume-attempts`
 times, 3 by default); later ones are not kept, so a busy session's prompts never grow the proxy."""
@@ -56,22 +66,63 @@ class Replayed:
     event: dict[str, Any]
     api: bool = False
     """A 2.x event, for the clients of `/api/event`."""
+    size: int = 0
+    """The event's bytes as JSON, counted against `REPLAYED_BYTES`."""
+
+    @classmethod
+    def of(cls, place: OpenTool | Place, event: dict[str, Any], api: bool = False) -> Replayed:
+        return cls(place, event, api, len(jsonio.dumps(event)))
 
 
 class Replays:
-    """Per session, by what it is news of, the newest event a later client must be replayed."""
+    """Per session, by what it is news of, the newest event a later client must be replayed;
+    at most `REMEMBERED` sessions, `REPLAYED_PER_SESSION` events each, `budget` bytes in all."""
 
-    def __init__(self) -> None:
-        self.sessions: Bounded[str, Bounded[str, Replayed]] = Bounded(REMEMBERED)
+    def __init__(self, budget: int | None = None) -> None:
+        self.sessions: Bounded[str, Bounded[str, Replayed]] = Bounded(REMEMBERED, forgotten=self._gone)
+        self._budget = REPLAYED_BYTES if budget is None else budget
+        self.size = 0
+        """The kept events' bytes."""
 
     def keep(
         self, key: str, place: OpenTool | Place, state: list[dict[str, Any]], *, api: bool = False
     ) -> None:
         """Keep what `state` says (announced under `key`), each event under what it is news of."""
-        kept = self.sessions.setdefault(place.session_id, Bounded(REPLAYED_PER_SESSION))
+        kept = self._session(place.session_id)
         for index, event in enumerate(state):
             subjects = news_subjects(str(event.get("type")), event.get("data" if api else "properties") or {})
-            kept[subjects[0] if subjects else f"{key}#{index}"] = Replayed(place, event, api)
+            self._put(kept, subjects[0] if subjects else f"{key}#{index}", Replayed.of(place, event, api))
+
+    def withdraw(self, session_id: str, subject: str) -> None:
+        """Replay no more what the session's replay says of `subject` (a notice withdrawn)."""
+        if (kept := self.sessions.get(session_id)) is not None:
+            self._pop(kept, subject)
+
+    def _session(self, session_id: str) -> Bounded[str, Replayed]:
+        kept = self.sessions.get(session_id)
+        if kept is None:
+            kept = self.sessions[session_id] = Bounded(REPLAYED_PER_SESSION, forgotten=self._forgotten)
+        return kept
+
+    def _put(self, kept: Bounded[str, Replayed], subject: str, replayed: Replayed) -> None:
+        self._pop(kept, subject)
+        kept[subject] = replayed  # past REPLAYED_PER_SESSION, the oldest is forgotten
+        self.size += replayed.size
+        while self.size > self._budget and len(self.sessions) > 1:  # `kept` is the most recent
+            oldest = next(iter(self.sessions))
+            self._gone(oldest, self.sessions.pop(oldest))
+        while self.size > self._budget and len(kept) > 1:
+            self._pop(kept, next(iter(kept)))
+
+    def _pop(self, kept: Bounded[str, Replayed], subject: str) -> None:
+        if (replayed := kept.pop(subject, None)) is not None:
+            self.size -= replayed.size
+
+    def _forgotten(self, _: str, replayed: Replayed) -> None:
+        self.size -= replayed.size
+
+    def _gone(self, _: str, kept: Bounded[str, Replayed]) -> None:
+        self.size -= sum(replayed.size for replayed in kept.values())
 
     def all(self) -> list[Replayed]:
         """Each session's kept events, its messages before their parts: the server announces a
@@ -94,44 +145,54 @@ class Replays:
         if (kept := self.sessions.get(session_id)) is None:
             if event.api or not _settled_as_interrupted(event):
                 return
-            kept = self.sessions.setdefault(session_id, Bounded(REPLAYED_PER_SESSION))
+            kept = self._session(session_id)
         place = Place(session_id, "", event.directory, event.project)
         if event.api:
-            _heard_2x(event, place, kept)
+            subject, said = _heard_2x(event, place, kept)
+        elif ends_turn(event.kind, event.properties):
+            subject, said = STATUS_SUBJECT, Replayed.of(place, idle_status(session_id))
+        else:
+            self._heard_1x(event, place, kept)
             return
-        if ends_turn(event.kind, event.properties):
-            kept[STATUS_SUBJECT] = Replayed(place, idle_status(session_id))
+        if subject is None:
             return
+        if said is None:
+            self._pop(kept, subject)
+        else:
+            self._put(kept, subject, said)
+
+    def _heard_1x(self, event: GlobalEvent, place: Place, kept: Bounded[str, Replayed]) -> None:
         subjects = news_subjects(event.kind, event.properties)
         if not subjects:
             return
         if _agrees(event, kept) or _user_message(event, kept) or _settled_as_interrupted(event):
-            kept[subjects[0]] = Replayed(place, opencode_event(event.kind, event.properties))
+            self._put(kept, subjects[0], Replayed.of(place, opencode_event(event.kind, event.properties)))
             return
         for subject in subjects:
-            kept.pop(subject, None)
+            self._pop(kept, subject)
 
 
 def _messages_first(replays: Iterable[Replayed]) -> list[Replayed]:
     return sorted(replays, key=lambda replayed: replayed.event.get("type") != MESSAGE_UPDATED)
 
 
-def _heard_2x(event: GlobalEvent, place: Place, kept: Bounded[str, Replayed]) -> None:
+def _heard_2x(
+    event: GlobalEvent, place: Place, kept: Bounded[str, Replayed]
+) -> tuple[str | None, Replayed | None]:
     """2.x: the server's end of an execution, or its failure of a replayed call, agrees and is kept
     as the server said it; any other news of a call or of the execution ends that replay. So does
     what the server stored itself (`durable`): a copy would repeat it under a new id and no `seq`,
     while its view and log already say it to any client that reads them."""
     subjects = news_subjects(event.kind, event.properties)
     if not subjects:
-        return
+        return None, None
     agrees = ends_turn(event.kind, event.properties) or (
         event.kind == API_TOOL_FAILED and subjects[0] in kept
     )
     if agrees and not event.durable:
         said = api_event(event.kind, event.properties, int(time.time() * 1000), event.directory)
-        kept[subjects[0]] = Replayed(place, said, True)
-    else:
-        kept.pop(subjects[0], None)
+        return subjects[0], Replayed.of(place, said, True)
+    return subjects[0], None
 
 
 def _settled_as_interrupted(event: GlobalEvent) -> bool:

@@ -49,7 +49,7 @@ class ResumeClients(Addon):
         self._changed = asyncio.Event()
 
     async def response_headers(self, flow: Flow) -> None:
-        if flow.status != 200 or flow.request.method != "GET" or not flow.event_stream:
+        if not flow.opened_event_stream:
             return
         if route_of(flow).stream in _WATCHED:
             flow[_COUNTED] = True

@@ -107,7 +107,7 @@ class SessionStreamSettle(Addon, StreamListener):
                 del self._open[event.session_id]
 
     async def response_headers(self, flow: Flow) -> None:
-        if flow.status != 200 or flow.request.method != "GET" or not flow.event_stream:
+        if not flow.opened_event_stream:
             return
         route = route_of(flow)
         if route.stream is not EventStream.SESSION or route.stream_session is None:

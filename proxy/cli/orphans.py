@@ -37,6 +37,7 @@ class Exit(IntEnum):
     FOUND = 10
     """Orphaned processes were found (and, with --terminate, the running calls' ones ended)."""
     BAD_USAGE = 2
+    INTERRUPTED = 130
 
 
 def build_parser(environ: Environ = os.environ) -> argparse.ArgumentParser:
@@ -110,7 +111,22 @@ def main(argv: Sequence[str]) -> None:
         sys.exit(Exit.NONE)
     show(found, console)
     if args.terminate:
-        doomed = [recorded.process.pid for recorded in found if recorded.call.running]
-        end_groups(doomed, GRACE_S)
-        console.print(f"ended the process groups of {len(doomed)} call(s) that were running")
+        terminate([recorded.process.pid for recorded in found if recorded.call.running], console)
     sys.exit(Exit.FOUND)
+
+
+def terminate(doomed: list[int], console: Console) -> None:
+    """End the process groups of `doomed`, saying so first (it may take `GRACE_S`); Ctrl-C meanwhile
+    is one line, not a traceback: what had SIGTERM keeps it, nothing gets SIGKILL."""
+    try:
+        console.print(f"ending the process groups of {len(doomed)} running call(s): SIGTERM, then SIGKILL")
+        console.file.flush()
+        end_groups(doomed, GRACE_S)
+    except KeyboardInterrupt:
+        print(
+            "settle-proxy orphans: interrupted: the groups were sent SIGTERM, none SIGKILL; "
+            "run it again to see what still runs",
+            file=sys.stderr,
+        )
+        sys.exit(Exit.INTERRUPTED)
+    console.print(f"ended the process groups of {len(doomed)} call(s) that were running")

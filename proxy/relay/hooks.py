@@ -95,6 +95,12 @@ class Flow:
         return self.response_headers.get("Content-Type", "").startswith("text/event-stream")
 
     @property
+    def opened_event_stream(self) -> bool:
+        """Whether a client's `GET` was answered with an event stream, 200: a stream the proxy may
+        speak on (its headers known)."""
+        return self.status == 200 and self.request.method == "GET" and self.event_stream
+
+    @property
     def reads_whole(self) -> bool:
         """Whether some addon asked for the whole body."""
         return bool(self.read_whole_by)

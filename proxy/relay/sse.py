@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -43,13 +44,12 @@ async def relay_with_injection(
     opened: Opened | None = None,
 ) -> None:
     """Copy the upstream's events to `response`, writing queued events between them."""
-    pending, held = b"", deque[bytes]()
-    started = False
+    between = _Between(response)
     if opened is not None:
         rest = await _opening(response, upstream, injected, opened)
         if rest is None:
             return
-        pending, started = rest, True
+        between.pending, between.started = rest, True
     reading: asyncio.Task[bytes] | None = None
     waiting: asyncio.Task[bytes] | None = None
     try:
@@ -58,28 +58,52 @@ async def relay_with_injection(
             waiting = waiting or asyncio.create_task(injected.get())
             done, _ = await asyncio.wait((reading, waiting), return_when=asyncio.FIRST_COMPLETED)
             if waiting in done:
-                held.append(waiting.result())
+                between.held.append(waiting.result())
                 waiting = None
             if reading in done:
                 chunk, reading = reading.result(), None
                 if not chunk:
                     break
-                data = pending + chunk
-                cut = complete_events_end(data)
-                if cut:
-                    await response.write(data[:cut])
-                    started = True
-                pending = data[cut:]
-            while started and not pending and held:
-                await response.write(held.popleft())
-        if pending:
-            await response.write(pending)
+                await between.upstream_said(chunk)
+            await between.write_held()
+        if between.pending:
+            await response.write(between.pending)
     finally:
-        for task in (reading, waiting):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, UpstreamError):
-                    await task
+        await _cancelled(reading, waiting)
+
+
+@dataclass
+class _Between:
+    """Where a relaying stream stands between two reads: the start of an upstream event not yet
+    whole (`pending`), the queued events held until the stream is between two of its own
+    (`held`), and whether the stream has started (nothing is slipped in before it has)."""
+
+    response: web.StreamResponse
+    pending: bytes = b""
+    started: bool = False
+    held: deque[bytes] = field(default_factory=deque)
+
+    async def upstream_said(self, chunk: bytes) -> None:
+        """Write the whole events `chunk` completes; keep the start of the next one."""
+        data = self.pending + chunk
+        cut = complete_events_end(data)
+        if cut:
+            await self.response.write(data[:cut])
+            self.started = True
+        self.pending = data[cut:]
+
+    async def write_held(self) -> None:
+        """Write the held events, if the stream is between two of its own."""
+        while self.started and not self.pending and self.held:
+            await self.response.write(self.held.popleft())
+
+
+async def _cancelled(*tasks: asyncio.Task[bytes] | None) -> None:
+    for task in tasks:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, UpstreamError):
+                await task
 
 
 async def _opening(

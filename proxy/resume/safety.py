@@ -138,6 +138,12 @@ def command_unsafe(command: str, patterns: Sequence[str] = ()) -> str | None:
         return f"it does not parse ({error})"
     if not words:
         return "an empty command"
+    return _list_unsafe(words, patterns)
+
+
+def _list_unsafe(words: Sequence[str], patterns: Sequence[str]) -> str | None:
+    """Why a command list (its shell words) is unsafe: the first of its simple commands or
+    redirections that is; None when none is."""
     simple: list[str] = []
     for index, word in enumerate(words):
         if word in OPERATORS:

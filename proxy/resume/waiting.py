@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from proxy.relay.bounded import Bounded
 from proxy.resume.ledger import Ledger
 from proxy.resume.safety import CallClass, Classed
 from proxy.resume.turns import InterruptedCall, InterruptedTurn
@@ -34,6 +35,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+OVER_KEPT = 10_000
+"""Sessions whose wait ended, remembered to answer a second Continue 409 (continued already) rather
+than 404 (none waits): both refuse; past this many later ones, the oldest is answered 404."""
 TITLE = "Interrupted call needs you"
 
 
@@ -143,8 +147,9 @@ class WaitingTurns:
         self._ledger = ledger
         self._clock = clock
         self._waiting: dict[str, Waiting] = {}
-        self._over: dict[str, tuple[str, bool]] = {}
-        """Sessions no longer waiting: why, and whether they were continued."""
+        self._over: Bounded[str, tuple[str, bool]] = Bounded(OVER_KEPT)
+        """Sessions no longer waiting: why, and whether they were continued (to say so to a
+        second Continue; one forgotten is answered that no turn of it waits, a refusal too)."""
 
     async def load(self) -> None:
         """The turns a proxy before this one left waiting."""

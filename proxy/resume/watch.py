@@ -150,5 +150,7 @@ class Watch(StreamListener):
         if verb in ANSWERED:
             if (asked := self._asked.get(session_id)) is not None:
                 asked.pop(key, None)
+                if not asked:  # nothing left to wait on: the session is no longer kept for it
+                    del self._asked[session_id]
         else:
             self._asked.setdefault(session_id, Bounded(ASKED_PER_SESSION))[key] = subject

@@ -3,7 +3,7 @@
 `up` answers anyone; the others only whom `DetailsGuard` admits (with a password on the
 upstream: who presents it). `SettleRoutes.add_to` is the one place they are registered: a new
 `/_settle/NAME` route is a method of `SettleRoutes` named in its `guarded`. Each handler reads
-the application's `Assembly`, never the app."""
+the parts it is given (`SettleParts`, which the `Assembly` is), never the app."""
 
 from __future__ import annotations
 
@@ -12,22 +12,43 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import aiohttp
 from aiohttp import hdrs, web
 
 from proxy.opencode.client import basic_as
 from proxy.opencode.dialects import HEALTH_PATHS, route_line
+from proxy.opencode.server_line import ServerLine
+from proxy.opencode.surveys import OtherProcesses
 from proxy.opencode.tracker import LivenessTracker, StreamState
 from proxy.relay.errors import reason_of
+from proxy.resume.assembly import Resuming
+from proxy.resume.journal import Journal
 from proxy.resume.waiting import Continued, NotWaiting
 from proxy.service.auth import DetailsGuard, Handler
-from proxy.service.metrics import CONTENT_TYPE_LATEST
+from proxy.service.config import Settings
+from proxy.service.metrics import CONTENT_TYPE_LATEST, Metrics
+from proxy.supervision.supervisor import Supervisor
+from proxy.supervision.tool_processes import ToolProcesses
 from proxy.version import VERSION
 
-if TYPE_CHECKING:
-    from proxy.service.assembly import Assembly
+
+class SettleParts(Protocol):
+    """What the `/_settle` routes read of the proxy's parts (the `Assembly` is one): only these,
+    so the routes depend on no assembly, and none of the parts on them."""
+
+    settings: Settings
+    line: ServerLine
+    metrics: Metrics
+    session: aiohttp.ClientSession
+    tracker: LivenessTracker
+    others: OtherProcesses
+    supervisor: Supervisor | None
+    tool_processes: ToolProcesses | None
+    journal: Journal
+    resuming: Resuming | None
+
 
 PREFIX = "/_settle"
 Answer = dict[str, object]
@@ -38,9 +59,9 @@ _SILENT = f"it did not answer within {ANSWER_WITHIN_S:g} s (busy, hung, or not a
 
 
 class SettleRoutes:
-    """The proxy's own routes, given the assembly whose parts they describe."""
+    """The proxy's own routes, given the parts they describe."""
 
-    def __init__(self, assembly: Assembly) -> None:
+    def __init__(self, assembly: SettleParts) -> None:
         self._assembly = assembly
         settings = assembly.settings
         self.reading = UpstreamHealth(self._ask, server=self._server_now)

@@ -107,7 +107,12 @@ class _Repeated(_Scanned):
     rewritten: Rewritten
 
 
-REMEMBERED_VIEWS = 1_000
+REMEMBERED_VIEWS = 256
+"""Views whose last rewrite is kept: the clients that poll a stale view (a TUI, a web page, a
+follower) poll the few sessions they show; a view not polled again is only ever kept, never used."""
+REWRITES_BYTES = 4 * 2**20
+"""The kept rewrites' bytes (each view's body and its rewrite): a few views of 600 KB. Each
+settled view of a proxy's life was otherwise kept up to 64 MiB, far past what polling reuses."""
 
 
 class RecentRewrites:
@@ -119,7 +124,7 @@ class RecentRewrites:
     `views` (a client that busts caches makes a new view of every poll).
     """
 
-    def __init__(self, budget: int = 64 * 2**20, views: int = REMEMBERED_VIEWS) -> None:
+    def __init__(self, budget: int = REWRITES_BYTES, views: int = REMEMBERED_VIEWS) -> None:
         self._entries: Bounded[tuple[str, str], tuple[bytes, Rewritten]] = Bounded(
             views, forgotten=self._forgotten
         )

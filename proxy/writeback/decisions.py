@@ -79,6 +79,8 @@ class Decisions:
     def __init__(self, mode: str) -> None:
         self._mode = mode
         self._outcomes: Bounded[tuple[Api, str, str], WriteBackOutcome] = Bounded(OUTCOMES_KEPT)
+        self._view_only: Bounded[tuple[Api, str, str], bool] = Bounded(OUTCOMES_KEPT)
+        """The messages said once to be view only."""
         self._changed = asyncio.Event()
 
     def outcome(self, api: Api, session_id: str, key: str) -> WriteBackOutcome:
@@ -105,6 +107,19 @@ class Decisions:
             fields = self._decide(api, session_id, key, WriteBackOutcome.SKIPPED, why)
             log.info("write-back of %s skipped: %s", session_id, why, extra={"fields": fields})
         self.announce()
+
+    def view_only(self, session: tuple[Api, str], keys: Collection[str]) -> None:
+        """`keys` (messages) are skipped: the API cannot change a message itself. Said once per
+        message: a client fetching its view again and again names it again and again."""
+        api, session_id = session
+        new = set()
+        for key in keys:
+            if (api, session_id, key) in self._view_only:
+                self._outcomes[(api, session_id, key)] = WriteBackOutcome.SKIPPED  # decided again, unsaid
+            else:
+                self._view_only[(api, session_id, key)] = True
+                new.add(key)
+        self.skipped(session, new, VIEW_ONLY)
 
     def failed(
         self, session: tuple[Api, str], keys: Collection[str], why: str, *, error: BaseException | None = None

@@ -35,7 +35,6 @@ from proxy.relay.tasks import Idles, KeyedTasks
 from proxy.writeback.decisions import (
     BECAME_ACTIVE,
     NOT_VOUCHED,
-    VIEW_ONLY,
     Decisions,
     WriteBackOutcome,
     Written,
@@ -82,16 +81,23 @@ class Writer(Protocol):
     ) -> list[Written]: ...
 
 
-class CountingWriter:
-    """A writer that counts what the writer it wraps achieved, by mode and outcome."""
+class _WrappingWriter:
+    """A writer around another, in its mode."""
 
-    def __init__(self, writer: Writer, write_backs: Counter) -> None:
+    def __init__(self, writer: Writer) -> None:
         self._writer = writer
-        self._write_backs = write_backs
 
     @property
     def mode(self) -> WriteBackMode:
         return self._writer.mode
+
+
+class CountingWriter(_WrappingWriter):
+    """A writer that counts what the writer it wraps achieved, by mode and outcome."""
+
+    def __init__(self, writer: Writer, write_backs: Counter) -> None:
+        super().__init__(writer)
+        self._write_backs = write_backs
 
     async def write(
         self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
@@ -105,18 +111,14 @@ class CountingWriter:
             self._write_backs.labels(self.mode, outcome).inc()
 
 
-class ServersWrittenInto:
+class ServersWrittenInto(_WrappingWriter):
     """A writer that writes only into a server its mode writes into (`KnownServer.refusal`),
     asked when it writes: for a caller that writes outside the scheduler (the resume), on a line
     that may be a release or a build no writes were measured on."""
 
     def __init__(self, writer: Writer, server: ServerLine) -> None:
-        self._writer = writer
+        super().__init__(writer)
         self._server = server
-
-    @property
-    def mode(self) -> WriteBackMode:
-        return self._writer.mode
 
     async def write(
         self, api: Api, session_id: str, credentials: Credentials, targets: Collection[str], confirm: Confirm
@@ -175,8 +177,14 @@ class WriteBack:
         known = self._server.current
         if known is None or known.refusal(self._writer.mode) is not None:
             return
-        session = (api, session_id)
-        self._pending.setdefault(session, _Batch(credentials)).targets.update(targets)
+        session, named = (api, session_id), set(targets)
+        if self._writer.mode is WriteBackMode.API:
+            messages = {key for key in named if is_message(key)}
+            self._decisions.view_only(session, messages)
+            named -= messages
+        if not named:
+            return
+        self._pending.setdefault(session, _Batch(credentials)).targets.update(named)
         if session not in self._running:
             self._running.add(session)
             self._passing.start((api, session_id, next(self._serial)), lambda: self._passes(session))
@@ -264,8 +272,4 @@ class WriteBack:
         if became_active:
             self._decisions.skipped(session, left, BECAME_ACTIVE)
             return
-        if self._writer.mode is WriteBackMode.API:
-            messages = {key for key in left if is_message(key)}
-            self._decisions.skipped(session, messages, VIEW_ONLY)
-            left -= messages
         self._decisions.skipped(session, left, NOT_VOUCHED)

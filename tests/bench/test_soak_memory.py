@@ -36,3 +36,9 @@ def test_each_round_is_listed_and_too_few_rounds_are_said() -> None:
     text = report(Growth((10_240, 20_480)))
     assert text.splitlines()[:2] == ["round   1:    10.0 MiB", "round   2:    20.0 MiB"]
     assert text.splitlines()[-1] == "growth after round 10: not measured (2 rounds)"
+
+
+def test_open_files_are_listed_with_each_round_and_compared_after_round_ten() -> None:
+    text = report(Growth((*[40_000] * 11,), fds=(*[30] * 10, 31)))
+    assert text.splitlines()[0] == "round   1:    39.1 MiB,   30 open files"
+    assert "open files: 30 after round 10, 31 after the last" in text

@@ -147,12 +147,14 @@ class Pacer:
 
     restarts: deque[float] = field(default_factory=deque)
 
-    def before_kill(self) -> None:
-        """Wait until fewer than `RESTARTS_PER_WINDOW` restarts are recent (a pause, not a check)."""
+    def before_kill(self, room: int = 1) -> None:
+        """Wait until `room` more restarts (this kill's, and the ones to follow at once) keep fewer
+        than `RESTARTS_PER_WINDOW` recent (a pause, not a check): a kill meant to come the moment
+        the server is back must never wait here, or the proxy resumes meanwhile."""
         while self.restarts and time.monotonic() - self.restarts[0] > WINDOW_S + _PACE_MARGIN_S:
             self.restarts.popleft()
-        if len(self.restarts) >= RESTARTS_PER_WINDOW - 1:
-            time.sleep(WINDOW_S + _PACE_MARGIN_S - (time.monotonic() - self.restarts[0]))
+        while len(self.restarts) + room > RESTARTS_PER_WINDOW - 1:
+            time.sleep(max(0.0, WINDOW_S + _PACE_MARGIN_S - (time.monotonic() - self.restarts[0])))
             self.restarts.popleft()
         self.restarts.append(time.monotonic())
 
@@ -250,7 +252,7 @@ class Killer:
         """The server's own pid (as the OOM killer does); with `at_once_again`, its next self too,
         the moment the proxy has started it; back once it answers and every project is warm."""
         pid = poll(partial(_started, self.server, self.restarts), what="the server's pid", timeout=TIMEOUT_S)
-        self._kill(pid)
+        self._kill(pid, room=2 if at_once_again else 1)
         if at_once_again:
             again = poll(
                 partial(_started, self.server, self.restarts),
@@ -269,8 +271,8 @@ class Killer:
         poll(partial(following, self.server), what="the proxy following the server", timeout=TIMEOUT_S)
         self.server.wait_ready()
 
-    def _kill(self, pid: int) -> None:
-        self.pacer.before_kill()
+    def _kill(self, pid: int, room: int = 1) -> None:
+        self.pacer.before_kill(room)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError as gone:

@@ -29,6 +29,7 @@ from proxy.opencode.vocabulary import (
 )
 
 from .browser import Chromium, Page
+from .proctree import kill_tree
 from .resumes import event_kind, v1_story
 from .test_resume import resumed_on_screen
 from .test_resume_web_ui import resumed_on_page
@@ -81,6 +82,9 @@ class WebPages:
     def shot(self, page: Page, path: Path) -> None:
         self._run(page.screenshot(path))
 
+    def close(self, page: Page) -> None:
+        self._run(page.call("Page.close"))
+
 
 @dataclass
 class Watchers:
@@ -126,6 +130,13 @@ class Clients:
             subscription.process.kill()
             subscription.process.wait(timeout=10)
         self.sessions.clear()
+
+    def detach(self, watchers: Watchers) -> None:
+        """Close a watched round's TUI and page: each round's usage is then measured with the
+        same clients open (the whole soak's follower)."""
+        pane = int(self.terminals.tmux("list-panes", "-t", watchers.tui.name, "-F", "#{pane_pid}").split()[0])
+        kill_tree(pane)  # the TUI outlives a hang-up: its tmux session ends with it
+        self.pages.close(watchers.page)
 
 
 def _wait(check: Callable[[], bool | None], timeout: float) -> bool:

@@ -64,6 +64,8 @@ def soak_round(
             problems += watched_problems(clients, watchers, resumed=plan.resumed)
     finally:
         clients.close_sessions()
+        if watchers is not None:
+            clients.detach(watchers)
     return problems + usage.problems(server.pid)
 
 

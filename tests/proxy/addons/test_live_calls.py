@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
@@ -24,10 +26,24 @@ from proxy.opencode.tracker import GlobalEvent
 from proxy.service.metrics import Metrics
 from rules import V2_ERROR, Api
 from tests.fixtures.opencode2 import load
-from tests.opencode2.proxied import PASSWORD, Client, Said, call_opened, frames, proxied
-from tests.opencode2.stand_in import VARIANTS, StandIn
+from tests.opencode2.proxied import PASSWORD, Client, Said, Seen, call_opened, frames, proxied
+from tests.opencode2.stand_in import VARIANTS, RunningCall, StandIn
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.fake_opencode import FakeOpencode
+
+
+@asynccontextmanager
+async def followed_call(
+    aiohttp_client: Client,
+) -> AsyncIterator[tuple[StandIn, RunningCall, ProxyClient, Seen]]:
+    """A stand-in with a running call, and the proxy in front of it once its stream showed the
+    call open."""
+    async with StandIn(password=PASSWORD) as server:
+        call = server.add_running_call(server.add_session())
+        async with proxied(server, aiohttp_client) as (proxy, seen):
+            call_opened(server, call)
+            await seen.until(lambda: any(e.kind == "session.tool.called" for e in seen.events))
+            yield server, call, proxy, seen
 
 
 async def told(proxy: ProxyClient, server: StandIn, session_id: str) -> list[dict[str, Any]]:
@@ -85,20 +101,16 @@ async def test_a_call_of_a_session_active_after_the_restart_is_left_alone(
     aiohttp_client: Client, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    async with StandIn(password=PASSWORD) as server:
-        session = server.add_session()
-        call = server.add_running_call(session)
-        async with proxied(server, aiohttp_client) as (proxy, seen):
-            call_opened(server, call)
-            await seen.until(lambda: any(e.kind == "session.tool.called" for e in seen.events))
-            active = Said("nothing said, the session is active")
-            await server.crash()
-            server.store.active.add(session)
-            await server.restart()
-            await active.wait()
-            response = await proxy.get("/api/event", headers=server.headers)
-            first = await anext(frames(response))
-            response.close()
+    async with followed_call(aiohttp_client) as (server, call, proxy, _):
+        session = call.session_id
+        active = Said("nothing said, the session is active")
+        await server.crash()
+        server.store.active.add(session)
+        await server.restart()
+        await active.wait()
+        response = await proxy.get("/api/event", headers=server.headers)
+        first = await anext(frames(response))
+        response.close()
     assert first["type"] == "server.connected"
     assert "orphaned call" not in caplog.text
 
@@ -106,24 +118,20 @@ async def test_a_call_of_a_session_active_after_the_restart_is_left_alone(
 async def test_a_later_client_is_replayed_each_thing_until_news_of_that_same_thing(
     aiohttp_client: Client,
 ) -> None:
-    async with StandIn(password=PASSWORD) as server:
-        session = server.add_session()
-        call = server.add_running_call(session)
-        async with proxied(server, aiohttp_client) as (proxy, seen):
-            call_opened(server, call)
-            await seen.until(lambda: any(e.kind == "session.tool.called" for e in seen.events))
-            await server.crash()
-            await server.restart()
-            told_first = [e["type"] for e in await told(proxy, server, session)]
-            # News of the execution (a new turn) ends the replay of its end, not of the call's failure.
-            server.publish("session.execution.started", {"sessionID": session})
-            await seen.until(lambda: seen.events[-1].kind == "session.execution.started")
-            response = await proxy.get("/api/event", headers=server.headers)
-            later = frames(response)
-            replayed = [await anext(later), await anext(later)]
-            server.publish("session.execution.succeeded", {"sessionID": session})
-            after = await anext(later)
-            response.close()
+    async with followed_call(aiohttp_client) as (server, call, proxy, seen):
+        session = call.session_id
+        await server.crash()
+        await server.restart()
+        told_first = [e["type"] for e in await told(proxy, server, session)]
+        # News of the execution (a new turn) ends the replay of its end, not of the call's failure.
+        server.publish("session.execution.started", {"sessionID": session})
+        await seen.until(lambda: seen.events[-1].kind == "session.execution.started")
+        response = await proxy.get("/api/event", headers=server.headers)
+        later = frames(response)
+        replayed = [await anext(later), await anext(later)]
+        server.publish("session.execution.succeeded", {"sessionID": session})
+        after = await anext(later)
+        response.close()
     assert told_first == ["session.tool.failed", "session.execution.interrupted"]
     assert sorted(event["type"] for event in replayed) == ["server.connected", "session.tool.failed"]
     assert after["type"] == "session.execution.succeeded"
@@ -193,40 +201,32 @@ async def test_what_the_server_stored_itself_is_never_replayed_as_a_copy(aiohttp
     """The proxy told its settlement; then the server's own drain settled the call and ended the
     execution (durable events), and the server restarted cleanly: a client back after that is
     not sent copies (new ids, no `durable`) of what the server said and stored itself."""
-    async with StandIn(password=PASSWORD) as server:
-        session = server.add_session()
-        call = server.add_running_call(session)
-        async with proxied(server, aiohttp_client) as (proxy, seen):
-            call_opened(server, call)
-            await seen.until(lambda: any(e.kind == "session.tool.called" for e in seen.events))
-            await server.crash()
-            await server.restart()
-            assert next(e["type"] for e in await told(proxy, server, session)) == "session.tool.failed"
-            server.store.settle_stale(session)  # the next prompt's drain
-            server.publish("session.execution.succeeded", {"sessionID": session})
-            await seen.until(lambda: seen.events[-1].kind == "session.execution.succeeded")
-            followed = seen.followed
-            await server.stop()
-            await server.restart()
-            await seen.until(lambda: seen.followed > followed)
-            kinds = await later_client(proxy, server, seen)
+    async with followed_call(aiohttp_client) as (server, call, proxy, seen):
+        session = call.session_id
+        await server.crash()
+        await server.restart()
+        assert next(e["type"] for e in await told(proxy, server, session)) == "session.tool.failed"
+        server.store.settle_stale(session)  # the next prompt's drain
+        server.publish("session.execution.succeeded", {"sessionID": session})
+        await seen.until(lambda: seen.events[-1].kind == "session.execution.succeeded")
+        followed = seen.followed
+        await server.stop()
+        await server.restart()
+        await seen.until(lambda: seen.followed > followed)
+        kinds = await later_client(proxy, server, seen)
     assert kinds == ["server.connected", "session.execution.started"]
 
 
 async def test_a_call_the_server_settled_itself_while_the_stream_was_down_is_not_repeated(
     aiohttp_client: Client,
 ) -> None:
-    async with StandIn(password=PASSWORD) as server:
-        session = server.add_session()
-        call = server.add_running_call(session)
-        async with proxied(server, aiohttp_client) as (proxy, seen):
-            call_opened(server, call)
-            await seen.until(lambda: any(e.kind == "session.tool.called" for e in seen.events))
-            decided = Said("the server settled it itself; not repeated")
-            await server.crash()
-            server.store.settle_stale(session)  # as `serve --service` does at boot
-            await server.restart()
-            await decided.wait()
-            kinds = await later_client(proxy, server, seen)
+    async with followed_call(aiohttp_client) as (server, call, proxy, seen):
+        session = call.session_id
+        decided = Said("the server settled it itself; not repeated")
+        await server.crash()
+        server.store.settle_stale(session)  # as `serve --service` does at boot
+        await server.restart()
+        await decided.wait()
+        kinds = await later_client(proxy, server, seen)
     assert server.messages(session)[-1]["content"][0]["state"]["status"] == "error"
     assert kinds == ["server.connected", "session.execution.started"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,3 +82,28 @@ def test_lists_and_ends_what_a_dead_server_left(tmp_path: Path, processes: Proce
 def test_nothing_recorded(tmp_path: Path) -> None:
     result = settle_proxy("orphans", "--state", str(tmp_path / "none.db"))
     assert (result.returncode, result.stdout.strip()) == (0, f"nothing recorded at {tmp_path / 'none.db'}")
+
+
+def test_ctrl_c_while_groups_end_is_one_line(tmp_path: Path, processes: Processes) -> None:
+    """A call's process that ignores SIGTERM keeps `--terminate` waiting for its grace: Ctrl-C then
+    is one line and exit 130, never a traceback."""
+    state = tmp_path / "processes.db"
+    server = processes.start("sleep", "900")
+    stubborn = processes.start("sh", "-c", "trap '' TERM; while :; do sleep 0.1; done")
+    asyncio.run(record(state, identity(server), (stubborn, "prt_stubborn", True)))
+    server.kill()
+    server.wait()
+    argv = [sys.executable, "-m", "proxy", "orphans", "--state", str(state), "--terminate"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as orphans:
+        assert orphans.stdout is not None
+        while "ending the process groups" not in (line := orphans.stdout.readline()):
+            assert line, "orphans ended before it said it was ending the groups"
+        orphans.send_signal(signal.SIGINT)
+        _, stderr = orphans.communicate(timeout=30)
+    assert orphans.returncode == 130
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines() == [
+        "settle-proxy orphans: interrupted: the groups were sent SIGTERM, none SIGKILL; "
+        "run it again to see what still runs"
+    ]
+    assert stubborn.poll() is None  # it ignores SIGTERM, and got no SIGKILL

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from proxy.opencode.client import Credentials
 from proxy.opencode.global_events import GlobalEvent
 from proxy.relay.tasks import KeyedTasks, Together
+from proxy.resume import waiting as waiting_module
 from proxy.resume.admission import Admission
 from proxy.resume.assembly import Resuming
 from proxy.resume.decision import Policy
@@ -24,9 +25,11 @@ from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import Known, Records, ResumeOptions, Resumer
 from proxy.resume.safety import Safety
-from proxy.resume.waiting import TITLE, Continued, NotWaiting, WaitingTurns
+from proxy.resume.turns import InterruptedTurn
+from proxy.resume.waiting import TITLE, Continued, NotWaiting, Waiting, WaitingTurns
 from proxy.resume.watch import Watch
 from proxy.writeback.scheduler import Written
+from rules import Api
 from tests.proxy.resume.test_resumer import CANDIDATE, NOW, FakeProbe, FakeServer, SettlingWriter, ledger
 from tests.proxy.resume.views import v1_settled, v1_tool, v1_user, v1_view
 
@@ -65,6 +68,19 @@ def unsafe_view(status: str = "error") -> object:
     return v1_view(part)
 
 
+def unsafe_server(ledger: Ledger) -> FakeServer:
+    """A server whose interrupted turn ran an unsafe call: it waits for a person."""
+    server = FakeServer(ledger)
+    server.view = unsafe_view()
+    return server
+
+
+async def decided(resumer: Resumer) -> None:
+    """The resumer handed the one candidate, and done deciding it."""
+    resumer.consider(CANDIDATE)
+    await resumer.tasks.idle()
+
+
 def made(
     server: FakeServer,
     ledger: Ledger,
@@ -94,8 +110,7 @@ async def test_a_turn_with_an_unsafe_call_is_settled_and_waits_for_a_person(ledg
     server.view = unsafe_view("running")
     told = Told()
     resumer, journal, waiting = made(server, ledger, told=told)
-    resumer.consider(CANDIDATE)
-    await resumer.tasks.idle()
+    await decided(resumer)
     assert server.prompts == []
     assert server.view == unsafe_view(), "settled as before"
     [decision] = journal.recent()
@@ -114,8 +129,7 @@ async def test_a_turn_with_an_unsafe_call_is_settled_and_waits_for_a_person(ledg
 async def test_a_turn_of_safe_calls_is_resumed_by_itself_and_never_waits(ledger: Ledger) -> None:
     server = FakeServer(ledger)
     resumer, journal, waiting = made(server, ledger)
-    resumer.consider(CANDIDATE)
-    await resumer.tasks.idle()
+    await decided(resumer)
     assert len(server.prompts) == 1
     [decision] = journal.recent()
     assert decision["outcome"] == "resumed"
@@ -124,11 +138,9 @@ async def test_a_turn_of_safe_calls_is_resumed_by_itself_and_never_waits(ledger:
 
 
 async def test_resume_unsafe_continues_an_unsafe_turn_with_todays_prompt(ledger: Ledger) -> None:
-    server = FakeServer(ledger)
-    server.view = unsafe_view()
+    server = unsafe_server(ledger)
     resumer, journal, _ = made(server, ledger, safety=Safety(unsafe_ok=True))
-    resumer.consider(CANDIDATE)
-    await resumer.tasks.idle()
+    await decided(resumer)
     [(_, text, _)] = server.prompts
     assert f"- bash: `{UNSAFE['command']}`" in text
     assert journal.recent()[0]["calls"][0]["class"] == "unsafe"
@@ -137,8 +149,7 @@ async def test_resume_unsafe_continues_an_unsafe_turn_with_todays_prompt(ledger:
 async def test_without_resume_even_a_safe_turn_waits_for_a_continue(ledger: Ledger) -> None:
     server = FakeServer(ledger)
     resumer, journal, waiting = made(server, ledger, auto=False)
-    resumer.consider(CANDIDATE)
-    await resumer.tasks.idle()
+    await decided(resumer)
     assert server.prompts == []
     assert journal.recent()[0]["outcome"] == "waiting"
     assert "--resume is off" in journal.recent()[0]["why"]
@@ -146,12 +157,10 @@ async def test_without_resume_even_a_safe_turn_waits_for_a_continue(ledger: Ledg
 
 
 async def test_a_continue_resumes_the_waiting_turn_once_and_a_second_is_refused(ledger: Ledger) -> None:
-    server = FakeServer(ledger)
-    server.view = unsafe_view()
+    server = unsafe_server(ledger)
     told = Told()
     resumer, journal, waiting = made(server, ledger, told=told)
-    resumer.consider(CANDIDATE)
-    await resumer.tasks.idle()
+    await decided(resumer)
     assert resumer.proceed(await waiting.take("ses_1"))
     await resumer.tasks.idle()
     [(_, text, recorded)] = server.prompts
@@ -166,11 +175,9 @@ async def test_a_continue_resumes_the_waiting_turn_once_and_a_second_is_refused(
 
 
 async def test_a_continue_after_a_person_wrote_sends_nothing(ledger: Ledger) -> None:
-    server = FakeServer(ledger)
-    server.view = unsafe_view()
+    server = unsafe_server(ledger)
     resumer, journal, waiting = made(server, ledger)
-    resumer.consider(CANDIDATE)
-    await resumer.tasks.idle()
+    await decided(resumer)
     server.view = [*unsafe_view(), v1_user("msg_zzz")]  # type: ignore[misc]
     assert resumer.proceed(await waiting.take("ses_1"))
     await resumer.tasks.idle()
@@ -179,11 +186,9 @@ async def test_a_continue_after_a_person_wrote_sends_nothing(ledger: Ledger) -> 
 
 
 async def test_waiting_turns_outlive_the_proxy_in_the_ledger(tmp_path: Path, ledger: Ledger) -> None:
-    server = FakeServer(ledger)
-    server.view = unsafe_view()
+    server = unsafe_server(ledger)
     resumer, _, waiting = made(server, ledger)
-    resumer.consider(CANDIDATE)
-    await resumer.tasks.idle()
+    await decided(resumer)
     again = WaitingTurns(None, ledger)
     await again.load()
     assert again.listed() == waiting.listed()
@@ -199,12 +204,10 @@ async def test_waiting_turns_outlive_the_proxy_in_the_ledger(tmp_path: Path, led
 
 
 async def test_a_persons_own_message_ends_the_wait_and_nothing_is_sent(ledger: Ledger) -> None:
-    server = FakeServer(ledger)
-    server.view = unsafe_view()
+    server = unsafe_server(ledger)
     told = Told()
     resumer, _, waiting = made(server, ledger, told=told)
-    resumer.consider(CANDIDATE)
-    await resumer.tasks.idle()
+    await decided(resumer)
     ends: KeyedTasks[str] = KeyedTasks("ends")
     resuming = Resuming(Watch(lambda _: None), Together(ends), waiting, {"1.18": resumer}, ends)
     old = {"sessionID": "ses_1", "info": {"id": "msg_002", "role": "assistant", "sessionID": "ses_1"}}
@@ -284,3 +287,20 @@ async def test_a_dropped_ticket_lets_the_next_one_in() -> None:
     admission.drop(first)
     await asyncio.wait_for(entered.wait(), 5)
     await task
+
+
+async def test_the_sessions_whose_wait_ended_are_remembered_up_to_a_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(waiting_module, "OVER_KEPT", 3)
+    turns = WaitingTurns()
+    for number in range(10):
+        session_id = f"ses_{number}"
+        turn = InterruptedTurn(session_id, Api.V1, "msg_1", (), None, None, None)
+        await turns.add(Waiting(turn, "/cwd", (), NOW, "unsafe", "1.x", NOW))
+        await turns.take(session_id)
+    assert len(turns._over) == 3
+    with pytest.raises(Continued):
+        await turns.take("ses_9")
+    with pytest.raises(NotWaiting, match="no turn of this session waits"):
+        await turns.take("ses_0")

@@ -120,3 +120,11 @@ def test_busy_sessions_and_requests_asked_are_kept_for_a_bounded_number(
         ("ses_8", "a permission asked"),
         ("ses_9", "a question asked"),
     ]
+
+
+def test_a_session_whose_requests_were_all_answered_is_kept_for_them_no_longer() -> None:
+    watch, _ = watched(
+        *(event("permission.asked", f"ses_{n}", id=f"per_{n}") for n in range(5)),
+        *(event("permission.replied", f"ses_{n}", requestID=f"per_{n}") for n in range(4)),
+    )
+    assert list(watch._asked) == ["ses_4"]

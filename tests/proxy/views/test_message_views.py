@@ -17,6 +17,7 @@ from proxy.opencode.routes import MessageRoute
 from proxy.opencode.tracker import LivenessTracker, StreamState
 from proxy.views.message_views import (
     REMEMBERED_VIEWS,
+    REWRITES_BYTES,
     Held,
     MessageViews,
     Reason,
@@ -203,3 +204,13 @@ def test_a_rewrite_forgotten_for_the_number_of_views_frees_its_bytes() -> None:
         recent.rewrite(view, body, V2_LIST, INACTIVE, DEFAULT_RULES)
     kept = [view for view in ("/a", "/b", "/c", "/d") if recent.repeated("ses_x", view, body)]
     assert kept == ["/c", "/d"]
+
+
+def test_the_rewrites_kept_by_default_stay_within_a_few_mib() -> None:
+    body = orjson.dumps(v2_history({1}, size=300))
+    assert len(body) > 100_000
+    recent = RecentRewrites()
+    for view in range(100):
+        recent.rewrite(f"/v{view}", body, V2_LIST, INACTIVE, DEFAULT_RULES)
+    assert recent._size <= REWRITES_BYTES == 4 * 2**20
+    assert recent.repeated("ses_x", "/v99", body) is not None

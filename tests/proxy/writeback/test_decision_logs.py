@@ -76,7 +76,7 @@ async def test_a_session_found_active_is_a_skip_per_named_id(
     lines = _json_lines(caplog)
     assert {(line["part"], line["outcome"], line["why"]) for line in _decided(lines)} == {
         (PART, "skipped", "the session became active"),
-        (None, "skipped", "the session became active"),
+        (None, "skipped", "the API cannot change a message itself: its settlement stays in views"),
     }
     assert fake.patches == []
 
@@ -109,3 +109,16 @@ async def test_a_failed_pass_is_a_failure_per_named_id(
         ("call_2", "failed", "warning"),
     ]
     assert sum("exception" in line for line in lines) == (0 if liveness_fails else 1)
+
+
+async def test_a_message_the_api_cannot_close_is_said_once_however_often_it_is_fetched(
+    shown: Show, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client refetching a view names its unfinished message each time: it is never written
+    through the API, and said so once, not at every fetch."""
+    fake.bodies[f"/session/{V1}/message"] = compact("v1-message-stale-running.json")
+    with caplog.at_level(logging.INFO, logger="proxy.writeback"):
+        for _ in range(3):
+            await shown(f"/session/{V1}/message")
+    view_only = [line for line in _json_lines(caplog) if line["why"].startswith("the API cannot change")]
+    assert [(line["message"], line["outcome"]) for line in view_only] == [(MESSAGE, "skipped")]
