@@ -43,7 +43,7 @@ from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.prompting import Prompted, Prompting
 from proxy.resume.safety import Classed, Safety
-from proxy.resume.sending import READ_ERRORS
+from proxy.resume.sending import READ_ERRORS, READY_TIMEOUT_S, read_failure, transient
 from proxy.resume.text import resume_text
 from proxy.resume.turns import InterruptedTurn, last_turn
 from proxy.resume.waiting import Waiting, WaitingTurns
@@ -55,6 +55,8 @@ __all__ = ["Known", "Records", "ResumeOptions", "Resumer"]
 
 log = logging.getLogger(__name__)
 RETRY_PAUSE_S = 5.0
+READ_PAUSE_S = 0.5
+"""The first pause after a read of the restarted server failed for now; each next one is twice as long."""
 NO_PATTERNS = Safety()
 SETTLE_ATTEMPTS = 3
 SETTLE_PAUSE_S = FRESH_MARGIN_MS / 1000 + 0.5
@@ -93,6 +95,9 @@ class ResumeOptions:
     """Which calls are continued by itself (`--resume-safe`, `--resume-unsafe`)."""
     auto: bool = True
     """`--resume`: continue by itself what is safe; False: every interrupted turn waits for a Continue."""
+    read_pause: float = READ_PAUSE_S
+    read_deadline: float = READY_TIMEOUT_S
+    """How long reads that fail for now are tried again (as long as the server is waited to be ready)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +135,7 @@ class Resumer:
         writer: Writer | None,
         known: Known = Known(),
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.tasks: KeyedTasks[str] = KeyedTasks("resume")
         self._server = server
@@ -142,6 +148,7 @@ class Resumer:
         self._fates = known.fates
         self._clients = known.clients
         self._clock = clock
+        self._sleep = sleep
         self.waiting = known.waiting or WaitingTurns()
         self._admission = known.admission or Admission()
         self._prompting = Prompting(
@@ -157,7 +164,8 @@ class Resumer:
         """Decide on `candidate` in the background; its place in the admission order is taken now."""
         ticket = self._admission.ticket()
         if not self.tasks.start(
-            candidate.session_id, partial(self._guarded, self._consider, candidate, ticket)
+            candidate.session_id,
+            partial(self._guarded, self._considered, candidate, ticket, first=self._awaited),
         ):
             self._admission.drop(ticket)
 
@@ -183,17 +191,51 @@ class Resumer:
         return True
 
     async def _guarded(
-        self, consider: Callable[[Candidate, int], Awaitable[None]], candidate: Candidate, ticket: int
+        self,
+        consider: Callable[[Candidate, int], Awaitable[None]],
+        candidate: Candidate,
+        ticket: int,
+        *,
+        first: Callable[[Candidate], Awaitable[None]] | None = None,
     ) -> None:
+        """Decide after `first`; a read that failed for now (`transient`) decides nothing: the
+        whole decision is taken again from the first read, after pauses growing from
+        `read_pause`, until `read_deadline`. Each try re-reads everything (a person may act
+        meanwhile) and the ledger's claim keeps it at most once. The admission place is given back
+        during the pause (the others are not held up) and taken anew, last in line, for the next try."""
         try:
-            await consider(candidate, ticket)
-        except READ_ERRORS as error:
-            self._skip(candidate, f"the server could not be read: {type(error).__name__}: {error}")
+            if first is not None:
+                await first(candidate)
+            tries, slept, began = 1, 0.0, self._clock()
+            while (error := await _read_failed(consider(candidate, ticket))) is not None:
+                pause = self._options.read_pause * 2 ** (tries - 1)
+                spent = max(self._clock() - began, slept)
+                if not transient(error) or spent + pause > self._options.read_deadline:
+                    self._skip(candidate, _unread(error, tries, spent))
+                    return
+                log.debug(
+                    "resume of %s: try %d: %s; again in %g s",
+                    candidate.session_id,
+                    tries,
+                    read_failure(error),
+                    pause,
+                )
+                self._admission.drop(ticket)
+                await self._sleep(pause)
+                slept += pause
+                ticket = self._admission.ticket()
+                tries += 1
         except Exception as error:
             log.exception("resume of %s failed", candidate.session_id)
             self._skip(candidate, f"failed: {type(error).__name__}: {error}")
         finally:
             self._admission.drop(ticket)
+
+    async def _awaited(self, candidate: Candidate) -> None:
+        """Before the first try only: the grace period, and the client streams back."""
+        await asyncio.sleep(self._options.grace)
+        if self._clients is not None:
+            await clients_back(self._clients, candidate.session_id, candidate.last_alive)
 
     async def _continued(self, waiting: Waiting, candidate: Candidate, ticket: int) -> None:
         """The waiting turn re-read (a person may have written since), then settled and continued
@@ -211,10 +253,7 @@ class Resumer:
             candidate, info, turn, waiting.directory, ticket=ticket, policy=policy, continued=waiting.calls
         )
 
-    async def _consider(self, candidate: Candidate, ticket: int) -> None:
-        await asyncio.sleep(self._options.grace)
-        if self._clients is not None:
-            await clients_back(self._clients, candidate.session_id, candidate.last_alive)
+    async def _considered(self, candidate: Candidate, ticket: int) -> None:
         if (unready := await self._server.ready(candidate.directory, None)) is not None:
             self._skip(candidate, f"the server did not become ready: {unready}")
             return
@@ -410,6 +449,22 @@ class Resumer:
         self._journal.decided(
             ResumeOutcome.SKIPPED, candidate.api, candidate.session_id, why, message=message
         )
+
+
+async def _read_failed(decided: Awaitable[None]) -> Exception | None:
+    """The read that failed the decision, if one did."""
+    try:
+        await decided
+    except READ_ERRORS as error:
+        return error
+    return None
+
+
+def _unread(error: Exception, tries: int, spent: float) -> str:
+    """The skip's reason: what was asked and what came back, and, when it was asked again, how often."""
+    if not transient(error):
+        return f"the server could not be read: {read_failure(error)}"
+    return f"the server could not be read in {tries} tries over {spent:.1f} s: {read_failure(error)}"
 
 
 def _as_if_settled(before: Before) -> Before:

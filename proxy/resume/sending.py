@@ -25,12 +25,14 @@ from proxy.opencode.runtimes import HttpRuntime
 from proxy.resume.turns import InterruptedTurn, message_after
 from rules import Api, Runtime
 
-__all__ = ["READ_ERRORS", "Server"]
+__all__ = ["READ_ERRORS", "Server", "read_failure", "transient"]
 
 READY_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 20.0
 POLL_S = 0.5
 READ_ERRORS = (aiohttp.ClientError, TimeoutError, UpstreamRefused, LivenessUnknown, ValueError)
+PASSING_STATUSES = frozenset({408, 429})
+"""The 4xx answers that say "not now" rather than "never"."""
 
 
 class Server:
@@ -145,6 +147,26 @@ class Server:
                 content = await answer.read()
                 if answer.status not in (200, 204):
                     raise UpstreamRefused(method, path, answer.status, content)
+
+
+def transient(error: Exception) -> bool:
+    """Whether a failed read may answer if asked again: a timeout, a refused or reset connection,
+    a 5xx, 408 or 429, liveness unknown. A 4xx else, or a body not of the route's shape
+    (a ValueError, a wrong content type), says the same however often it is asked."""
+    status = getattr(error, "status", None)
+    if isinstance(error, UpstreamRefused | aiohttp.ClientResponseError) and isinstance(status, int):
+        return not isinstance(error, aiohttp.ContentTypeError) and (
+            status >= 500 or status in PASSING_STATUSES
+        )
+    return isinstance(error, aiohttp.ClientError | TimeoutError | LivenessUnknown)
+
+
+def read_failure(error: Exception) -> str:
+    """What was asked and what came back, short (`GET /session/ses_1/message: HTTP 500 (...)`)."""
+    if isinstance(error, UpstreamRefused):
+        asked = str(error).split(": HTTP ", 1)[0]
+        return f"{asked}: {_failure(error)}"
+    return _failure(error)
 
 
 def _failure(error: Exception) -> str:

@@ -3,7 +3,8 @@ prompt, confirm the start, retry within the budget, and say every decision."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,11 @@ from prometheus_client import CollectorRegistry
 
 from proxy.opencode.client import Credentials, UpstreamRefused
 from proxy.opencode.dialects import LINE_1_18
+from proxy.resume.admission import Admission
 from proxy.resume.decision import Policy
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
-from proxy.resume.resumer import SETTLE_ATTEMPTS, Records, ResumeOptions, Resumer
+from proxy.resume.resumer import SETTLE_ATTEMPTS, Known, Records, ResumeOptions, Resumer
 from proxy.resume.turns import InterruptedTurn
 from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Confirm, WriteBackMode, Written
@@ -32,9 +34,12 @@ class FakeServer:
         self.view: Any = v1_view(v1_settled("prt_1"))
         self.info: dict[str, Any] = {"directory": "/work"}
         self.prompts: list[tuple[str, str, int]] = []
+        self.prompted: list[str] = []
         self._ledger = ledger
         self._starts_after = starts_after
         self.unreadable = False
+        self.failures: list[Exception] = []
+        """What the next reads of the messages raise, one each, before they answer."""
         self.ready_after_start: bool = True
         self.person_writes = False
         self.then: Any = None
@@ -47,6 +52,8 @@ class FakeServer:
     async def messages(self, turn_api: Api, session_id: str) -> Any:
         if self.unreadable:
             raise UpstreamRefused("GET", "/session/ses_1/message", 500, b"")
+        if self.failures:
+            raise self.failures.pop(0)
         view = self.view
         if self.then is not None:
             self.view, self.then = self.then, None
@@ -66,6 +73,7 @@ class FakeServer:
     async def prompt(self, turn: InterruptedTurn, directory: str | None, prompt_id: str, text: str) -> None:
         recorded = await self._ledger.used(turn.session_id, prompt_id, "msg_next")
         self.prompts.append((prompt_id, text, recorded))
+        self.prompted.append(turn.session_id)
         if self.person_writes:
             self.view = [*self.view, v1_user("msg_zzz")]
 
@@ -117,6 +125,9 @@ def resumer(
     dry_run: bool = False,
     attempts: int = 3,
     text: str | None = None,
+    probe: FakeProbe | None = None,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
+    admission: Admission | None = None,
 ) -> tuple[Resumer, Journal]:
     journal = Journal(CollectorRegistry(), enabled=True, dry_run=dry_run)
     options = ResumeOptions(
@@ -124,14 +135,30 @@ def resumer(
     )
     made = Resumer(
         server,
-        FakeProbe(),
+        probe or FakeProbe(),
         Records(ledger, journal),
         options,
         writer=writer,
         credentials=Credentials(),
         clock=lambda: NOW,
+        sleep=sleep or no_pause,
+        known=Known(admission=admission),
     )
     return made, journal
+
+
+def counted(pauses: list[float]) -> Callable[[float], Awaitable[None]]:
+    """A pause that only notes how long it would be."""
+
+    async def pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    return pause
+
+
+async def no_pause(seconds: float) -> None:
+    """No wall-clock wait: the pauses between reads are only counted (the clock stands still)."""
+    del seconds
 
 
 CANDIDATE = Candidate("ses_1", Api.V1, "/work", NOW - 5, None, seen_message="msg_002")
@@ -230,7 +257,56 @@ async def test_a_server_that_cannot_be_read_is_a_skip_with_the_reason(ledger: Le
     server.unreadable = True
     made, journal = resumer(server, ledger)
     await considered(made)
-    assert journal.recent()[0]["why"].startswith("the server could not be read: UpstreamRefused")
+    assert journal.recent()[0]["why"].startswith("the server could not be read in 7 tries over 31.5 s: GET")
+
+
+async def test_a_read_that_times_out_then_answers_is_resumed_once(ledger: Ledger) -> None:
+    server = FakeServer(ledger)
+    server.failures = [TimeoutError(), UpstreamRefused("GET", "/session/ses_1/message", 503, b"")]
+    pauses: list[float] = []
+    made, journal = resumer(server, ledger, sleep=counted(pauses))
+    await considered(made)
+    assert pauses == [0.5, 1.0]
+    assert len(server.prompts) == 1
+    assert [d["outcome"] for d in journal.recent()] == ["resumed"]
+
+
+async def test_a_read_the_server_refuses_for_good_is_a_skip_at_once(ledger: Ledger) -> None:
+    server = FakeServer(ledger)
+    server.failures = [UpstreamRefused("GET", "/session/ses_1/message", 404, b'{"name":"NotFoundError"}')]
+    pauses: list[float] = []
+    made, journal = resumer(server, ledger, sleep=counted(pauses))
+    await considered(made)
+    assert (pauses, server.prompts) == ([], [])
+    assert journal.recent()[0]["why"].startswith(
+        "the server could not be read: GET /session/ses_1/message: HTTP 404"
+    )
+
+
+async def test_a_person_who_writes_between_two_tries_is_not_prompted_over(ledger: Ledger) -> None:
+    server = FakeServer(ledger)
+    server.failures = [TimeoutError()]
+
+    async def person_writes(seconds: float) -> None:
+        del seconds
+        server.view = [*server.view, v1_user("msg_zzz")]
+
+    made, journal = resumer(server, ledger, sleep=person_writes)
+    await considered(made)
+    assert server.prompts == []
+    assert journal.recent()[0]["why"].startswith("a newer message msg_zzz is in the session")
+
+
+async def test_a_turn_whose_read_failed_gives_its_place_to_the_next_in_line(ledger: Ledger) -> None:
+    """One continuation at a time: the first in line fails a read, and the second goes first."""
+    server = FakeServer(ledger)
+    server.failures = [TimeoutError()]
+    second = Candidate("ses_2", Api.V1, "/work", NOW - 5, None, seen_message="msg_002")
+    made, _ = resumer(server, ledger, sleep=lambda _: asyncio.sleep(0.05), admission=Admission(1, 0))
+    made.consider(CANDIDATE)
+    made.consider(second)
+    await made.tasks.idle()
+    assert server.prompted == ["ses_2", "ses_1"]
 
 
 async def test_a_child_session_is_left_to_its_parent(ledger: Ledger) -> None:
