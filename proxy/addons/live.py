@@ -102,8 +102,8 @@ class LiveSettle(Addon, StreamListener):
                 "kept by the proxy that ran before: %d open parts, %d busy sessions, %d unfinished "
                 "messages; each confirmed once the server's stream is followed",
                 counts["part"],
-                counts["busy"],
-                counts["unfinished"],
+                counts["session"],
+                counts["message"],
                 extra={"fields": dict(counts) | {"decision": "confirm what was kept"}},
             )
 

@@ -33,7 +33,7 @@ from rules import V1, OpenTool
 
 log = logging.getLogger(__name__)
 
-KINDS: tuple[Kind, ...] = ("part", "busy", "unfinished")
+KINDS: tuple[Kind, ...] = ("part", "session", "message")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS stream_memory (
     address TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, place TEXT NOT NULL,

@@ -19,7 +19,8 @@ from proxy.relay.bounded import Bounded
 from rules import V1, OpenTool
 
 REMEMBERED = 10_000
-Kind = Literal["part", "busy", "unfinished"]
+Kind = Literal["part", "session", "message"]
+"""An open part, a session shown busy, an assistant message shown unfinished."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +79,9 @@ class StreamMemory:
     def __init__(self) -> None:
         self.parts: _Kept[OpenTool] = _Kept("part")
         """Open v1 tool parts, by part id."""
-        self.busy: _Kept[Place] = _Kept("busy")
+        self.busy: _Kept[Place] = _Kept("session")
         """Sessions the stream last showed busy (`message_id` empty), by session id."""
-        self.unfinished: _Kept[Place] = _Kept("unfinished")
+        self.unfinished: _Kept[Place] = _Kept("message")
         """Assistant messages the stream last showed without `time.completed`, by message id."""
 
     def kept_by(self, keeper: Keeper) -> None:
@@ -93,7 +94,7 @@ class StreamMemory:
         if isinstance(place, OpenTool):
             self.parts.restore(key, place)
         else:
-            (self.busy if kind == "busy" else self.unfinished).restore(key, place)
+            (self.busy if kind == "session" else self.unfinished).restore(key, place)
 
     def observe(self, event: GlobalEvent) -> str | None:
         """Remember what `event` shows; return the session it says went idle while one of its
