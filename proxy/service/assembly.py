@@ -20,12 +20,12 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from proxy.addons.context import SettleContext
-from proxy.addons.live import LiveSettle
-from proxy.addons.live_notices import Notices
+from proxy.addons.live.addon import LiveSettle
+from proxy.addons.live.notices import Notices
+from proxy.addons.live.resume_clients import ResumeClients
+from proxy.addons.live.session_streams import SessionStreamSettle
 from proxy.addons.mounted_links import MountedLinks
-from proxy.addons.resume_clients import ResumeClients
 from proxy.addons.routing import Routing
-from proxy.addons.session_streams import SessionStreamSettle
 from proxy.addons.settle import Settle
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe

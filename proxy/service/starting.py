@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import Counter
 
-from proxy.addons.live_kept import Kept, KeptMemory
+from proxy.addons.live.kept import Kept, KeptMemory
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.server_line import KnownServer, ServerLine

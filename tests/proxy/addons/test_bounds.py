@@ -9,12 +9,14 @@ from prometheus_client import CollectorRegistry, Counter
 from yarl import URL
 
 from proxy import testing
-from proxy.addons import live_replay, session_streams, settle
+from proxy.addons import settle
 from proxy.addons.context import SettleContext
-from proxy.addons.live import LiveSettle
-from proxy.addons.live_clients import ClientStreams, Orphan
-from proxy.addons.live_memory import Place
-from proxy.addons.session_streams import SessionStreamSettle
+from proxy.addons.live import replay as live_replay
+from proxy.addons.live import session_streams
+from proxy.addons.live.addon import LiveSettle
+from proxy.addons.live.clients import ClientStreams, Orphan
+from proxy.addons.live.memory import Place
+from proxy.addons.live.session_streams import SessionStreamSettle
 from proxy.addons.settle import Settle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from proxy import testing
-from proxy.addons.live_clients import ClientStreams, Orphan
-from proxy.addons.live_memory import Place
+from proxy.addons.live.clients import ClientStreams, Orphan
+from proxy.addons.live.memory import Place
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import idle_status
 
@@ -127,7 +127,7 @@ async def test_a_stream_back_after_the_server_was_lost_is_said_with_what_it_is_r
 ) -> None:
     streams = clients()
     streams.publish("prt_1", ORPHAN)
-    caplog.set_level(logging.INFO, logger="proxy.addons.live_clients")
+    caplog.set_level(logging.INFO, logger="proxy.addons.live.clients")
     async with testing.streaming([], testing.flow("GET", "/global/event", response_headers=SSE)) as first:
         streams.subscribe(first, by="test")
     assert not caplog.records, "a stream opening before any loss is no client coming back"

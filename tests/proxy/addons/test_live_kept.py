@@ -13,10 +13,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from yarl import URL
 
-from proxy.addons import live_kept
-from proxy.addons.live import LiveSettle
-from proxy.addons.live_kept import Kept, KeptMemory
-from proxy.addons.live_memory import Kind, Place, StreamMemory
+from proxy.addons.live import kept as live_kept
+from proxy.addons.live.addon import LiveSettle
+from proxy.addons.live.kept import Kept, KeptMemory
+from proxy.addons.live.memory import Kind, Place, StreamMemory
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.testing import idle
@@ -68,7 +68,7 @@ def test_the_memory_hands_over_each_change_once() -> None:
 
 
 def test_what_the_memory_forgets_beyond_its_bound_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("proxy.addons.live_memory.REMEMBERED", 1)
+    monkeypatch.setattr("proxy.addons.live.memory.REMEMBERED", 1)
     memory, keeper = StreamMemory(), Keeper()
     memory.kept_by(keeper)
     memory.observe(part("prt_1", "running"))

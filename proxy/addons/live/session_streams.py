@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar
 
-from proxy.addons.after_grace import read_after_grace
 from proxy.addons.context import SettleContext
-from proxy.addons.events import event_frame
-from proxy.addons.live_held import HeldBack
-from proxy.addons.live_watch import Confirmations, Ticket
+from proxy.addons.live.after_grace import read_after_grace
+from proxy.addons.live.confirmations import Confirmations, Ticket
+from proxy.addons.live.frames import event_frame
+from proxy.addons.live.held import HeldBack
 from proxy.addons.routing import event_stream, route_of
 from proxy.opencode.client import Credentials
 from proxy.opencode.routes import EventStream

@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 import aiohttp
 
 from proxy.addons.context import SettleContext
-from proxy.addons.live_clients import ClientStreams, Orphan
-from proxy.addons.live_memory import REMEMBERED, Place
+from proxy.addons.live.clients import ClientStreams, Orphan
+from proxy.addons.live.memory import REMEMBERED, Place
 from proxy.addons.routing import message_view, route_of
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.ids import ascending_id

@@ -21,11 +21,11 @@ import logging
 from functools import partial
 from typing import Any
 
-from proxy.addons.after_grace import read_after_grace
 from proxy.addons.context import SettleContext
-from proxy.addons.live_clients import ClientStreams, Orphan
-from proxy.addons.live_memory import Place, StreamMemory
-from proxy.addons.live_watch import Confirmations, Ticket
+from proxy.addons.live.after_grace import read_after_grace
+from proxy.addons.live.clients import ClientStreams, Orphan
+from proxy.addons.live.confirmations import Confirmations, Ticket
+from proxy.addons.live.memory import Place, StreamMemory
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent

@@ -46,14 +46,14 @@ from collections import Counter
 from typing import ClassVar
 
 from proxy.addons.context import SettleContext
-from proxy.addons.live_calls import OpenCalls
-from proxy.addons.live_clients import ClientStreams
-from proxy.addons.live_default import DefaultDirectory
-from proxy.addons.live_kept import Kept
-from proxy.addons.live_memory import Keeper, StreamMemory
-from proxy.addons.live_notices import Notices
-from proxy.addons.live_parts import OpenParts
-from proxy.addons.live_turns import DeadTurns
+from proxy.addons.live.calls import OpenCalls
+from proxy.addons.live.clients import ClientStreams
+from proxy.addons.live.default_directory import DefaultDirectory
+from proxy.addons.live.kept import Kept
+from proxy.addons.live.memory import Keeper, StreamMemory
+from proxy.addons.live.notices import Notices
+from proxy.addons.live.parts import OpenParts
+from proxy.addons.live.turns import DeadTurns
 from proxy.addons.routing import event_stream
 from proxy.opencode.server_line import TOLD_1_18, ServerLine
 from proxy.opencode.tracker import GlobalEvent, StreamListener

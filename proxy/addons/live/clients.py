@@ -25,10 +25,10 @@ from urllib.parse import unquote
 from aiohttp import web
 from prometheus_client import Counter
 
-from proxy.addons.events import event_frame
-from proxy.addons.live_catch_up import CatchUp
-from proxy.addons.live_memory import Place
-from proxy.addons.live_replay import Replayed, Replays
+from proxy.addons.live.catch_up import CatchUp
+from proxy.addons.live.frames import event_frame
+from proxy.addons.live.memory import Place
+from proxy.addons.live.replay import Replayed, Replays
 from proxy.addons.routing import route_of
 from proxy.opencode.global_events import GlobalEvent
 from proxy.opencode.routes import EventStream

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
-from proxy.addons.live_watch import says_idle
+from proxy.addons.live.confirmations import says_idle
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import MESSAGE_UPDATED, PART_UPDATED, SESSION_STATUS, is_open_tool
 from proxy.relay.bounded import Bounded

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from proxy.addons.after_grace import found_active, read_after_grace
 from proxy.addons.context import SettleContext
-from proxy.addons.live_clients import ClientStreams, Orphan
-from proxy.addons.live_held import HeldBack
-from proxy.addons.live_memory import StreamMemory
-from proxy.addons.live_turns import directory_of
-from proxy.addons.live_watch import Confirmations, Ticket
+from proxy.addons.live.after_grace import found_active, read_after_grace
+from proxy.addons.live.clients import ClientStreams, Orphan
+from proxy.addons.live.confirmations import Confirmations, Ticket
+from proxy.addons.live.held import HeldBack
+from proxy.addons.live.memory import StreamMemory
+from proxy.addons.live.turns import directory_of
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from proxy.addons.after_grace import found_active, read_after_grace
 from proxy.addons.context import SettleContext
-from proxy.addons.live_clients import ClientStreams, Orphan
-from proxy.addons.live_held import HeldBack
-from proxy.addons.live_memory import REMEMBERED, Place
-from proxy.addons.live_watch import Confirmations, Ticket, says_idle
+from proxy.addons.live.after_grace import found_active, read_after_grace
+from proxy.addons.live.clients import ClientStreams, Orphan
+from proxy.addons.live.confirmations import Confirmations, Ticket, says_idle
+from proxy.addons.live.held import HeldBack
+from proxy.addons.live.memory import REMEMBERED, Place
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.events_2x import api_call_id, api_execution_interrupted, api_tool_failed
 from proxy.opencode.liveness import LivenessUnknown

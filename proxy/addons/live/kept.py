@@ -28,7 +28,7 @@ from pathlib import Path
 import aiosqlite
 import orjson
 
-from proxy.addons.live_memory import REMEMBERED, Kind, Place
+from proxy.addons.live.memory import REMEMBERED, Kind, Place
 from rules import V1, OpenTool
 
 log = logging.getLogger(__name__)
