@@ -2,12 +2,12 @@
 
 Each client stream (`/global/event`, or `/event` of one directory) gets a queue the relay
 slips events from; what the addon announces goes to every open stream now and, as state,
-to streams that open later (`live_replay`: each thing's state until news of that same thing).
+to streams that open later (`replay`: each thing's state until news of that same thing).
 A stream that opens after the followed stream was lost (a client coming back after a crash) is
 said in the log, with what it is replayed.
 
 A plain `/event` (no directory asked) is the stream of the server's default directory
-(`live_default`). One that opens while that directory is not known waits, told nothing, and
+(`default_directory`). One that opens while that directory is not known waits, told nothing, and
 is caught up (as a stream opening then) as soon as it is learned.
 """
 

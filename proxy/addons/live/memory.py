@@ -3,7 +3,7 @@
 Kept from `/global/event` (bounded, the oldest forgotten first) so that when the stream
 comes back after a loss, or a session goes idle with a part still open, the addon knows
 what a client may still show running: v1 tool parts, busy sessions, unfinished assistant
-messages. Each change can also be handed to a `Keeper` (`live_kept`: the state database, for the
+messages. Each change can also be handed to a `Keeper` (`kept`: the state database, for the
 proxy that runs next on the same address).
 """
 

@@ -10,7 +10,7 @@ draw a text part of a message they hold, where the transcript ends, and both dro
 message (the interrupted one): it marks nothing failed or busy, stays in view until the wait
 ends, and is then removed from every stream open. It is kept as the session's state, so a
 stream that opens while the wait lasts is replayed it once, after the messages it belongs to
-(`live_replay`); the server never hears of it, and a page reloaded later fetches none.
+(`replay`); the server never hears of it, and a page reloaded later fetches none.
 
 A client that opens later takes its stream first and fetches the transcript after, and the TUI
 then replaces what it holds of each message fetched: measured, a TUI attached while the wait

@@ -3,7 +3,7 @@
 The stream showed the session busy and its assistant message unfinished, and a client keeps
 its busy bar. When the stream comes back, wait the grace period, read each such message
 afresh, take a reading after that read, and if the session is inactive and the stream did not
-speak of it meanwhile (`live_watch`) send the message as the rules close it (`message.updated`)
+speak of it meanwhile (`confirmations`) send the message as the rules close it (`message.updated`)
 and `session.status` idle.
 
 The same is owed for a part settled as a crash's interruption that this process never saw open
