@@ -41,12 +41,12 @@ from proxy.relay.stopping import OpenStreams
 from proxy.relay.tasks import Background
 from proxy.relay.transport import Transport
 from proxy.relay.upstream import upstream_session
-from proxy.resume.assembly import Resuming
 from proxy.resume.journal import Journal
+from proxy.resume.resuming import Resuming
 from proxy.resume.waiting import Announcer
 from proxy.service.config import Settings
-from proxy.service.health import SettleRoutes
 from proxy.service.metrics import Metrics
+from proxy.service.settle_routes import SettleRoutes
 from proxy.service.starting import (
     kept_memory,
     modes_said,

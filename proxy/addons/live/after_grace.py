@@ -1,11 +1,12 @@
-"""A confirmation's reading of the server, the grace period after it was asked for, and asked
-again while it fails (and, `confirmed`, the steps every confirmation of open calls takes with it): right after a restart the server may not answer in time, and nothing else
-would make the proxy ask again (the stream that came back says nothing more of the session).
+"""A confirmation's reading of the server, the grace period after it was asked for, and asked again
+while it fails (and, `confirmed`, the steps every confirmation of open calls takes with it):
+right after a restart the server may not answer in time, and nothing else would make the proxy
+ask again (the stream that came back says nothing more of the session).
 
 Each try is bounded: a server that has just restarted can hold a request for good while it boots
 the session's instance, and a confirmation that never ends holds back every later one of its
-session (`confirmations`). A connection that drops mid-answer (the server killed again) is a failed
-try like any other."""
+session (`confirmations`). A connection that drops mid-answer (the server killed again) is a
+failed try like any other."""
 
 from __future__ import annotations
 
