@@ -24,7 +24,7 @@ from typing import Any
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live.after_grace import confirmed
-from proxy.addons.live.clients import ClientStreams, Orphan
+from proxy.addons.live.clients import ClientStreams, Telling
 from proxy.addons.live.confirmations import Confirmations, Ticket, says_idle
 from proxy.addons.live.held import HeldBack
 from proxy.addons.live.memory import REMEMBERED, Place
@@ -111,7 +111,7 @@ class OpenCalls:
             call = read.calls[-1]
             place = Place(session_id, call.message_id, call.directory, None)
             ended = api_execution_interrupted(session_id, settled[-1]["created"], call.directory)
-            self._clients.publish(f"execution {session_id}", Orphan(place, [ended], api=True))
+            self._clients.publish(f"execution {session_id}", Telling(place, [ended], api=True))
         if held and read.liveness.elsewhere_since is not None:
             self._held.wait(
                 session_id,
@@ -192,7 +192,7 @@ class OpenCalls:
         )
         if not self._ctx.dry_run:
             place = Place(call.session_id, call.message_id, call.directory, None)
-            self._clients.publish(call.call_id, Orphan(place, [event], api=True))
+            self._clients.publish(call.call_id, Telling(place, [event], api=True))
         return event
 
 

@@ -66,8 +66,9 @@ SUBSCRIBER = FlowKey[Subscriber]("live-settle subscriber")
 
 
 @dataclass(slots=True)
-class Orphan:
-    """A part confirmed orphaned, with the events that tell a client so.
+class Telling:
+    """What a confirmation tells the client streams (a part settled, a turn closed, a notice for
+    a person), with the events that tell it.
 
     `state` says how things are, and is also sent to streams that connect later. `moment`
     says something just happened (`session.idle`: the web UI plays a sound and notifies), so
@@ -178,11 +179,11 @@ class ClientStreams:
         if catch_up.over.is_set():
             subscriber.catch_up = None
 
-    def publish(self, key: str, orphan: Orphan) -> None:
-        """Send `orphan` to every open stream, and keep its state (`key`: what it says) for later ones."""
-        self.replays.keep(key, orphan.place, orphan.state, api=orphan.api)
+    def publish(self, key: str, telling: Telling) -> None:
+        """Send `telling` to every open stream, and keep its state (`key`: what it says) for later ones."""
+        self.replays.keep(key, telling.place, telling.state, api=telling.api)
         for subscriber in self._subscribers:
-            self._send(subscriber, orphan.place, orphan.state + orphan.moment, api=orphan.api)
+            self._send(subscriber, telling.place, telling.state + telling.moment, api=telling.api)
 
     def _catch_up(self, subscriber: Subscriber) -> list[Replayed]:
         """Replay the kept state to a stream opening now; what it was replayed."""

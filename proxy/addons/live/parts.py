@@ -23,7 +23,7 @@ from typing import Any
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live.after_grace import confirmed
-from proxy.addons.live.clients import ClientStreams, Orphan
+from proxy.addons.live.clients import ClientStreams, Telling
 from proxy.addons.live.confirmations import Confirmations, Ticket
 from proxy.addons.live.held import HeldBack
 from proxy.addons.live.memory import StreamMemory
@@ -169,7 +169,7 @@ class OpenParts:
         _log_orphan(part_id, part, settled_part, settled_here=settled_here, dry_run=self._ctx.dry_run)
         if self._ctx.dry_run:
             return
-        self._clients.publish(part_id, Orphan(part, state, [session_idle(part.session_id)]))
+        self._clients.publish(part_id, Telling(part, state, [session_idle(part.session_id)]))
         if settled_here and self._ctx.write_back is not None:
             self._ctx.write_back.schedule(Api.V1, part.session_id, self._ctx.credentials, {part_id})
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live.after_grace import read_after_grace
-from proxy.addons.live.clients import ClientStreams, Orphan
+from proxy.addons.live.clients import ClientStreams, Telling
 from proxy.addons.live.confirmations import Confirmations, Ticket
 from proxy.addons.live.memory import Place, StreamMemory
 from proxy.opencode.liveness import LivenessUnknown
@@ -167,7 +167,7 @@ class DeadTurns:
             return
         idle = state[-1]["type"] == SESSION_STATUS
         moment = [session_idle(place.session_id)] if idle else []
-        self._clients.publish(place.message_id or "status", Orphan(place, state, moment))
+        self._clients.publish(place.message_id or "status", Telling(place, state, moment))
 
 
 def _settled_unseen(event: GlobalEvent) -> Place | None:
