@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from proxy.addons.context import SettleContext
-from proxy.addons.live.after_grace import read_after_grace
+from proxy.addons.live.after_grace import confirmed
 from proxy.addons.live.clients import ClientStreams, Telling
 from proxy.addons.live.confirmations import Confirmations, Ticket
 from proxy.addons.live.memory import Place, StreamMemory
@@ -39,6 +40,14 @@ from proxy.opencode.vocabulary import (
 from rules import V1, Api, Liveness, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """Each unfinished message where it lives, as read afresh, and a reading taken after."""
+
+    messages: list[tuple[Place, Any]]
+    liveness: Liveness
 
 
 class DeadTurns:
@@ -86,22 +95,23 @@ class DeadTurns:
 
     async def _close_turn(self, ticket: Ticket) -> None:
         session_id = ticket.session_id
-        found = await read_after_grace(
-            partial(self._read, session_id), self._ctx.grace, "live settle of turn", session_id
+        read = await confirmed(
+            self._confirmations,
+            ticket,
+            partial(self._read, session_id),
+            self._ctx.grace,
+            "live settle of turn",
         )
-        if found is None:
-            return
-        read, liveness = found
-        if liveness.active:
+        if read is None:
             return
         busy = self._memory.busy.get(session_id)
-        closed = self._closed(session_id, read, liveness)
-        if closed is None or not (closed or busy) or not self._confirmations.vouches(ticket):
-            return  # not vouched for, or the stream spoke of the session meanwhile: it knows better
+        closed = self._closed(session_id, read.messages, read.liveness)
+        if closed is None or not (closed or busy):
+            return  # not vouched for: the turn is left alone
         self._memory.busy.pop(session_id, None)
         self._tell(session_id, closed, busy)
 
-    async def _read(self, session_id: str) -> tuple[list[tuple[Place, Any]], Liveness] | None:
+    async def _read(self, session_id: str) -> _Read | None:
         """Each unfinished message read afresh, then a reading; None while a part of the session
         is open (the parts' own confirmation tells the whole story)."""
         if self._memory.has_open(session_id):
@@ -113,7 +123,7 @@ class DeadTurns:
             )
             for mid, place in self._memory.unfinished_messages(session_id)
         ]
-        return read, await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
+        return _Read(read, await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials))
 
     async def _placed(self, place: Place) -> Place:
         """`place` with its session's directory, asked of the server when only a view named it."""
