@@ -62,10 +62,11 @@ class _Kept(Bounded[str, V]):
         super().__setitem__(key, value)
 
     def __setitem__(self, key: str, value: V) -> None:
-        changed = self.peek(key) != value
+        keeper = self._keeper
+        changed = keeper is not None and self.peek(key) != value
         super().__setitem__(key, value)
-        if changed and self._keeper is not None:
-            self._keeper.keep(self._kind, key, value)
+        if changed and keeper is not None:
+            keeper.keep(self._kind, key, value)
 
     def __delitem__(self, key: str) -> None:
         super().__delitem__(key)
