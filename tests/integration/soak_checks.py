@@ -34,7 +34,9 @@ THREAD_SLACK = 3
 room for the connections a round leaves kept alive and the executor's threads, never for a leak
 that grows with every round."""
 _TOLD_TIMEOUT_S = 30.0
-_QUIET_TIMEOUT_S = 30.0
+_QUIET_TIMEOUT_S = 60.0
+"""aiohttp's connector closes a kept-alive upstream connection at its first clean-up after 15 s
+unused, and cleans up every 15 s: up to 30 s after a round's last look-up, and more under load."""
 _OWN_UPSTREAM = 3
 """Upstream connections the proxy keeps of its own: its follower of the server's event stream, and
 a look-up or two under way."""
@@ -64,8 +66,10 @@ class Usage:
 
     @property
     def own(self) -> int:
-        """Every open file but the connections of live clients."""
-        return self.fds - self.clients
+        """Every open file but the connections of live clients and those to the server: each of
+        a client's streams has its own leg to the server, so those follow the clients' count and
+        are checked against it (`Lifetimes.problems`), not against a round before."""
+        return self.fds - self.clients - self.upstream
 
     @property
     def upstream(self) -> int:
@@ -152,10 +156,16 @@ class Lifetimes:
                 f"the proxy still holds {usage.left} connections of clients that went away, "
                 f"{_QUIET_TIMEOUT_S:.0f} s after the round"
             )
+        if usage.upstream > usage.clients + _OWN_UPSTREAM:
+            problems.append(
+                f"the proxy holds {usage.upstream} connections to the server for {usage.clients} client "
+                f"connections, {_QUIET_TIMEOUT_S:.0f} s after the round"
+            )
         if usage.own > first.own + FD_SLACK:
             clients = {k: n for k, n in Usage.of(pid, named=True).kinds.items() if k.startswith(_CLIENT)}
             problems.append(
-                f"the proxy holds {usage.own} fds besides its live clients' connections, {first.own} after "
+                f"the proxy holds {usage.own} fds besides its clients' connections and their legs to the server, "
+                f"{first.own} after "
                 f"its first round (more: {dict((usage.kinds - first.kinds).most_common(5))}; "
                 f"its clients now: {clients})"
             )
@@ -167,7 +177,7 @@ class Lifetimes:
 def _quiet_usage(pid: int) -> Usage:
     """The proxy's usage once it has closed the connections of the clients that went away (a
     round's TUI and page end just before) and its upstream connections are no more than its
-    clients' streams and a few of its own (the server closes an idle kept-alive one after 10 s):
+    clients' streams and a few of its own (idle kept-alive ones close within `_QUIET_TIMEOUT_S`):
     what a round leaves behind for a while would not tell a leak apart. After
     `_QUIET_TIMEOUT_S`, as it is."""
     usage = Usage.of(pid)
