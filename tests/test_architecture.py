@@ -1,5 +1,5 @@
 """ARCHITECTURE.md and the docs' layout (docs/architecture.md) name the code as it is: every path they name exists,
-and the tree names every subpackage of `proxy` and every module of `proxy`, `rules` and `bench`."""
+and its tables name every package and every module of `proxy`, `rules` and `bench`, one row each."""
 
 from __future__ import annotations
 
@@ -16,8 +16,17 @@ PACKAGES = ("proxy", "rules", "bench")
 _PATH = re.compile(r"`((?:[a-z_]+/)+(?:[a-z_]+\.(?:py|toml|md))?)`")
 
 
-def _tree() -> list[str]:
-    return ARCHITECTURE.split("```")[1].strip().splitlines()
+def _tables() -> dict[str, set[str]]:
+    """The modules each package's table names (`rules`, `proxy`, `proxy/relay`, ...): a `### `
+    heading naming the package starts it, each row's first cell names one module."""
+    tables: dict[str, set[str]] = {}
+    current = None
+    for line in ARCHITECTURE.split("## Modules", 1)[1].split("\n## ", 1)[0].splitlines():
+        if heading := re.fullmatch(r"### `([a-z_/]+)/`", line):
+            current = tables.setdefault(heading.group(1), set())
+        elif current is not None and (row := re.match(r"\| `([a-z_0-9]+\.py)` \|", line)):
+            current.add(row.group(1))
+    return tables
 
 
 def _named_paths(text: str) -> set[str]:
@@ -30,25 +39,13 @@ def test_every_named_path_exists(path: str) -> None:
     assert any(candidate.exists() for candidate in candidates), f"{path} is named but does not exist"
 
 
-def test_the_tree_names_every_subpackage_of_proxy() -> None:
-    named = {line.split()[0] for line in _tree() if line.startswith("  ") and line.split()[0].endswith("/")}
-    actual = {f"{path.name}/" for path in (ROOT / "proxy").iterdir() if (path / "__init__.py").exists()}
-    assert named == actual
-
-
-def _blocks() -> dict[str, str]:
-    """The tree's text per package (`rules`, `proxy`, `proxy/relay`, ...): a line naming a package
-    at the left margin or one level in starts its block, deeper lines go on with it."""
-    blocks: dict[str, str] = {}
-    top = current = ""
-    for line in _tree():
-        indent, first = len(line) - len(line.lstrip()), line.split()[0]
-        if indent == 0:
-            top = current = first.rstrip("/")
-        elif indent == 2:
-            current = f"{top}/{first.rstrip('/')}" if first.endswith("/") else top
-        blocks[current] = blocks.get(current, "") + line + "\n"
-    return blocks
+def test_the_tables_name_every_package() -> None:
+    packages = {
+        str(path.parent.relative_to(ROOT))
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("__init__.py")
+    }
+    assert set(_tables()) == packages
 
 
 def _modules() -> list[Path]:
@@ -57,9 +54,12 @@ def _modules() -> list[Path]:
 
 
 @pytest.mark.parametrize("module", _modules(), ids=str)
-def test_the_tree_names_every_module(module: Path) -> None:
-    """Each module by its own name, in its package's block (a hyphenated addon name is not it)."""
-    block = _blocks().get(str(module.parent), "")
-    assert re.search(rf"(?<![\w-]){re.escape(module.stem)}(?:\.py)?(?![\w-])", block), (
-        f"{module} is not named in ARCHITECTURE.md's tree under {module.parent}/"
+def test_the_tables_name_every_module(module: Path) -> None:
+    assert module.name in _tables().get(str(module.parent), set()), (
+        f"{module} has no row in ARCHITECTURE.md's table of {module.parent}/"
     )
+
+
+def test_every_row_is_a_module() -> None:
+    named = {f"{package}/{name}" for package, names in _tables().items() for name in names}
+    assert named == {str(module) for module in _modules()}

@@ -27,6 +27,8 @@ class UpstreamRefused(RuntimeError):
 
     def __init__(self, method: str, path: str, status: int, body: bytes) -> None:
         super().__init__(f"{method} {path}: HTTP {status} {body[:200]!r}")
+        self.asked = f"{method} {path}"
+        """What was asked: `GET /session/ses_1/message`."""
         self.status = status
         self.reason = _reason(status, body)
         """The answer's own word for it, short: its error's `_tag`, `name` or `message`, else the

@@ -1,5 +1,5 @@
 """What a resume sees of the clients watching through the proxy's event streams: how many were
-open around the crash, and a wait until as many are back (`proxy.addons.resume_clients` counts
+open around the crash, and a wait until as many are back (`proxy.addons.live.resume_clients` counts
 them; the service hands that addon to the resume, which cannot import addons)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ CLIENTS_BACK_S = 30.0
 
 
 class Clients(Protocol):
-    """The client streams a resume waits for (`proxy.addons.resume_clients.ResumeClients`)."""
+    """The client streams a resume waits for (`proxy.addons.live.resume_clients.ResumeClients`)."""
 
     @property
     def open(self) -> int: ...

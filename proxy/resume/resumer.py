@@ -27,6 +27,7 @@ from proxy.opencode.client import Credentials
 from proxy.opencode.dialects import Dialect
 from proxy.relay.tasks import KeyedTasks
 from proxy.resume.admission import Admission
+from proxy.resume.candidates import Candidate
 from proxy.resume.clients import Clients, clients_back
 from proxy.resume.decision import (
     After,
@@ -47,7 +48,6 @@ from proxy.resume.sending import READ_ERRORS, READY_TIMEOUT_S, read_failure, tra
 from proxy.resume.text import resume_text
 from proxy.resume.turns import InterruptedTurn, last_turn
 from proxy.resume.waiting import Waiting, WaitingTurns
-from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Writer
 from rules import FRESH_MARGIN_MS, Api, Liveness
 

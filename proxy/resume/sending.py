@@ -164,8 +164,7 @@ def transient(error: Exception) -> bool:
 def read_failure(error: Exception) -> str:
     """What was asked and what came back, short (`GET /session/ses_1/message: HTTP 500 (...)`)."""
     if isinstance(error, UpstreamRefused):
-        asked = str(error).split(": HTTP ", 1)[0]
-        return f"{asked}: {_failure(error)}"
+        return f"{error.asked}: {_failure(error)}"
     return _failure(error)
 
 

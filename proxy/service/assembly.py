@@ -20,12 +20,12 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from proxy.addons.context import SettleContext
-from proxy.addons.live import LiveSettle
-from proxy.addons.live_notices import Notices
+from proxy.addons.live.addon import LiveSettle
+from proxy.addons.live.notices import Notices
+from proxy.addons.live.resume_clients import ResumeClients
+from proxy.addons.live.session_streams import SessionStreamSettle
 from proxy.addons.mounted_links import MountedLinks
-from proxy.addons.resume_clients import ResumeClients
 from proxy.addons.routing import Routing
-from proxy.addons.session_streams import SessionStreamSettle
 from proxy.addons.settle import Settle
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
@@ -41,12 +41,12 @@ from proxy.relay.stopping import OpenStreams
 from proxy.relay.tasks import Background
 from proxy.relay.transport import Transport
 from proxy.relay.upstream import upstream_session
-from proxy.resume.assembly import Resuming
 from proxy.resume.journal import Journal
+from proxy.resume.resuming import Resuming
 from proxy.resume.waiting import Announcer
 from proxy.service.config import Settings
-from proxy.service.health import SettleRoutes
 from proxy.service.metrics import Metrics
+from proxy.service.settle_routes import SettleRoutes
 from proxy.service.starting import (
     kept_memory,
     modes_said,

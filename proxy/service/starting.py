@@ -12,20 +12,20 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import Counter
 
-from proxy.addons.live_kept import Kept, KeptMemory
+from proxy.addons.live.kept import Kept, KeptMemory
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.server_line import KnownServer, ServerLine
 from proxy.opencode.surveys import OtherProcesses
 from proxy.resume.admission import Admission
-from proxy.resume.assembly import Resuming, open_ledger
-from proxy.resume.assembly import resuming as assembled_resuming
 from proxy.resume.clients import Clients
 from proxy.resume.decision import Policy
 from proxy.resume.fates import Fates, no_fates, process_fates
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import ResumeOptions
+from proxy.resume.resuming import Resuming, open_ledger
+from proxy.resume.resuming import resuming as assembled_resuming
 from proxy.resume.safety import Safety
 from proxy.resume.waiting import Announcer
 from proxy.service.config import Settings

@@ -98,3 +98,21 @@ class EventTap:
                         self._payloads.append(payload)
         except (OSError, ValueError, http.client.HTTPException):
             return  # the stream was shut down by `stop()` or by the server
+
+
+def part_status(payload: Any, part_id: str) -> str | None:
+    """The status a `/global/event` payload gives part `part_id`, if it is an update of it."""
+    event = payload.get("payload") or {}
+    part = (event.get("properties") or {}).get("part") or {}
+    if event.get("type") != "message.part.updated" or part.get("id") != part_id:
+        return None
+    return str(part["state"]["status"])
+
+
+def session_status(payload: Any, session_id: str) -> str | None:
+    """The status a `/global/event` payload gives session `session_id`, if it is one of its statuses."""
+    event = payload.get("payload") or {}
+    properties = event.get("properties") or {}
+    if event.get("type") != "session.status" or properties.get("sessionID") != session_id:
+        return None
+    return str(properties["status"]["type"])

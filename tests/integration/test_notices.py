@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from proxy.addons.live_notices import Notices
+from proxy.addons.live.notices import Notices
 from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.config import Settings
 

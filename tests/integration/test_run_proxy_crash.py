@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .event_tap import EventTap
+from .event_tap import EventTap, part_status, session_status
 from .mock_model import MockModel
 from .opencode_server import opencode_binary, running_opencode
 from .polling import poll
@@ -31,15 +31,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 OPTIONS = ("--write-back", "api", "--grace", "0.5")
 
 
-def status_of(payload: Any, session_id: str) -> str | None:
-    """The status a `/global/event` payload gives the session, if it is one of its statuses."""
-    event = payload.get("payload") or {}
-    properties = event.get("properties") or {}
-    if event.get("type") != "session.status" or properties.get("sessionID") != session_id:
-        return None
-    return str(properties["status"]["type"])
-
-
 def closed(payload: Any, message_id: str) -> bool:
     event = payload.get("payload") or {}
     info = (event.get("properties") or {}).get("info") or {}
@@ -47,16 +38,6 @@ def closed(payload: Any, message_id: str) -> bool:
         event.get("type") == "message.updated"
         and info.get("id") == message_id
         and "completed" in info["time"]
-    )
-
-
-def part_failed(payload: Any, part_id: str) -> bool:
-    event = payload.get("payload") or {}
-    part = (event.get("properties") or {}).get("part") or {}
-    return (
-        event.get("type") == "message.part.updated"
-        and part.get("id") == part_id
-        and (part["state"]["status"] == "error")
     )
 
 
@@ -72,16 +53,18 @@ def test_a_follower_of_the_new_proxy_ends_with_the_message_closed_and_the_sessio
             turn = start_v1_turn(server.url, server.project, "run the demo")
             tui = terminals.attach("across_proxy_crash", server.url, turn.session_id, turn.directory)
             running = wait_tool_running(server.url, turn)
-            before.wait_for(lambda p: status_of(p, turn.session_id) == "busy", what="busy", timeout=30)
+            before.wait_for(lambda p: session_status(p, turn.session_id) == "busy", what="busy", timeout=30)
             tui.wait_screen(shows_running, what="the TUI to show the live tool running", timeout=60)
         server.crash()  # the supervising proxy SIGKILLed: its server and the tool die with it
         server.restart()  # a new proxy on the same data
         poll(partial(following, server), what="the new proxy following the server's events", timeout=60)
         with EventTap(f"{server.origin}/global/event") as after:  # the follower reconnects
             after.wait_for(
-                lambda p: status_of(p, turn.session_id) == "idle", what="the session told idle", timeout=60
+                lambda p: session_status(p, turn.session_id) == "idle",
+                what="the session told idle",
+                timeout=60,
             )
-            statuses = [s for p in after.payloads() if (s := status_of(p, turn.session_id)) is not None]
+            statuses = [s for p in after.payloads() if (s := session_status(p, turn.session_id)) is not None]
             told = after.payloads()
         fetch_settled(f"{server.url}{turn.messages_path}", timeout=30)
         direct = health(server)["upstream"]["url"]
@@ -89,6 +72,6 @@ def test_a_follower_of_the_new_proxy_ends_with_the_message_closed_and_the_sessio
         seen = watch({tui: shows_settled})["across_proxy_crash"]
     assert statuses[-1] == "idle"
     assert any(closed(payload, running.message_id) for payload in told)
-    assert any(part_failed(payload, running.tool["id"]) for payload in told)
+    assert any(part_status(payload, running.tool["id"]) == "error" for payload in told)
     assert "kept by the proxy that ran before: 1 open parts" in server.log_path.read_text(errors="replace")
     assert_settled(seen, "open through settle-proxy run across the proxy's own crash")

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from .event_tap import EventTap
+from .event_tap import EventTap, part_status, session_status
 from .mock_model import MockModel
 from .opencode_server import running_opencode
 from .polling import poll
@@ -63,33 +63,15 @@ def held_back(proxy: ProxyProcess, v1: Observed, v2: Observed) -> bool | None:
 
 
 def part_running(payload: Any, part_id: str) -> bool:
-    event = payload.get("payload") or {}
-    part = (event.get("properties") or {}).get("part") or {}
-    return (
-        event.get("type") == "message.part.updated"
-        and part.get("id") == part_id
-        and part["state"]["status"] == "running"
-    )
+    return part_status(payload, part_id) == "running"
 
 
 def part_settled(payload: Any, part_id: str) -> bool:
-    event = payload.get("payload") or {}
-    part = (event.get("properties") or {}).get("part") or {}
-    return (
-        event.get("type") == "message.part.updated"
-        and part.get("id") == part_id
-        and (part["state"]["status"] == "error")
-    )
+    return part_status(payload, part_id) == "error"
 
 
 def idle(payload: Any, session_id: str) -> bool:
-    event = payload.get("payload") or {}
-    properties = event.get("properties") or {}
-    return (
-        event.get("type") == "session.status"
-        and properties.get("sessionID") == session_id
-        and properties["status"]["type"] == "idle"
-    )
+    return session_status(payload, session_id) == "idle"
 
 
 def call_failed(payload: Any, call_id: str) -> bool:

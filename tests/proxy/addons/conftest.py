@@ -7,7 +7,7 @@ from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from proxy.addons.context import SettleContext
-from proxy.addons.live import LiveSettle
+from proxy.addons.live.addon import LiveSettle
 from proxy.addons.settle import Settle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe

@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
-from proxy.addons import after_grace
-from proxy.addons.after_grace import read_after_grace
+from proxy.addons.live import after_grace
+from proxy.addons.live.after_grace import read_after_grace
 
 
 def answers(*tries: Callable[[], Awaitable[str]]) -> Callable[[], Awaitable[str]]:
@@ -39,7 +39,7 @@ async def test_a_failed_try_is_logged_and_asked_again(
     first: Callable[[], Awaitable[str]], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(after_grace, "TRY_TIMEOUT_S", 0.05)
-    caplog.set_level(logging.INFO, logger="proxy.addons.after_grace")
+    caplog.set_level(logging.INFO, logger="proxy.addons.live.after_grace")
     assert await read_after_grace(answers(first, answer), 0, "stream settle", "ses_a") == "read"
     assert "stream settle of ses_a: not confirmed" in caplog.text
     assert "try 1 of 3" in caplog.text

@@ -9,12 +9,14 @@ from prometheus_client import CollectorRegistry, Counter
 from yarl import URL
 
 from proxy import testing
-from proxy.addons import live_replay, session_streams, settle
+from proxy.addons import settle
 from proxy.addons.context import SettleContext
-from proxy.addons.live import LiveSettle
-from proxy.addons.live_clients import ClientStreams, Orphan
-from proxy.addons.live_memory import Place
-from proxy.addons.session_streams import SessionStreamSettle
+from proxy.addons.live import replay as live_replay
+from proxy.addons.live import session_streams
+from proxy.addons.live.addon import LiveSettle
+from proxy.addons.live.clients import ClientStreams, Telling
+from proxy.addons.live.memory import Place
+from proxy.addons.live.session_streams import SessionStreamSettle
 from proxy.addons.settle import Settle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
@@ -28,8 +30,8 @@ from tests.proxy.addons.test_live_comeback import prompt_and_answer
 from tests.proxy.fake_opencode import FakeOpencode
 
 
-def orphan(session_id: str, message_id: str = "msg_1") -> Orphan:
-    return Orphan(
+def orphan(session_id: str, message_id: str = "msg_1") -> Telling:
+    return Telling(
         Place(session_id, message_id, "/cwd", None), state=[message_updated(session_id, {"id": message_id})]
     )
 
@@ -85,9 +87,9 @@ async def test_problems_said_once_are_remembered_for_a_bounded_number_of_session
     assert len(addon._reported) == 5
 
 
-def big_orphan(session_id: str, size: int) -> Orphan:
+def big_orphan(session_id: str, size: int) -> Telling:
     info = {"id": "msg_1", "sessionID": session_id, "summary": {"body": "x" * size}}
-    return Orphan(Place(session_id, "msg_1", "/cwd", None), state=[message_updated(session_id, info)])
+    return Telling(Place(session_id, "msg_1", "/cwd", None), state=[message_updated(session_id, info)])
 
 
 def test_replays_are_kept_within_a_byte_budget_the_oldest_sessions_first() -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from proxy import testing
 from proxy.addons.context import SettleContext
-from proxy.addons.live import LiveSettle
+from proxy.addons.live.addon import LiveSettle
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.dialects import LINE_2X
 from proxy.opencode.liveness import LivenessProbe

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.addons.live_catch_up import CatchUp, connected_id
+from proxy.addons.live.catch_up import CatchUp, connected_id
 from proxy.opencode.global_events import GlobalEvent
 
 

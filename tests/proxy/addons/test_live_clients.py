@@ -9,13 +9,13 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from proxy import testing
-from proxy.addons.live_clients import ClientStreams, Orphan
-from proxy.addons.live_memory import Place
+from proxy.addons.live.clients import ClientStreams, Telling
+from proxy.addons.live.memory import Place
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import idle_status
 
 SSE = {"Content-Type": "text/event-stream"}
-ORPHAN = Orphan(
+ORPHAN = Telling(
     Place("ses_a", "msg_1", "/cwd", "prj"),
     state=[{"type": "message.updated", "properties": {"sessionID": "ses_a"}}],
     moment=[{"type": "session.idle", "properties": {"sessionID": "ses_a"}}],
@@ -66,7 +66,7 @@ async def test_an_instance_stream_gets_its_directorys_events_unwrapped() -> None
 async def test_news_of_what_is_replayed_ends_its_replay() -> None:
     streams = clients()
     streams.publish("prt_1", ORPHAN)
-    streams.publish("status", Orphan(ORPHAN.place, state=[idle_status("ses_a")]))
+    streams.publish("status", Telling(ORPHAN.place, state=[idle_status("ses_a")]))
     streams.heard(
         GlobalEvent("/cwd", "prj", "session.status", {"sessionID": "ses_a", "status": {"type": "busy"}})
     )
@@ -127,7 +127,7 @@ async def test_a_stream_back_after_the_server_was_lost_is_said_with_what_it_is_r
 ) -> None:
     streams = clients()
     streams.publish("prt_1", ORPHAN)
-    caplog.set_level(logging.INFO, logger="proxy.addons.live_clients")
+    caplog.set_level(logging.INFO, logger="proxy.addons.live.clients")
     async with testing.streaming([], testing.flow("GET", "/global/event", response_headers=SSE)) as first:
         streams.subscribe(first, by="test")
     assert not caplog.records, "a stream opening before any loss is no client coming back"

@@ -23,8 +23,8 @@ import orjson
 import pytest
 
 from proxy import testing
-from proxy.addons import live_clients
-from proxy.addons.live import LiveSettle
+from proxy.addons.live import clients as live_clients
+from proxy.addons.live.addon import LiveSettle
 from proxy.opencode.tracker import GlobalEvent
 from rules.runtimes import V1_ERROR
 from tests.proxy.addons.live_streams import MESSAGE, PART, V1

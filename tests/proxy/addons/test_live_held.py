@@ -17,10 +17,10 @@ from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from proxy import testing
-from proxy.addons import live_held
 from proxy.addons.context import SettleContext
-from proxy.addons.live import LiveSettle
-from proxy.addons.session_streams import SessionStreamSettle
+from proxy.addons.live import held as live_held
+from proxy.addons.live.addon import LiveSettle
+from proxy.addons.live.session_streams import SessionStreamSettle
 from proxy.opencode import other_processes as processes
 from proxy.opencode import surveys
 from proxy.opencode.client import UpstreamApi

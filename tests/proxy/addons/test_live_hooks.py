@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from proxy import testing
-from proxy.addons.live import LiveSettle
+from proxy.addons.live.addon import LiveSettle
 from proxy.opencode.tracker import GlobalEvent
 from proxy.service.metrics import Metrics
 from tests.fixtures import js_json

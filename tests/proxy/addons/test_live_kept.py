@@ -13,10 +13,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from yarl import URL
 
-from proxy.addons import live_kept
-from proxy.addons.live import LiveSettle
-from proxy.addons.live_kept import Kept, KeptMemory
-from proxy.addons.live_memory import Kind, Place, StreamMemory
+from proxy.addons.live import kept as live_kept
+from proxy.addons.live.addon import LiveSettle
+from proxy.addons.live.kept import Kept, KeptMemory
+from proxy.addons.live.memory import Kind, Place, StreamMemory
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.testing import idle
@@ -58,17 +58,17 @@ def test_the_memory_hands_over_each_change_once() -> None:
     memory.observe(assistant("msg_1", completed=True))
     memory.observe(event("session.status", sessionID="ses_a", status={"type": "idle"}))
     assert keeper.changes == [
-        ("keep", "busy", "ses_a"),
-        ("keep", "unfinished", "msg_1"),
+        ("keep", "session", "ses_a"),
+        ("keep", "message", "msg_1"),
         ("keep", "part", "prt_1"),
         ("drop", "part", "prt_1"),
-        ("drop", "unfinished", "msg_1"),
-        ("drop", "busy", "ses_a"),
+        ("drop", "message", "msg_1"),
+        ("drop", "session", "ses_a"),
     ]
 
 
 def test_what_the_memory_forgets_beyond_its_bound_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("proxy.addons.live_memory.REMEMBERED", 1)
+    monkeypatch.setattr("proxy.addons.live.memory.REMEMBERED", 1)
     memory, keeper = StreamMemory(), Keeper()
     memory.kept_by(keeper)
     memory.observe(part("prt_1", "running"))
@@ -81,11 +81,11 @@ async def test_the_next_proxy_on_the_address_reads_what_is_left_open(tmp_path: P
     async with KeptMemory.open(path, ADDRESS) as kept:
         assert await kept.load() == []
         kept.keep("part", "prt_1", OPEN)
-        kept.keep("busy", "ses_a", BUSY)
-        kept.keep("unfinished", "msg_1", Place("ses_a", "msg_1", "/cwd", None))
-        kept.drop("unfinished", "msg_1")
+        kept.keep("session", "ses_a", BUSY)
+        kept.keep("message", "msg_1", Place("ses_a", "msg_1", "/cwd", None))
+        kept.drop("message", "msg_1")
     async with KeptMemory.open(path, ADDRESS) as again:
-        assert await again.load() == [Kept("part", "prt_1", OPEN), Kept("busy", "ses_a", BUSY)]
+        assert await again.load() == [Kept("part", "prt_1", OPEN), Kept("session", "ses_a", BUSY)]
     async with KeptMemory.open(path, "127.0.0.1:4097") as elsewhere:
         assert await elsewhere.load() == []
 
@@ -97,7 +97,7 @@ async def test_only_the_newest_of_a_kind_are_read_back_and_the_rest_deleted(
     path = tmp_path / "state.db"
     async with KeptMemory.open(path, ADDRESS) as kept:
         for number in range(4):
-            kept.keep("busy", f"ses_{number}", Place(f"ses_{number}", "", None, None))
+            kept.keep("session", f"ses_{number}", Place(f"ses_{number}", "", None, None))
             await kept.idle()
         assert [thing.key for thing in await kept.load()] == ["ses_2", "ses_3"]
     async with aiosqlite.connect(path) as db:
@@ -107,12 +107,12 @@ async def test_only_the_newest_of_a_kind_are_read_back_and_the_rest_deleted(
 async def test_a_row_this_proxy_cannot_read_is_left_out(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     async with KeptMemory.open(path, ADDRESS) as kept:
-        kept.keep("busy", "ses_a", BUSY)
+        kept.keep("session", "ses_a", BUSY)
     async with aiosqlite.connect(path) as db:
         await db.execute("INSERT INTO stream_memory VALUES (?, 'part', 'prt_x', '{\"tool\": 1}')", (ADDRESS,))
         await db.commit()
     async with KeptMemory.open(path, ADDRESS) as again:
-        assert await again.load() == [Kept("busy", "ses_a", BUSY)]
+        assert await again.load() == [Kept("session", "ses_a", BUSY)]
 
 
 async def test_a_write_that_fails_is_said_once_and_the_memory_goes_on(
@@ -149,14 +149,14 @@ async def test_a_turn_the_proxy_before_saw_cut_while_writing_is_told_closed_and_
     live.remember(
         keeper,
         [
-            Kept("busy", V1, Place(V1, "", "/cwd", "prj")),
-            Kept("unfinished", WRITING_INFO["id"], Place(V1, WRITING_INFO["id"], "/cwd", "prj")),
+            Kept("session", V1, Place(V1, "", "/cwd", "prj")),
+            Kept("message", WRITING_INFO["id"], Place(V1, WRITING_INFO["id"], "/cwd", "prj")),
         ],
     )
     assert keeper.changes == []  # what was read back is not written again
     live.following()  # the first time this proxy follows the server
     assert payload_kinds(await hooks.told_a_new_stream(live)) == ["message.updated", "session.status"]
-    assert ("drop", "unfinished", WRITING_INFO["id"]) in keeper.changes
+    assert ("drop", "message", WRITING_INFO["id"]) in keeper.changes
 
 
 async def test_a_part_the_proxy_before_saw_open_is_told_settled(live: LiveSettle) -> None:
@@ -170,7 +170,7 @@ async def test_nothing_is_told_of_what_was_kept_while_the_server_says_the_sessio
     live: LiveSettle, fake: FakeOpencode
 ) -> None:
     fake.v1_busy["/cwd"] = {V1}
-    live.remember(Keeper(), [Kept("busy", V1, Place(V1, "", "/cwd", "prj"))])
+    live.remember(Keeper(), [Kept("session", V1, Place(V1, "", "/cwd", "prj"))])
     live.following()
     assert await hooks.told_a_new_stream(live) == []
 

@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from proxy.addons import live_memory
-from proxy.addons.live_memory import StreamMemory
+from proxy.addons.live import memory as live_memory
+from proxy.addons.live.memory import StreamMemory
 from proxy.opencode.tracker import GlobalEvent
 from rules import Api, OpenTool
 

@@ -157,7 +157,7 @@ async def test_news_at_any_point_of_a_confirmation_withdraws_it(
     confirmation: str,
     point: str,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="proxy.addons.live_watch")
+    caplog.set_level(logging.INFO, logger="proxy.addons.live.confirmations")
     start, session, reads = CONFIRMATIONS[confirmation]
     news = news_of(proxy, fake, session)
     interpose(monkeypatch, point, news, reads)
@@ -210,7 +210,7 @@ async def test_a_withdrawn_part_is_confirmed_again_when_the_session_next_goes_id
 async def test_a_message_the_server_no_longer_has_leaves_the_others_confirmed(
     proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="proxy.addons.live_parts")
+    caplog.set_level(logging.INFO, logger="proxy.addons.live.parts")
     gone = {**PART, "id": "prt_gone", "messageID": "msg_gone"}  # the fake answers 404 for its message
     await publish(proxy, fake, "message.part.updated", V1, part=gone, time=1)
     await crash_with_part_open(proxy, fake)

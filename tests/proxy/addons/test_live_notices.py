@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from proxy import testing
-from proxy.addons import live_notices
 from proxy.addons.context import SettleContext
-from proxy.addons.live import LiveSettle
+from proxy.addons.live import notices as live_notices
+from proxy.addons.live.addon import LiveSettle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.service.app import ASSEMBLY

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from proxy import testing
-from proxy.addons.live import LiveSettle
+from proxy.addons.live.addon import LiveSettle
 from proxy.addons.settle import SETTLED_HEADER
 from proxy.relay.hooks import Flow
 from rules import Api, Liveness, settle_view

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from proxy import testing
-from proxy.addons.resume_clients import ResumeClients
+from proxy.addons.live.resume_clients import ResumeClients
 from proxy.addons.routing import Routing
 from proxy.relay.hooks import Flow
 

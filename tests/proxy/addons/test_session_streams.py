@@ -56,7 +56,7 @@ async def told_nothing_more(proxy: ProxyClient, fake: FakeOpencode, stream: Asyn
 async def test_a_stale_sessions_stream_is_told_its_call_failed(
     proxy: ProxyClient, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="proxy.addons.session_streams")
+    caplog.set_level(logging.INFO, logger="proxy.addons.live.session_streams")
     response = await proxy.get(STREAM)
     stream = history_then(response)
     event = await anext(stream)

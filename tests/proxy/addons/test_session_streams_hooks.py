@@ -7,9 +7,9 @@ import pytest
 
 from proxy import testing
 from proxy.addons.context import SettleContext
-from proxy.addons.live import LiveSettle
+from proxy.addons.live.addon import LiveSettle
+from proxy.addons.live.session_streams import SessionStreamSettle
 from proxy.addons.routing import Routing
-from proxy.addons.session_streams import SessionStreamSettle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.tracker import GlobalEvent
@@ -95,7 +95,7 @@ async def test_each_stream_is_told_once(addon: SessionStreamSettle) -> None:
 async def test_a_dry_run_tells_no_stream(
     upstream_api: UpstreamApi, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="proxy.addons.session_streams")
+    caplog.set_level(logging.INFO, logger="proxy.addons.live.session_streams")
     fake.bodies[f"/api/session/{V2}/message"] = compact("v2-message-stale-running.json")
     ctx = SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0, dry_run=True)
     addon = SessionStreamSettle(ctx)

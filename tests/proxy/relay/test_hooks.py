@@ -13,7 +13,7 @@ from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry, Counter
 from yarl import URL
 
-from proxy.addons.live import LiveSettle
+from proxy.addons.live.addon import LiveSettle
 from proxy.addons.settle import Settle
 from proxy.relay.hooks import Addon, Addons, ClaimedTwice, Flow, FlowKey
 from proxy.service.app import create_app

@@ -52,7 +52,7 @@ async def test_an_injected_event_waits_for_the_end_of_the_upstreams_event() -> N
 
 
 async def test_what_the_opening_awaits_goes_right_after_the_first_event_before_the_streams_own() -> None:
-    """A stream that came back is sent what it missed before its own events (`live_catch_up`)."""
+    """A stream that came back is sent what it missed before its own events (`catch_up`)."""
     injected: asyncio.Queue[bytes] = asyncio.Queue()
     injected.put_nowait(b"data: replayed\n\n")
     response, opened = Written(), list[bytes]()

@@ -14,12 +14,12 @@ from prometheus_client import CollectorRegistry
 from proxy.opencode.client import Credentials, UpstreamRefused
 from proxy.opencode.dialects import LINE_1_18
 from proxy.resume.admission import Admission
+from proxy.resume.candidates import Candidate
 from proxy.resume.decision import Policy
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import SETTLE_ATTEMPTS, Known, Records, ResumeOptions, Resumer
 from proxy.resume.turns import InterruptedTurn
-from proxy.resume.watch import Candidate
 from proxy.writeback.scheduler import Confirm, WriteBackMode, Written
 from rules import Api, Liveness, Runtime
 from tests.proxy.resume.views import v1_settled, v1_tool, v1_user, v1_view

@@ -19,15 +19,15 @@ from proxy.opencode.global_events import GlobalEvent
 from proxy.relay.tasks import KeyedTasks, Together
 from proxy.resume import waiting as waiting_module
 from proxy.resume.admission import Admission
-from proxy.resume.assembly import Resuming
+from proxy.resume.candidates import Watch
 from proxy.resume.decision import Policy
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import Known, Records, ResumeOptions, Resumer
+from proxy.resume.resuming import Resuming
 from proxy.resume.safety import Safety
 from proxy.resume.turns import InterruptedTurn
 from proxy.resume.waiting import TITLE, Continued, NotWaiting, Waiting, WaitingTurns
-from proxy.resume.watch import Watch
 from proxy.writeback.scheduler import Written
 from rules import Api
 from tests.proxy.resume.test_resumer import CANDIDATE, NOW, FakeProbe, FakeServer, SettlingWriter, ledger

@@ -14,7 +14,7 @@ from yarl import URL
 
 from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.config import Settings
-from proxy.service.health import Answer, UpstreamHealth
+from proxy.service.settle_routes import Answer, UpstreamHealth
 from tests.proxy.conftest import ProxyClient
 from tests.proxy.service.test_settle_routes_auth import a_second_later
 

@@ -6,7 +6,7 @@ directory the server process runs in (measured on 1.18.33; opencode's instance m
 back to `process.cwd()`). Only the server knows it: `GET /path` asked without a directory names
 it (`{"directory": ...}`). A restarted server may run somewhere else, so it is asked again each
 time the followed stream (re)connects; until it answers, the directory is unknown and plain
-`/event` streams wait for it (`live_clients`), never a guess.
+`/event` streams wait for it (`clients`), never a guess.
 
 Only a server of a line that serves the v1 family (`/path`, `/event`: 1.18) is asked: 2.x has
 neither, and asking it would only log a 404 at every reconnect (`KnownServer.dialect`).

@@ -6,7 +6,7 @@ until the next prompt in that session, so a client building its state from the s
 the call running. When a client opens such a stream through the proxy, the proxy waits the
 grace period, reads the session's messages, confirms with a reading taken after them that the
 session is inactive, and unless the followed stream spoke of the session meanwhile
-(`live_watch`) sends each of the session's open streams the `session.next.tool.failed` the
+(`confirmations`) sends each of the session's open streams the `session.next.tool.failed` the
 server would have sent for every call the rules settle.
 
 The same confirmation runs, without any client asking, for every session the followed stream
@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar
 
-from proxy.addons.after_grace import read_after_grace
 from proxy.addons.context import SettleContext
-from proxy.addons.events import event_frame
-from proxy.addons.live_held import HeldBack
-from proxy.addons.live_watch import Confirmations, Ticket
+from proxy.addons.live.after_grace import read_after_grace
+from proxy.addons.live.confirmations import Confirmations, Ticket
+from proxy.addons.live.frames import event_frame
+from proxy.addons.live.held import HeldBack
 from proxy.addons.routing import event_stream, route_of
 from proxy.opencode.client import Credentials
 from proxy.opencode.routes import EventStream
@@ -172,7 +172,7 @@ class SessionStreamSettle(Addon, StreamListener):
         credentials: Credentials,
     ) -> None:
         """Calls only the bound of other processes on the database left open are confirmed again,
-        with every open stream of the session told then, once that process exits (`live_held`)."""
+        with every open stream of the session told then, once that process exits (`held`)."""
         if liveness.elsewhere_since is None:
             return
         free = settle_view(document, Api.V2, dataclasses.replace(liveness, elsewhere_since=None))

@@ -3,7 +3,7 @@
 Kept from `/global/event` (bounded, the oldest forgotten first) so that when the stream
 comes back after a loss, or a session goes idle with a part still open, the addon knows
 what a client may still show running: v1 tool parts, busy sessions, unfinished assistant
-messages. Each change can also be handed to a `Keeper` (`live_kept`: the state database, for the
+messages. Each change can also be handed to a `Keeper` (`kept`: the state database, for the
 proxy that runs next on the same address).
 """
 
@@ -12,14 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
-from proxy.addons.live_watch import says_idle
+from proxy.addons.live.confirmations import says_idle
 from proxy.opencode.tracker import GlobalEvent
 from proxy.opencode.vocabulary import MESSAGE_UPDATED, PART_UPDATED, SESSION_STATUS, is_open_tool
 from proxy.relay.bounded import Bounded
 from rules import V1, OpenTool
 
 REMEMBERED = 10_000
-Kind = Literal["part", "busy", "unfinished"]
+Kind = Literal["part", "session", "message"]
+"""An open part, a session shown busy, an assistant message shown unfinished."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +62,11 @@ class _Kept(Bounded[str, V]):
         super().__setitem__(key, value)
 
     def __setitem__(self, key: str, value: V) -> None:
-        changed = self.peek(key) != value
+        keeper = self._keeper
+        changed = keeper is not None and self.peek(key) != value
         super().__setitem__(key, value)
-        if changed and self._keeper is not None:
-            self._keeper.keep(self._kind, key, value)
+        if changed and keeper is not None:
+            keeper.keep(self._kind, key, value)
 
     def __delitem__(self, key: str) -> None:
         super().__delitem__(key)
@@ -78,9 +80,9 @@ class StreamMemory:
     def __init__(self) -> None:
         self.parts: _Kept[OpenTool] = _Kept("part")
         """Open v1 tool parts, by part id."""
-        self.busy: _Kept[Place] = _Kept("busy")
+        self.busy: _Kept[Place] = _Kept("session")
         """Sessions the stream last showed busy (`message_id` empty), by session id."""
-        self.unfinished: _Kept[Place] = _Kept("unfinished")
+        self.unfinished: _Kept[Place] = _Kept("message")
         """Assistant messages the stream last showed without `time.completed`, by message id."""
 
     def kept_by(self, keeper: Keeper) -> None:
@@ -93,7 +95,7 @@ class StreamMemory:
         if isinstance(place, OpenTool):
             self.parts.restore(key, place)
         else:
-            (self.busy if kind == "busy" else self.unfinished).restore(key, place)
+            (self.busy if kind == "session" else self.unfinished).restore(key, place)
 
     def observe(self, event: GlobalEvent) -> str | None:
         """Remember what `event` shows; return the session it says went idle while one of its

@@ -5,8 +5,8 @@ from typing import Any
 import pytest
 
 from proxy.opencode.tracker import GlobalEvent
-from proxy.resume import watch as watch_module
-from proxy.resume.watch import Candidate, Watch
+from proxy.resume import candidates as watch_module
+from proxy.resume.candidates import Candidate, Watch
 from rules import Api
 
 

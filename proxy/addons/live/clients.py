@@ -2,12 +2,12 @@
 
 Each client stream (`/global/event`, or `/event` of one directory) gets a queue the relay
 slips events from; what the addon announces goes to every open stream now and, as state,
-to streams that open later (`live_replay`: each thing's state until news of that same thing).
+to streams that open later (`replay`: each thing's state until news of that same thing).
 A stream that opens after the followed stream was lost (a client coming back after a crash) is
 said in the log, with what it is replayed.
 
 A plain `/event` (no directory asked) is the stream of the server's default directory
-(`live_default`). One that opens while that directory is not known waits, told nothing, and
+(`default_directory`). One that opens while that directory is not known waits, told nothing, and
 is caught up (as a stream opening then) as soon as it is learned.
 """
 
@@ -25,10 +25,10 @@ from urllib.parse import unquote
 from aiohttp import web
 from prometheus_client import Counter
 
-from proxy.addons.events import event_frame
-from proxy.addons.live_catch_up import CatchUp
-from proxy.addons.live_memory import Place
-from proxy.addons.live_replay import Replayed, Replays
+from proxy.addons.live.catch_up import CatchUp
+from proxy.addons.live.frames import event_frame
+from proxy.addons.live.memory import Place
+from proxy.addons.live.replay import Replayed, Replays
 from proxy.addons.routing import route_of
 from proxy.opencode.global_events import GlobalEvent
 from proxy.opencode.routes import EventStream
@@ -66,8 +66,9 @@ SUBSCRIBER = FlowKey[Subscriber]("live-settle subscriber")
 
 
 @dataclass(slots=True)
-class Orphan:
-    """A part confirmed orphaned, with the events that tell a client so.
+class Telling:
+    """What a confirmation tells the client streams (a part settled, a turn closed, a notice for
+    a person), with the events that tell it.
 
     `state` says how things are, and is also sent to streams that connect later. `moment`
     says something just happened (`session.idle`: the web UI plays a sound and notifies), so
@@ -178,11 +179,11 @@ class ClientStreams:
         if catch_up.over.is_set():
             subscriber.catch_up = None
 
-    def publish(self, key: str, orphan: Orphan) -> None:
-        """Send `orphan` to every open stream, and keep its state (`key`: what it says) for later ones."""
-        self.replays.keep(key, orphan.place, orphan.state, api=orphan.api)
+    def publish(self, key: str, telling: Telling) -> None:
+        """Send `telling` to every open stream, and keep its state (`key`: what it says) for later ones."""
+        self.replays.keep(key, telling.place, telling.state, api=telling.api)
         for subscriber in self._subscribers:
-            self._send(subscriber, orphan.place, orphan.state + orphan.moment, api=orphan.api)
+            self._send(subscriber, telling.place, telling.state + telling.moment, api=telling.api)
 
     def _catch_up(self, subscriber: Subscriber) -> list[Replayed]:
         """Replay the kept state to a stream opening now; what it was replayed."""

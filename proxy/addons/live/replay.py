@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.addons.live_memory import Place
+from proxy.addons.live.memory import Place
 from proxy.opencode import jsonio
 from proxy.opencode.events_2x import api_event
 from proxy.opencode.global_events import GlobalEvent

@@ -10,7 +10,7 @@ draw a text part of a message they hold, where the transcript ends, and both dro
 message (the interrupted one): it marks nothing failed or busy, stays in view until the wait
 ends, and is then removed from every stream open. It is kept as the session's state, so a
 stream that opens while the wait lasts is replayed it once, after the messages it belongs to
-(`live_replay`); the server never hears of it, and a page reloaded later fetches none.
+(`replay`); the server never hears of it, and a page reloaded later fetches none.
 
 A client that opens later takes its stream first and fetches the transcript after, and the TUI
 then replaces what it holds of each message fetched: measured, a TUI attached while the wait
@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 import aiohttp
 
 from proxy.addons.context import SettleContext
-from proxy.addons.live_clients import ClientStreams, Orphan
-from proxy.addons.live_memory import REMEMBERED, Place
+from proxy.addons.live.clients import ClientStreams, Telling
+from proxy.addons.live.memory import REMEMBERED, Place
 from proxy.addons.routing import message_view, route_of
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.ids import ascending_id
@@ -99,7 +99,7 @@ class Notices(Addon):
             return
         self._clients.replays.withdraw(session_id, part_subject(notice.part_id))
         removed = notice_removed(session_id, place.message_id, notice.part_id)
-        self._clients.publish(f"notice {session_id}", Orphan(place, moment=[removed]))
+        self._clients.publish(f"notice {session_id}", Telling(place, moment=[removed]))
         log.info(
             "session %s waits no longer: its notice is withdrawn from the client streams",
             session_id,
@@ -173,7 +173,7 @@ class Notices(Addon):
             return
         now = int(time.time() * 1000)
         said = notice_part(notice.session_id, place.message_id, notice.part_id, notice.text, now)
-        self._clients.publish(f"notice {notice.session_id}", Orphan(place, state=[said]))
+        self._clients.publish(f"notice {notice.session_id}", Telling(place, state=[said]))
         log.log(
             logging.DEBUG if again else logging.INFO,
             "session %s waits for a person: the client streams are told%s",

@@ -9,9 +9,9 @@ reading after that read, and if the session is inactive tells every client of `/
 (`rules.runtime_2x`), then `session.execution.interrupted` with reason `shutdown` (2.x ends an
 execution with one of `succeeded`, `failed`, `interrupted`; `shutdown` is the server going away,
 and the only one for which 2.x's projection appends no `idle` message the server would not hold).
-News of the session withdraws a confirmation under way (`live_watch`), and the state is replayed
-to streams that open later until the stream says anything newer of the session (`live_clients`),
-as for 1.18's parts (`live_parts`).
+News of the session withdraws a confirmation under way (`confirmations`), and the state is replayed
+to streams that open later until the stream says anything newer of the session (`clients`),
+as for 1.18's parts (`parts`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from proxy.addons.after_grace import found_active, read_after_grace
 from proxy.addons.context import SettleContext
-from proxy.addons.live_clients import ClientStreams, Orphan
-from proxy.addons.live_held import HeldBack
-from proxy.addons.live_memory import REMEMBERED, Place
-from proxy.addons.live_watch import Confirmations, Ticket, says_idle
+from proxy.addons.live.after_grace import confirmed
+from proxy.addons.live.clients import ClientStreams, Telling
+from proxy.addons.live.confirmations import Confirmations, Ticket, says_idle
+from proxy.addons.live.held import HeldBack
+from proxy.addons.live.memory import REMEMBERED, Place
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.events_2x import api_call_id, api_execution_interrupted, api_tool_failed
 from proxy.opencode.liveness import LivenessUnknown
@@ -99,12 +99,10 @@ class OpenCalls:
 
     async def _confirm(self, ticket: Ticket) -> None:
         session_id = ticket.session_id
-        read = await read_after_grace(
-            partial(self._read, session_id), self._ctx.grace, "live settle", session_id
+        read = await confirmed(
+            self._confirmations, ticket, partial(self._read, session_id), self._ctx.grace, "live settle"
         )
-        if read is None or not self._confirmations.vouches(ticket):
-            return
-        if found_active(session_id, read.liveness.active):
+        if read is None:
             return
         held = self._held_back(read)
         told = [self._settle(call, read) for call in read.calls if call.call_id not in held]
@@ -113,7 +111,7 @@ class OpenCalls:
             call = read.calls[-1]
             place = Place(session_id, call.message_id, call.directory, None)
             ended = api_execution_interrupted(session_id, settled[-1]["created"], call.directory)
-            self._clients.publish(f"execution {session_id}", Orphan(place, [ended], api=True))
+            self._clients.publish(f"execution {session_id}", Telling(place, [ended], api=True))
         if held and read.liveness.elsewhere_since is not None:
             self._held.wait(
                 session_id,
@@ -194,7 +192,7 @@ class OpenCalls:
         )
         if not self._ctx.dry_run:
             place = Place(call.session_id, call.message_id, call.directory, None)
-            self._clients.publish(call.call_id, Orphan(place, [event], api=True))
+            self._clients.publish(call.call_id, Telling(place, [event], api=True))
         return event
 
 

@@ -23,8 +23,8 @@ from proxy.opencode.server_line import ServerLine
 from proxy.opencode.surveys import OtherProcesses
 from proxy.opencode.tracker import LivenessTracker, StreamState
 from proxy.relay.errors import reason_of
-from proxy.resume.assembly import Resuming
 from proxy.resume.journal import Journal
+from proxy.resume.resuming import Resuming
 from proxy.resume.waiting import Continued, NotWaiting
 from proxy.service.auth import DetailsGuard, Handler
 from proxy.service.config import Settings

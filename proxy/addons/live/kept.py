@@ -3,7 +3,7 @@
 A proxy killed with its server (`run`: the server dies with it) leaves clients that reconnect to
 the next proxy on the same address with the state its stream showed them: a part running, the
 session busy, a message being written. The next proxy never saw any of it, and the server,
-restarted, announces nothing of a turn it lost. So the stream memory (`live_memory`) is written
+restarted, announces nothing of a turn it lost. So the stream memory (`memory`) is written
 through to the state database, one row per open part, busy session and unfinished message, keyed
 by the proxy's own address (the one its clients reconnect to); the next proxy loads it before it
 follows the server, and confirms what it holds as after a loss of the stream: told only once a
@@ -28,12 +28,12 @@ from pathlib import Path
 import aiosqlite
 import orjson
 
-from proxy.addons.live_memory import REMEMBERED, Kind, Place
+from proxy.addons.live.memory import REMEMBERED, Kind, Place
 from rules import V1, OpenTool
 
 log = logging.getLogger(__name__)
 
-KINDS: tuple[Kind, ...] = ("part", "busy", "unfinished")
+KINDS: tuple[Kind, ...] = ("part", "session", "message")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS stream_memory (
     address TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, place TEXT NOT NULL,

@@ -27,6 +27,7 @@ from proxy.opencode.tracker import GlobalEvent, StreamListener
 from proxy.opencode.vocabulary import mentioned_message
 from proxy.relay.tasks import KeyedTasks, Together
 from proxy.resume.admission import Admission
+from proxy.resume.candidates import Candidate, Watch
 from proxy.resume.clients import Clients
 from proxy.resume.continuing import Continuation
 from proxy.resume.decision import ResumeOutcome
@@ -36,7 +37,6 @@ from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import Known, Records, ResumeOptions, Resumer
 from proxy.resume.sending import Server
 from proxy.resume.waiting import Announcer, Continued, NotWaiting, Waiting, WaitingTurns
-from proxy.resume.watch import Candidate, Watch
 from proxy.writeback.scheduler import Writer
 
 __all__ = ["Resuming", "open_ledger", "resuming"]

@@ -3,7 +3,7 @@
 The stream showed the session busy and its assistant message unfinished, and a client keeps
 its busy bar. When the stream comes back, wait the grace period, read each such message
 afresh, take a reading after that read, and if the session is inactive and the stream did not
-speak of it meanwhile (`live_watch`) send the message as the rules close it (`message.updated`)
+speak of it meanwhile (`confirmations`) send the message as the rules close it (`message.updated`)
 and `session.status` idle.
 
 The same is owed for a part settled as a crash's interruption that this process never saw open
@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from proxy.addons.after_grace import read_after_grace
 from proxy.addons.context import SettleContext
-from proxy.addons.live_clients import ClientStreams, Orphan
-from proxy.addons.live_memory import Place, StreamMemory
-from proxy.addons.live_watch import Confirmations, Ticket
+from proxy.addons.live.after_grace import confirmed
+from proxy.addons.live.clients import ClientStreams, Telling
+from proxy.addons.live.confirmations import Confirmations, Ticket
+from proxy.addons.live.memory import Place, StreamMemory
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent
@@ -39,6 +40,14 @@ from proxy.opencode.vocabulary import (
 from rules import V1, Api, Liveness, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """Each unfinished message where it lives, as read afresh, and a reading taken after."""
+
+    messages: list[tuple[Place, Any]]
+    liveness: Liveness
 
 
 class DeadTurns:
@@ -86,22 +95,23 @@ class DeadTurns:
 
     async def _close_turn(self, ticket: Ticket) -> None:
         session_id = ticket.session_id
-        found = await read_after_grace(
-            partial(self._read, session_id), self._ctx.grace, "live settle of turn", session_id
+        read = await confirmed(
+            self._confirmations,
+            ticket,
+            partial(self._read, session_id),
+            self._ctx.grace,
+            "live settle of turn",
         )
-        if found is None:
-            return
-        read, liveness = found
-        if liveness.active:
+        if read is None:
             return
         busy = self._memory.busy.get(session_id)
-        closed = self._closed(session_id, read, liveness)
-        if closed is None or not (closed or busy) or not self._confirmations.vouches(ticket):
-            return  # not vouched for, or the stream spoke of the session meanwhile: it knows better
+        closed = self._closed(session_id, read.messages, read.liveness)
+        if closed is None or not (closed or busy):
+            return  # not vouched for: the turn is left alone
         self._memory.busy.pop(session_id, None)
         self._tell(session_id, closed, busy)
 
-    async def _read(self, session_id: str) -> tuple[list[tuple[Place, Any]], Liveness] | None:
+    async def _read(self, session_id: str) -> _Read | None:
         """Each unfinished message read afresh, then a reading; None while a part of the session
         is open (the parts' own confirmation tells the whole story)."""
         if self._memory.has_open(session_id):
@@ -113,7 +123,7 @@ class DeadTurns:
             )
             for mid, place in self._memory.unfinished_messages(session_id)
         ]
-        return read, await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
+        return _Read(read, await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials))
 
     async def _placed(self, place: Place) -> Place:
         """`place` with its session's directory, asked of the server when only a view named it."""
@@ -167,7 +177,7 @@ class DeadTurns:
             return
         idle = state[-1]["type"] == SESSION_STATUS
         moment = [session_idle(place.session_id)] if idle else []
-        self._clients.publish(place.message_id or "status", Orphan(place, state, moment))
+        self._clients.publish(place.message_id or "status", Telling(place, state, moment))
 
 
 def _settled_unseen(event: GlobalEvent) -> Place | None:

@@ -3,16 +3,16 @@
 The TUI builds a transcript from one message fetch and then only from `/global/event`;
 across a server crash it reconnects without fetching again, so a rewritten message view
 never reaches it and its tool spins on. So the proxy remembers, from the stream it follows,
-which v1 tool parts are open (`live_memory`). When the stream comes back after a loss, or a
+which v1 tool parts are open (`memory`). When the stream comes back after a loss, or a
 session goes idle while one of its parts is still open, it waits the grace period, confirms
 with a fresh reading and a fresh read of the message that the part is orphaned
-(`live_parts`), and then sends every client event stream (`/global/event`, and `/event` of
+(`parts`), and then sends every client event stream (`/global/event`, and `/event` of
 the session's directory) what the server would have sent had it settled the part itself:
 `message.part.updated` with the settled part, `message.updated` with the closed message, and
 `session.status` idle with `session.idle`. Streams that connect later get the state (all but
 `session.idle`, which clients take as "a turn just ended") right after they open, each thing
 (a part, a message, the status) until the stream says something newer of that same thing: from
-then on its replayed state could be false (`live_replay`). The server's write-back of a replayed
+then on its replayed state could be false (`replay`). The server's write-back of a replayed
 part (it settled, as replayed) agrees, and is replayed in its place; so is a user message the
 server announces afterwards (a resume's prompt), which a client back too late missed.
 
@@ -22,21 +22,21 @@ busy bar. So the proxy also remembers which sessions the stream showed busy and 
 messages unfinished; when the stream comes back it waits the grace period, reads each such
 message afresh, takes a reading after that read, and if the session is inactive sends the
 message as the rules close it (`message.updated`) and `session.status` idle, framed and
-replayed as for a part (`live_turns`).
+replayed as for a part (`turns`).
 
 On 2.x the stream followed is `/api/event`, and its calls are confirmed and told to the clients
-of `/api/event` in 2.x's shape (`live_calls`).
+of `/api/event` in 2.x's shape (`calls`).
 
 A plain `/event` (no directory asked, as the official SDK's default client subscribes) is the
 stream of the server's default directory, which the proxy asks the server for each time the
-followed stream (re)connects (`live_default`).
+followed stream (re)connects (`default_directory`).
 
 Whatever the proxy settles it tells completely, whichever process of it saw the call start: a
 view another client's fetch settled (`SettledViews`), or a part the server announces settled as
 interrupted that this process never saw open (a write-back after the proxy itself crashed and a
 new one started), is confirmed and told as if the stream had shown it open, unless the session
 was told idle since. A confirmation another holder of the database held back is made again once
-that process exits (`live_held`).
+that process exits (`held`).
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ from collections import Counter
 from typing import ClassVar
 
 from proxy.addons.context import SettleContext
-from proxy.addons.live_calls import OpenCalls
-from proxy.addons.live_clients import ClientStreams
-from proxy.addons.live_default import DefaultDirectory
-from proxy.addons.live_kept import Kept
-from proxy.addons.live_memory import Keeper, StreamMemory
-from proxy.addons.live_notices import Notices
-from proxy.addons.live_parts import OpenParts
-from proxy.addons.live_turns import DeadTurns
+from proxy.addons.live.calls import OpenCalls
+from proxy.addons.live.clients import ClientStreams
+from proxy.addons.live.default_directory import DefaultDirectory
+from proxy.addons.live.kept import Kept
+from proxy.addons.live.memory import Keeper, StreamMemory
+from proxy.addons.live.notices import Notices
+from proxy.addons.live.parts import OpenParts
+from proxy.addons.live.turns import DeadTurns
 from proxy.addons.routing import event_stream
 from proxy.opencode.server_line import TOLD_1_18, ServerLine
 from proxy.opencode.tracker import GlobalEvent, StreamListener
@@ -82,7 +82,7 @@ class LiveSettle(Addon, StreamListener):
         ctx.views.listeners.append(self._view_settled)
         self._calls = OpenCalls(ctx, self._clients, server)
         self.notices = Notices(ctx, self._clients)
-        """What a resume announces a turn that waits for a person with (`live_notices`), an
+        """What a resume announces a turn that waits for a person with (`notices`), an
         addon of its own (the assembly wires it)."""
         self._followed = False
         self.tasks: Together = Together(
@@ -102,8 +102,8 @@ class LiveSettle(Addon, StreamListener):
                 "kept by the proxy that ran before: %d open parts, %d busy sessions, %d unfinished "
                 "messages; each confirmed once the server's stream is followed",
                 counts["part"],
-                counts["busy"],
-                counts["unfinished"],
+                counts["session"],
+                counts["message"],
                 extra={"fields": dict(counts) | {"decision": "confirm what was kept"}},
             )
 

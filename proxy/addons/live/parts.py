@@ -3,7 +3,7 @@
 When the stream comes back after a loss, or a session goes idle while one of its parts is
 still open, wait the grace period, read the messages afresh, then take a reading (a turn that
 starts after the read shows in it), and unless the stream spoke of the session meanwhile
-(`live_watch`) tell every client stream what the server would have sent had it settled the
+(`confirmations`) tell every client stream what the server would have sent had it settled the
 part itself, and schedule the write-back.
 
 The server itself may settle a part while it is being confirmed (another client's fetch wrote
@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from proxy.addons.after_grace import found_active, read_after_grace
 from proxy.addons.context import SettleContext
-from proxy.addons.live_clients import ClientStreams, Orphan
-from proxy.addons.live_held import HeldBack
-from proxy.addons.live_memory import StreamMemory
-from proxy.addons.live_turns import directory_of
-from proxy.addons.live_watch import Confirmations, Ticket
+from proxy.addons.live.after_grace import confirmed
+from proxy.addons.live.clients import ClientStreams, Telling
+from proxy.addons.live.confirmations import Confirmations, Ticket
+from proxy.addons.live.held import HeldBack
+from proxy.addons.live.memory import StreamMemory
+from proxy.addons.live.turns import directory_of
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import GlobalEvent
@@ -79,14 +79,12 @@ class OpenParts:
     async def _confirm(self, ticket: Ticket) -> None:
         session_id = ticket.session_id
         try:
-            read = await read_after_grace(
-                partial(self._read, session_id), self._ctx.grace, "live settle", session_id
+            read = await confirmed(
+                self._confirmations, ticket, partial(self._read, session_id), self._ctx.grace, "live settle"
             )
         finally:
             self._settled_meanwhile.pop(session_id, None)
-        if read is None or not self._confirmations.vouches(ticket):
-            return
-        if found_active(session_id, read.liveness.active):
+        if read is None:
             return
         for message_id, message in read.messages.items():
             parts = [part for part in read.parts if part.message_id == message_id]
@@ -171,7 +169,7 @@ class OpenParts:
         _log_orphan(part_id, part, settled_part, settled_here=settled_here, dry_run=self._ctx.dry_run)
         if self._ctx.dry_run:
             return
-        self._clients.publish(part_id, Orphan(part, state, [session_idle(part.session_id)]))
+        self._clients.publish(part_id, Telling(part, state, [session_idle(part.session_id)]))
         if settled_here and self._ctx.write_back is not None:
             self._ctx.write_back.schedule(Api.V1, part.session_id, self._ctx.credentials, {part_id})
 
