@@ -96,9 +96,7 @@ class DurableLog:
             url = origin.with_path(path.format(session=session_id))
             try:
                 async with asyncio.timeout_at(deadline):
-                    await self._read(
-                        http.get(url.with_query(_after(cursor)), headers=headers), cursor, take=take
-                    )
+                    await self._read(http, url.with_query(_after(cursor)), headers, cursor, take=take)
             except _Absent as why:
                 self.absent_on = server
                 log.info(
@@ -112,8 +110,10 @@ class DurableLog:
                 self._once(f"reading the durable log of {session_id} failed: {reason_of(error)}")
                 return
 
-    async def _read(self, request: aiohttp.client._RequestContextManager, cursor: int, *, take: Take) -> None:
-        async with request as response:
+    async def _read(
+        self, http: aiohttp.ClientSession, url: URL, headers: LooseHeaders, cursor: int, *, take: Take
+    ) -> None:  # fmt: skip
+        async with http.get(url, headers=headers) as response:
             session_id = response.url.path.rsplit("/", 2)[-2]
             if response.status == 404:
                 if await self._gone(response, session_id):
@@ -126,14 +126,17 @@ class DurableLog:
             async for line in event_lines(response.content, self._line_limit, silence=STALL_S):
                 item = _item(line)
                 if isinstance(item, _Marker):
-                    marker = item.seq
+                    marker = item
                 elif item is not None:
                     delivered += 1
                     self._deliver(item, session_id, take)
-        if delivered == 0 and marker is not None and marker >= cursor:
-            raise _Absent(f"its log of {session_id} holds seq {marker} but gave back not even seq {cursor}")
-        if marker is not None and marker < cursor:  # another database: its seqs are not ours
-            self._cursors[session_id] = marker
+        if marker is None or delivered > 0:
+            return
+        if marker.seq is not None and marker.seq < cursor:  # another database: its seqs are not ours
+            self._cursors[session_id] = marker.seq
+            return
+        held = "nothing" if marker.seq is None else f"seq {marker.seq}"
+        raise _Absent(f"its log of {session_id} holds {held} but the stream showed seq {cursor}")
 
     def _deliver(self, item: GlobalEvent | UnreadableEvent, session_id: str, take: Take) -> None:
         """One line of the log: what the stream already showed (at or before the cursor) is dropped."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from tests.opencode2.auth import Auth
 from tests.opencode2.events import EventHub
+from tests.opencode2.session_log import Log
 from tests.opencode2.settle import (
     INTERRUPTED,
     Settle,
@@ -60,6 +61,8 @@ class Process:
     compress responses (issue 36 item 15, /work/shared/OPENCODE.md's last section, "From newer
     source"); the file that does it was not found in the code index, so the stand-in takes the
     worst case, every stream compressed as soon as a client accepts it."""
+    session_log: Log = Log.ABSENT
+    """Which durable session log it answers (`tests.opencode2.session_log`)."""
     port: int = 0
 
 
