@@ -121,6 +121,8 @@ class Api:
     async def session_log(self, request: web.Request) -> web.StreamResponse:
         if self.process.session_log is Log.ABSENT:
             return await self.unknown(request)
+        if self.process.before_log is not None:
+            await self.process.before_log()
         return await session_log.serve(
             request, self.process.session_log, self.store.sessions, self.store.hub.published
         )

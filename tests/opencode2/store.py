@@ -10,7 +10,7 @@ idx:70408091340), so a test sees a whole turn without a model.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from tests.opencode2.auth import Auth
@@ -63,6 +63,8 @@ class Process:
     worst case, every stream compressed as soon as a client accepts it."""
     session_log: Log = Log.ABSENT
     """Which durable session log it answers (`tests.opencode2.session_log`)."""
+    before_log: Callable[[], Awaitable[None]] | None = None
+    """Awaited before a read of the log is answered (a test's hook: publish meanwhile, or hang)."""
     port: int = 0
 
 
