@@ -49,7 +49,9 @@ def tracker_of(proxy: Any) -> LivenessTracker:
     return tracker
 
 
-async def test_what_the_stream_missed_is_learned_from_the_log_before_following(aiohttp_client: Client) -> None:
+async def test_what_the_stream_missed_is_learned_from_the_log_before_following(
+    aiohttp_client: Client,
+) -> None:
     async with StandIn(password=PASSWORD, session_log=Log.EVENTS) as server:
         session_id = server.add_session()
         async with proxied(server, aiohttp_client) as (proxy, seen):
@@ -88,14 +90,21 @@ async def test_a_frame_the_log_delivered_is_not_handed_on_twice(aiohttp_client: 
             await lose_stream(server, seen)
             server.publish("session.status", {"sessionID": session_id, "status": {"type": "idle"}})
             await heard(seen, "session.status")
-    assert kinds(seen, session_id) == ["session.execution.started", "session.execution.succeeded", "session.status"]
+    assert kinds(seen, session_id) == [
+        "session.execution.started",
+        "session.execution.succeeded",
+        "session.status",
+    ]
 
 
 @pytest.mark.parametrize(
     ("server", "why"),
     [
         (lambda: StandIn.from_source(password=PASSWORD), "holds nothing but the stream showed seq 1"),
-        (lambda: StandIn(password=PASSWORD, session_log=Log.ABSENT), "HTTP 404 on /api/experimental/session/"),
+        (
+            lambda: StandIn(password=PASSWORD, session_log=Log.ABSENT),
+            "HTTP 404 on /api/experimental/session/",
+        ),
     ],
     ids=["marker-only", "no-route"],
 )
@@ -163,5 +172,8 @@ async def test_a_log_read_that_hangs_or_fails_is_bounded_and_following_goes_on(
             never.set()
     said = [record.getMessage() for record in caplog.records if record.name == CATCH_UP_LOG]
     assert len(said) == 1
-    assert said[0].startswith(f"reading the durable log of {session_id} failed: ") or "answered HTTP 500" in said[0]
+    assert (
+        said[0].startswith(f"reading the durable log of {session_id} failed: ")
+        or "answered HTTP 500" in said[0]
+    )
     assert "the stream is followed" in said[0]
