@@ -47,6 +47,8 @@ class GlobalEvent:
     durable: bool = False
     """2.x: the server stored it in the session's durable log (`durable: {aggregateID, seq, …}`), so
     its view and log already say it to any client that reads them."""
+    seq: int | None = None
+    """2.x: its `durable.seq` in its session's log (the cursor a catch-up reads after), if durable."""
 
     @property
     def session_id(self) -> str | None:
@@ -129,9 +131,17 @@ def parse_api_event(data: bytes) -> GlobalEvent | None:
         return None
     location = envelope.get("location")
     directory = location.get("directory") if isinstance(location, dict) else None
-    durable = isinstance(envelope.get("durable"), dict)
+    durable = envelope.get("durable")
     where = directory if isinstance(directory, str) else None
-    return GlobalEvent(where, None, kind, properties, api=True, durable=durable)
+    seq = _seq(durable, properties.get("sessionID")) if isinstance(durable, dict) else None
+    return GlobalEvent(where, None, kind, properties, api=True, durable=isinstance(durable, dict), seq=seq)
+
+
+def _seq(durable: dict[str, Any], session_id: Any) -> int | None:
+    """The `seq` of an event in its session's log (`aggregateID` is the session), if it names one."""
+    seq = durable.get("seq")
+    fine = isinstance(seq, int) and not isinstance(seq, bool) and durable.get("aggregateID") == session_id
+    return seq if fine else None
 
 
 def _loads(data: bytes) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import aiohttp
 from aiohttp import hdrs
 from yarl import URL
 
+from proxy.opencode.catch_up import DurableLog
 from proxy.opencode.client import basic_as
 from proxy.opencode.following import StreamListener, StreamMetrics, StreamState
 from proxy.opencode.global_events import (
@@ -118,6 +119,8 @@ class LivenessTracker:
         self._metrics = metrics or StreamMetrics.unregistered()
         self._line_limit = line_limit
         self._readings: Bounded[tuple[Api, str], KeptReading] = Bounded(KEPT_SESSIONS)
+        self._log = DurableLog(line_limit)
+        """Where the stream left each session's durable log: what a reconnection catches up from."""
         self._clean: Bounded[str, Bounded[str, None]] = Bounded(CLEAN_SESSIONS)
         """Per session, the views (path and query) last seen without an open tool."""
         self._said: set[str] = set()
@@ -186,7 +189,7 @@ class LivenessTracker:
                 continue
             why, self._path = "the server ended it", server.dialect.events_path
             try:
-                async for event in self._follow():
+                async for event in self._follow(server):
                     failures, waiting_said = 0, False
                     self._take(event)
             except (aiohttp.ClientError, TimeoutError) as error:
@@ -224,6 +227,17 @@ class LivenessTracker:
         if isinstance(event, UnreadableEvent):
             self._skip(str(event))
             return
+        if self._log.heard(event):
+            self._apply(event)
+
+    def _caught_up(self, event: GlobalEvent | UnreadableEvent) -> None:
+        """An event the durable log delivered: as one of the stream, already in its cursor."""
+        if isinstance(event, UnreadableEvent):
+            self._skip(str(event))
+        else:
+            self._apply(event)
+
+    def _apply(self, event: GlobalEvent) -> None:
         if event.session_id is not None:
             self._clean.pop(event.session_id, None)
         meaning = liveness_meaning(event)
@@ -261,7 +275,10 @@ class LivenessTracker:
         self._readings.clear()
         self._clean.clear()
 
-    async def _follow(self) -> AsyncIterator[GlobalEvent | UnreadableEvent]:
+    async def _follow(self, server: KnownServer) -> AsyncIterator[GlobalEvent | UnreadableEvent]:
+        """The stream's events; once it answers, first what it missed while the proxy was away (from
+        the durable log, where the server keeps one: `catch_up`), and only then is it followed, so
+        that no reading is vouched for, and no listener told the stream is back, before that."""
         headers = {hdrs.ACCEPT: "text/event-stream", hdrs.ACCEPT_ENCODING: "identity"}
         if self._authorization:
             headers[hdrs.AUTHORIZATION] = basic_as(self._authorization, self._server.user())
@@ -281,6 +298,10 @@ class LivenessTracker:
                 return
             self._clock.observe(stream.headers.get(hdrs.DATE))
             self._readings.clear()
+            timeout = min(self._connect_timeout, STREAM_START_TIMEOUT_S)
+            await self._log.catch_up(
+                self._session, self._origin, headers, server, within=timeout, take=self._caught_up
+            )
             self.state = StreamState.FOLLOWING
             log.info("following %s: liveness now comes from events", self._path)
             self._tell("following", lambda listener: listener.following())

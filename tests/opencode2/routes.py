@@ -15,8 +15,10 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.opencode2 import session_log
 from tests.opencode2.auth import refusal
 from tests.opencode2.events import accepts_gzip
+from tests.opencode2.session_log import Log
 from tests.opencode2.shapes import Json, ascending, dumps, error_body, session_not_found
 from tests.opencode2.store import Process, Store
 from tests.opencode2.turns import Inputs
@@ -83,6 +85,7 @@ class Api:
         get("/api/session/{session}/permission", self.permissions)
         get("/api/session/{session}/question", self.questions)
         get("/api/session/{session}/form", self.forms)
+        get("/api/experimental/session/{session}/log", self.session_log)
         post("/api/session/{session}/prompt", self.inputs.prompt)
         post("/api/session/{session}/synthetic", self.inputs.synthetic)
         post("/api/session/{session}/resume", self.inputs.resume)
@@ -114,6 +117,15 @@ class Api:
         if self.process.web_fallback and request.method == "GET":
             return web.Response(body=WEB_APP, content_type="text/html")
         return web.Response(status=404)
+
+    async def session_log(self, request: web.Request) -> web.StreamResponse:
+        if self.process.session_log is Log.ABSENT:
+            return await self.unknown(request)
+        if self.process.before_log is not None:
+            await self.process.before_log()
+        return await session_log.serve(
+            request, self.process.session_log, self.store.sessions, self.store.hub.published
+        )
 
     async def info(self, request: web.Request) -> web.Response:
         """`GET /api/info` → `ServerInfo {version, pid, urls, paths}` (`protocol/src/groups/server.ts`

@@ -29,6 +29,7 @@ from tests.opencode2.auth import Auth, basic
 from tests.opencode2.database import load, save
 from tests.opencode2.events import HEARTBEAT_SECONDS, EventHub
 from tests.opencode2.routes import Api, form_request, permission_request, question_request
+from tests.opencode2.session_log import Log
 from tests.opencode2.settle import Settle
 from tests.opencode2.shapes import (
     Json,
@@ -90,6 +91,7 @@ class StandIn:
         health_route: str = "info",
         web_fallback: bool = False,
         compress: bool = False,
+        session_log: Log = Log.ABSENT,
         booting: bool = False,
         settle: Settle = Settle.CHILD,
         call_key: str = "id",
@@ -107,6 +109,7 @@ class StandIn:
             health_route=health_route,
             web_fallback=web_fallback,
             compress=compress,
+            session_log=session_log,
         )
         self.process.port = port
         self.database = database
@@ -121,8 +124,9 @@ class StandIn:
     def from_source(cls, **more: Any) -> StandIn:
         """The server as the `v2` branch built from source @2092350c answers: version `local`,
         `GET /api/health` `{healthy, version, pid}`, `/api/info` and `/global/health` 404
-        (/work/shared/OPENCODE.md, "opencode v2 measured")."""
-        return cls(FROM_SOURCE, health_route="health", **more)
+        (/work/shared/OPENCODE.md, "opencode v2 measured"), and a durable session log that gives back
+        only its marker (measured there: its `event` table stays empty)."""
+        return cls(FROM_SOURCE, health_route="health", **({"session_log": Log.MARKER} | more))
 
     async def __aenter__(self) -> StandIn:
         await self.start()

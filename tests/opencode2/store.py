@@ -10,11 +10,12 @@ idx:70408091340), so a test sees a whole turn without a model.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from tests.opencode2.auth import Auth
 from tests.opencode2.events import EventHub
+from tests.opencode2.session_log import Log
 from tests.opencode2.settle import (
     INTERRUPTED,
     Settle,
@@ -60,6 +61,10 @@ class Process:
     compress responses (issue 36 item 15, /work/shared/OPENCODE.md's last section, "From newer
     source"); the file that does it was not found in the code index, so the stand-in takes the
     worst case, every stream compressed as soon as a client accepts it."""
+    session_log: Log = Log.ABSENT
+    """Which durable session log it answers (`tests.opencode2.session_log`)."""
+    before_log: Callable[[], Awaitable[None]] | None = None
+    """Awaited before a read of the log is answered (a test's hook: publish meanwhile, or hang)."""
     port: int = 0
 
 
