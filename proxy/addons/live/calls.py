@@ -25,15 +25,16 @@ from typing import Any
 from proxy.addons.context import SettleContext
 from proxy.addons.live.after_grace import confirmed
 from proxy.addons.live.clients import ClientStreams, Telling
-from proxy.addons.live.confirmations import Confirmations, Ticket, says_idle
+from proxy.addons.live.confirmations import Confirmations, Ticket
 from proxy.addons.live.held import HeldBack
 from proxy.addons.live.memory import REMEMBERED, Place
 from proxy.opencode.client import UpstreamRefused
-from proxy.opencode.events_2x import api_call_id, api_execution_interrupted, api_tool_failed
+from proxy.opencode.events_2x import api_execution_interrupted, api_tool_failed
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.server_line import ServerLine
+from proxy.opencode.sessions import CallClosed, CallOpened, SessionIdle, transitions
 from proxy.opencode.tracker import GlobalEvent
-from proxy.opencode.vocabulary import API_CALL_ENDED, API_CALL_OPENING, is_open_tool
+from proxy.opencode.vocabulary import is_open_tool
 from proxy.relay.bounded import Bounded
 from proxy.relay.tasks import Together
 from rules import Api, Liveness, Runtime, settle_view
@@ -81,18 +82,17 @@ class OpenCalls:
     def heard(self, event: GlobalEvent) -> None:
         """Withdraw on news; remember what opens and ends a call; an execution that ended with a
         call open is confirmed."""
-        if not event.api or (session_id := event.session_id) is None:
+        if not event.api or event.session_id is None:
             return
         self._confirmations.heard(event)
-        found = api_call_id(event.properties)
-        if event.kind in API_CALL_OPENING and found is not None:
-            message_id = event.properties.get("assistantMessageID")
-            key, call_id = found
-            self._open[call_id] = OpenCall(session_id, str(message_id), call_id, key, event.directory)
-        elif event.kind in API_CALL_ENDED and found is not None:
-            self._open.pop(found[1], None)
-        elif says_idle(event) and self._calls(session_id):
-            self._confirmations.schedule(session_id, self._confirm)
+        for change in transitions(event):
+            match change:
+                case CallOpened(session_id, call_id, message_id, key, directory, line_2x=True):
+                    self._open[call_id] = OpenCall(session_id, message_id, call_id, key, directory)
+                case CallClosed(_, call_id, line_2x=True):
+                    self._open.pop(call_id, None)
+                case SessionIdle(session_id) if self._calls(session_id):
+                    self._confirmations.schedule(session_id, self._confirm)
 
     def _calls(self, session_id: str) -> list[OpenCall]:
         return [call for call in self._open.values() if call.session_id == session_id]

@@ -41,8 +41,9 @@ from proxy.addons.routing import event_stream, route_of
 from proxy.opencode.client import Credentials
 from proxy.opencode.routes import EventStream
 from proxy.opencode.runtimes import V2_HTTP
+from proxy.opencode.sessions import CallClosed, CallOpened, transitions
 from proxy.opencode.tracker import GlobalEvent, StreamListener
-from proxy.opencode.vocabulary import CALL_ENDED, CALL_STARTED, tool_failed
+from proxy.opencode.vocabulary import tool_failed
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow, FlowKey
 from proxy.relay.tasks import Together
@@ -96,15 +97,14 @@ class SessionStreamSettle(Addon, StreamListener):
 
     def event(self, event: GlobalEvent) -> None:
         self._confirmations.heard(event)
-        call = event.properties.get("callID")
-        if event.session_id is None or not isinstance(call, str):
-            return
-        if event.kind == CALL_STARTED:
-            self._open.setdefault(event.session_id, Bounded(_CALLS_PER_SESSION))[call] = None
-        elif event.kind in CALL_ENDED and (calls := self._open.get(event.session_id)) is not None:
-            calls.pop(call, None)
-            if not calls:
-                del self._open[event.session_id]
+        for change in transitions(event):
+            match change:
+                case CallOpened(session_id, call, line_2x=False):
+                    self._open.setdefault(session_id, Bounded(_CALLS_PER_SESSION))[call] = None
+                case CallClosed(session_id, call, line_2x=False) if calls := self._open.get(session_id):
+                    calls.pop(call, None)
+                    if not calls:
+                        del self._open[session_id]
 
     async def response_headers(self, flow: Flow) -> None:
         if not flow.opened_event_stream:
