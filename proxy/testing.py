@@ -23,7 +23,7 @@ from prometheus_client import Counter
 from yarl import URL
 
 from proxy.addons.routing import Routing
-from proxy.opencode.tracker import GlobalEvent, StreamListener
+from proxy.opencode.tracker import FollowedEvent, StreamListener
 from proxy.relay.headers import upstream_request_headers
 from proxy.relay.hooks import Addon, Addons, Flow
 from proxy.service.app import ASSEMBLY
@@ -104,7 +104,7 @@ async def idle(app: web.Application) -> None:
 class _Hearing(StreamListener):
     """Sets `heard` on the first event `wanted` takes, or on (re)connection when it is None."""
 
-    def __init__(self, wanted: Callable[[GlobalEvent], bool] | None) -> None:
+    def __init__(self, wanted: Callable[[FollowedEvent], bool] | None) -> None:
         self._wanted = wanted
         self.heard = asyncio.Event()
 
@@ -112,7 +112,7 @@ class _Hearing(StreamListener):
         if self._wanted is None:
             self.heard.set()
 
-    def event(self, event: GlobalEvent) -> None:
+    def event(self, event: FollowedEvent) -> None:
         if self._wanted is not None and self._wanted(event):
             self.heard.set()
 

@@ -35,8 +35,8 @@ from aiohttp.typedefs import LooseHeaders
 from yarl import URL
 
 from proxy.opencode import jsonio
-from proxy.opencode.global_events import (
-    GlobalEvent,
+from proxy.opencode.followed_events import (
+    FollowedEvent,
     UnreadableEvent,
     event_lines,
     parse_api_event,
@@ -53,7 +53,7 @@ CAUGHT_UP_SESSIONS = 64
 MARKERS = frozenset({"log.synced", "log.caught_up"})
 STALL_S = 30.0
 """The longest wait for a line of a log (the catch-up's deadline is shorter, and ends it first)."""
-Take = Callable[[GlobalEvent | UnreadableEvent], None]
+Take = Callable[[FollowedEvent | UnreadableEvent], None]
 
 
 class _Absent(Exception):
@@ -72,7 +72,7 @@ class DurableLog:
         """The server (as detected) whose log gives nothing back: not read again until it changes."""
         self._said: set[str] = set()
 
-    def heard(self, event: GlobalEvent) -> bool:
+    def heard(self, event: FollowedEvent) -> bool:
         """Move the session's cursor for an event of the stream; False for one the log delivered."""
         if event.seq is None or (session_id := event.session_id) is None:
             return True
@@ -138,9 +138,9 @@ class DurableLog:
         held = "nothing" if marker.seq is None else f"seq {marker.seq}"
         raise _Absent(f"its log of {session_id} holds {held} but the stream showed seq {cursor}")
 
-    def _deliver(self, item: GlobalEvent | UnreadableEvent, session_id: str, take: Take) -> None:
+    def _deliver(self, item: FollowedEvent | UnreadableEvent, session_id: str, take: Take) -> None:
         """One line of the log: what the stream already showed (at or before the cursor) is dropped."""
-        if isinstance(item, GlobalEvent):
+        if isinstance(item, FollowedEvent):
             if item.seq is None or item.session_id != session_id:
                 return
             if item.seq <= self._cursors.get(session_id, -1):
@@ -177,7 +177,7 @@ def _after(cursor: int) -> dict[str, str]:
     return {"follow": "false"} | ({"after": str(cursor - 1)} if cursor > 0 else {})
 
 
-def _item(line: bytes | None) -> GlobalEvent | UnreadableEvent | _Marker | None:
+def _item(line: bytes | None) -> FollowedEvent | UnreadableEvent | _Marker | None:
     """One line of the log: an event, its marker, or nothing."""
     if line is None:
         return UnreadableEvent("too long")

@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter
 
-from proxy.opencode.global_events import GlobalEvent
+from proxy.opencode.followed_events import FollowedEvent
 
 __all__ = ["StreamListener", "StreamMetrics", "StreamState"]
 
@@ -51,5 +51,5 @@ class StreamListener(Protocol):
     def following(self) -> None:
         """The stream has (re)connected: whatever happened while it was down was not seen."""
 
-    def event(self, event: GlobalEvent) -> None:
+    def event(self, event: FollowedEvent) -> None:
         """One event, in stream order."""

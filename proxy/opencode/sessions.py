@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.opencode.events_2x import api_call_id
-from proxy.opencode.global_events import GlobalEvent
+from proxy.opencode.followed_events import FollowedEvent
 from proxy.opencode.vocabulary import API_CALL_ENDED, API_CALL_OPENING, CALL_ENDED, CALL_STARTED, ends_turn
 
 __all__ = ["CallClosed", "CallOpened", "SessionIdle", "Transition", "transitions"]
@@ -50,7 +50,7 @@ class SessionIdle:
 Transition = CallOpened | CallClosed | SessionIdle
 
 
-def transitions(event: GlobalEvent) -> tuple[Transition, ...]:
+def transitions(event: FollowedEvent) -> tuple[Transition, ...]:
     """What `event` changes in its session; nothing for an event of no session."""
     if (session_id := event.session_id) is None:
         return ()
@@ -59,7 +59,7 @@ def transitions(event: GlobalEvent) -> tuple[Transition, ...]:
     return (found, *idle) if found is not None else idle
 
 
-def _call(event: GlobalEvent, session_id: str) -> CallOpened | CallClosed | None:
+def _call(event: FollowedEvent, session_id: str) -> CallOpened | CallClosed | None:
     kind, properties = event.kind, event.properties
     if event.api and kind in (*API_CALL_OPENING, *API_CALL_ENDED):
         if (found := api_call_id(properties)) is None:

@@ -32,10 +32,9 @@ from yarl import URL
 
 from proxy.opencode.catch_up import DurableLog
 from proxy.opencode.client import basic_as
-from proxy.opencode.following import StreamListener, StreamMetrics, StreamState
-from proxy.opencode.global_events import (
+from proxy.opencode.followed_events import (
     PARSERS,
-    GlobalEvent,
+    FollowedEvent,
     SessionEvent,
     UnreadableEvent,
     event_lines,
@@ -43,6 +42,7 @@ from proxy.opencode.global_events import (
     parse_event,
     read_event,
 )
+from proxy.opencode.following import StreamListener, StreamMetrics, StreamState
 from proxy.opencode.routes import STREAM_START_TIMEOUT_S
 from proxy.opencode.server_clock import ServerClock
 from proxy.opencode.server_line import TOLD_1_18, KnownServer, ServerLine
@@ -51,7 +51,7 @@ from proxy.relay.errors import reason_of
 from rules import Api, Liveness
 
 __all__ = [
-    "GlobalEvent",
+    "FollowedEvent",
     "LivenessTracker",
     "SessionEvent",
     "StreamListener",
@@ -223,21 +223,21 @@ class LivenessTracker:
         await self._server.until_forgotten(server, REDETECT_S)
         self._server.forget()
 
-    def _take(self, event: GlobalEvent | UnreadableEvent) -> None:
+    def _take(self, event: FollowedEvent | UnreadableEvent) -> None:
         if isinstance(event, UnreadableEvent):
             self._skip(str(event))
             return
         if self._log.heard(event):
             self._apply(event)
 
-    def _caught_up(self, event: GlobalEvent | UnreadableEvent) -> None:
+    def _caught_up(self, event: FollowedEvent | UnreadableEvent) -> None:
         """An event the durable log delivered: as one of the stream, already in its cursor."""
         if isinstance(event, UnreadableEvent):
             self._skip(str(event))
         else:
             self._apply(event)
 
-    def _apply(self, event: GlobalEvent) -> None:
+    def _apply(self, event: FollowedEvent) -> None:
         if event.session_id is not None:
             self._clean.pop(event.session_id, None)
         meaning = liveness_meaning(event)
@@ -275,7 +275,7 @@ class LivenessTracker:
         self._readings.clear()
         self._clean.clear()
 
-    async def _follow(self, server: KnownServer) -> AsyncIterator[GlobalEvent | UnreadableEvent]:
+    async def _follow(self, server: KnownServer) -> AsyncIterator[FollowedEvent | UnreadableEvent]:
         """The stream's events; once it answers, first what it missed while the proxy was away (from
         the durable log, where the server keeps one: `catch_up`), and only then is it followed, so
         that no reading is vouched for, and no listener told the stream is back, before that."""

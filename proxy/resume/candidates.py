@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.opencode.dialects import LINE_1_18, LINE_2X, Dialect
-from proxy.opencode.tracker import GlobalEvent, StreamListener
+from proxy.opencode.tracker import FollowedEvent, StreamListener
 from proxy.opencode.vocabulary import (
     ANSWERED,
     API_EXECUTION_ENDED,
@@ -99,7 +99,7 @@ class Watch(StreamListener):
             seen = self._seen.get(session_id)
             self._start(Candidate(session_id, api, directory, heard, person, dialect, seen))
 
-    def event(self, event: GlobalEvent) -> None:
+    def event(self, event: FollowedEvent) -> None:
         self._heard = self._clock()
         session_id = event.session_id
         if session_id is None:
@@ -125,7 +125,7 @@ class Watch(StreamListener):
         elif kind.startswith(PERSON_PREFIXES):
             self._person(session_id, event)
 
-    def _on_2x(self, session_id: str, event: GlobalEvent) -> None:
+    def _on_2x(self, session_id: str, event: FollowedEvent) -> None:
         if event.kind in API_EXECUTION_ENDED and event.properties.get("reason") != API_SHUTDOWN:
             self._busy.pop(session_id, None)
         else:
@@ -140,7 +140,7 @@ class Watch(StreamListener):
     ) -> None:
         self._busy[session_id] = (api, directory, dialect)
 
-    def _person(self, session_id: str, event: GlobalEvent) -> None:
+    def _person(self, session_id: str, event: FollowedEvent) -> None:
         """1.18's `permission.asked`, 2.x's `permission.v2.replied`: the subject first, the verb last."""
         subject, verb = event.kind.partition(".")[0], event.kind.rpartition(".")[2]
         request = (

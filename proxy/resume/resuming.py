@@ -23,7 +23,7 @@ from yarl import URL
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.dialects import LINE_1_18, LINE_2X, Dialect
 from proxy.opencode.liveness import LivenessProbe
-from proxy.opencode.tracker import GlobalEvent, StreamListener
+from proxy.opencode.tracker import FollowedEvent, StreamListener
 from proxy.opencode.vocabulary import mentioned_message
 from proxy.relay.tasks import KeyedTasks, Together
 from proxy.resume.admission import Admission
@@ -151,7 +151,7 @@ class Resuming(StreamListener):
     def following(self) -> None:
         self._watch.following()
 
-    def event(self, event: GlobalEvent) -> None:
+    def event(self, event: FollowedEvent) -> None:
         self._watch.event(event)
         session_id = event.session_id
         if session_id is None or (waiting := self.waiting.get(session_id)) is None:

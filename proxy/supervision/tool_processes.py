@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from proxy.opencode.events_2x import api_call_id
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.opencode.vocabulary import (
     API_CALL_ENDED,
     API_CALL_STARTED,
@@ -164,7 +164,7 @@ class ToolProcesses:
                 found.append(orphan)
         return found
 
-    def event(self, event: GlobalEvent) -> None:
+    def event(self, event: FollowedEvent) -> None:
         if event.kind == PART_UPDATED:
             self._v1_part(event.properties.get("part"))
         elif event.kind == CALL_STARTED or event.kind in CALL_ENDED:
@@ -197,7 +197,7 @@ class ToolProcesses:
         elif not is_open_tool(part, Api.V1):
             self._ended(part["id"])
 
-    def _v2_call(self, event: GlobalEvent) -> None:
+    def _v2_call(self, event: FollowedEvent) -> None:
         call = event.properties.get("callID")
         if not isinstance(call, str):
             return
@@ -208,7 +208,7 @@ class ToolProcesses:
         else:
             self._ended(call)
 
-    def _api_call(self, event: GlobalEvent) -> None:
+    def _api_call(self, event: FollowedEvent) -> None:
         """2.x: the call is `data.id` (newer) or `data.callID` (older); its tool is named only when
         its input begins (`Tool.Input.Started`, `packages/schema/src/session-event.ts` @03130971e20a)."""
         found = api_call_id(event.properties)

@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestClient
 from yarl import URL
 
 from proxy.opencode.client import Credentials, UpstreamApi
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.config import Settings
 from proxy.testing import idle
@@ -45,14 +45,14 @@ ClientFactory = Callable[[web.Application], Awaitable[ProxyClient]]
 class _Heard:
     """A listener on the proxy's followed stream: `heard` is set once `wanted` takes an event."""
 
-    def __init__(self, wanted: Callable[[GlobalEvent], bool]) -> None:
+    def __init__(self, wanted: Callable[[FollowedEvent], bool]) -> None:
         self._wanted = wanted
         self.heard = asyncio.Event()
 
     def following(self) -> None:
         pass
 
-    def event(self, event: GlobalEvent) -> None:
+    def event(self, event: FollowedEvent) -> None:
         if self._wanted(event):
             self.heard.set()
 
@@ -78,12 +78,12 @@ def _says_idle(payload: dict[str, Any]) -> bool:
     )
 
 
-def _tool_running(event: GlobalEvent) -> bool:
+def _tool_running(event: FollowedEvent) -> bool:
     part = event.properties.get("part") or {}
     return event.kind == "message.part.updated" and (part.get("state") or {}).get("status") == "running"
 
 
-def _busy(event: GlobalEvent) -> bool:
+def _busy(event: FollowedEvent) -> bool:
     return event.kind == "session.status" and (event.properties.get("status") or {}).get("type") == "busy"
 
 

@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from yarl import URL
 
-from proxy.opencode.tracker import GlobalEvent, StreamState
+from proxy.opencode.tracker import FollowedEvent, StreamState
 from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.config import Settings, basic_authorization
 from tests.opencode2.shapes import earlier
@@ -30,7 +30,7 @@ class Seen:
     """What the proxy's own follower of the stream heard (a positive signal to wait on)."""
 
     def __init__(self) -> None:
-        self.events: list[GlobalEvent] = []
+        self.events: list[FollowedEvent] = []
         self.followed = 0
         self.changed = asyncio.Event()
 
@@ -38,7 +38,7 @@ class Seen:
         self.followed += 1
         self.changed.set()
 
-    def event(self, event: GlobalEvent) -> None:
+    def event(self, event: FollowedEvent) -> None:
         self.events.append(event)
         self.changed.set()
 

@@ -56,7 +56,7 @@ from proxy.addons.live.parts import OpenParts
 from proxy.addons.live.turns import DeadTurns
 from proxy.addons.routing import event_stream
 from proxy.opencode.server_line import TOLD_1_18, ServerLine
-from proxy.opencode.tracker import GlobalEvent, StreamListener
+from proxy.opencode.tracker import FollowedEvent, StreamListener
 from proxy.relay.hooks import Addon, Flow
 from proxy.relay.tasks import Together
 from rules import Api, OpenTool, Target
@@ -121,7 +121,7 @@ class LiveSettle(Addon, StreamListener):
             self._turns.schedule(session_id)
         self._calls.following()
 
-    def event(self, event: GlobalEvent) -> None:
+    def event(self, event: FollowedEvent) -> None:
         self._clients.heard(event)
         self._parts.heard(event)
         self._turns.heard(event)

@@ -33,7 +33,7 @@ from proxy.opencode.events_2x import api_execution_interrupted, api_tool_failed
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.server_line import ServerLine
 from proxy.opencode.sessions import CallClosed, CallOpened, SessionIdle, transitions
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.opencode.vocabulary import is_open_tool
 from proxy.relay.bounded import Bounded
 from proxy.relay.tasks import Together
@@ -79,7 +79,7 @@ class OpenCalls:
         for session_id in dict.fromkeys(call.session_id for call in self._open.values()):
             self._confirmations.schedule(session_id, self._confirm)
 
-    def heard(self, event: GlobalEvent) -> None:
+    def heard(self, event: FollowedEvent) -> None:
         """Withdraw on news; remember what opens and ends a call; an execution that ended with a
         call open is confirmed."""
         if not event.api or event.session_id is None:

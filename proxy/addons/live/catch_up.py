@@ -16,7 +16,7 @@ import asyncio
 from collections import deque
 
 from proxy.opencode import jsonio
-from proxy.opencode.global_events import GlobalEvent
+from proxy.opencode.followed_events import FollowedEvent
 from proxy.opencode.vocabulary import SERVER_CONNECTED
 
 HEARD_BEFORE_OPENED = 1_000
@@ -37,9 +37,9 @@ class CatchUp:
         self.told: list[str] = []
         """What the client was sent that it missed (the first few, for the log), and how many."""
         self.told_count = 0
-        self._heard: deque[GlobalEvent] = deque(maxlen=HEARD_BEFORE_OPENED)
+        self._heard: deque[FollowedEvent] = deque(maxlen=HEARD_BEFORE_OPENED)
 
-    def opened(self, first: bytes) -> list[GlobalEvent]:
+    def opened(self, first: bytes) -> list[FollowedEvent]:
         """The client stream's first event(s) passed: what it missed of what was read meanwhile."""
         heard, self._heard = list(self._heard), deque()
         self.connected = connected_id(first)
@@ -48,7 +48,7 @@ class CatchUp:
             return []
         return self._missed(heard)
 
-    def hear(self, event: GlobalEvent) -> list[GlobalEvent]:
+    def hear(self, event: FollowedEvent) -> list[FollowedEvent]:
         """`event` was read from the followed stream: the client missed it (then it is returned),
         or it ends the catch-up, or it waits for the client's first event."""
         if self.connected is None:
@@ -56,12 +56,12 @@ class CatchUp:
             return []
         return self._missed([event])
 
-    def sent(self, events: list[GlobalEvent]) -> None:
+    def sent(self, events: list[FollowedEvent]) -> None:
         """`events` were sent to the client (for the log: the first few named, all counted)."""
         self.told += [f"{event.kind} of {event.session_id}" for event in events][: NAMED - len(self.told)]
         self.told_count += len(events)
 
-    def _missed(self, events: list[GlobalEvent]) -> list[GlobalEvent]:
+    def _missed(self, events: list[FollowedEvent]) -> list[FollowedEvent]:
         missed = []
         for event in events:
             if event.id is None or self.connected is None or event.id >= self.connected:

@@ -30,7 +30,7 @@ from proxy.addons.live.frames import event_frame
 from proxy.addons.live.memory import Place
 from proxy.addons.live.replay import Replayed, Replays
 from proxy.addons.routing import route_of
-from proxy.opencode.global_events import GlobalEvent
+from proxy.opencode.followed_events import FollowedEvent
 from proxy.opencode.routes import EventStream
 from proxy.relay.hooks import Flow, FlowKey
 from rules import OpenTool
@@ -145,7 +145,7 @@ class ClientStreams:
         if (subscriber := flow.get(SUBSCRIBER)) is not None:
             self._subscribers.pop(subscriber, None)
 
-    def heard(self, event: GlobalEvent) -> None:
+    def heard(self, event: FollowedEvent) -> None:
         """What the stream says of a session ends (or renews) the replay of that same thing, and
         goes to the streams that came back and missed it."""
         self.replays.heard(event)
@@ -168,7 +168,7 @@ class ClientStreams:
         subscriber.catch_up = None  # its own events go on now: one missed later would land after newer ones
         _log_caught_up(catch_up, subscriber)
 
-    def _missed(self, subscriber: Subscriber, catch_up: CatchUp, missed: list[GlobalEvent]) -> None:
+    def _missed(self, subscriber: Subscriber, catch_up: CatchUp, missed: list[FollowedEvent]) -> None:
         """Send `subscriber` what it missed, of the sessions with a replay, as the server said it."""
         told = [event for event in missed if event.session_id in self.replays.sessions and not event.api]
         for event in told:

@@ -29,14 +29,14 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.opencode.vocabulary import ends_turn
 from proxy.relay.tasks import KeyedTasks
 
 log = logging.getLogger(__name__)
 
 
-def says_idle(event: GlobalEvent) -> bool:
+def says_idle(event: FollowedEvent) -> bool:
     """Whether `event` says its session's turn is over (a status unknown here does not)."""
     return ends_turn(event.kind, event.properties)
 
@@ -58,7 +58,7 @@ class NewsWatch:
         self._withdrawn = withdrawn
         self._tickets: dict[str, set[Ticket]] = {}
 
-    def heard(self, event: GlobalEvent) -> None:
+    def heard(self, event: FollowedEvent) -> None:
         """The stream spoke of a session: confirmations of it under way must not announce."""
         if event.session_id is None or says_idle(event):
             return
@@ -125,7 +125,7 @@ class Confirmations:
             self._watch.release(superseded[0])
         self._asked_meanwhile[session_id] = (ticket, confirm)
 
-    def heard(self, event: GlobalEvent) -> None:
+    def heard(self, event: FollowedEvent) -> None:
         self._watch.heard(event)
 
     def under_way(self, session_id: str) -> bool:

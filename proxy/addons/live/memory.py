@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
 from proxy.addons.live.confirmations import says_idle
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.opencode.vocabulary import MESSAGE_UPDATED, PART_UPDATED, SESSION_STATUS, is_open_tool
 from proxy.relay.bounded import Bounded
 from rules import V1, OpenTool
@@ -97,7 +97,7 @@ class StreamMemory:
         else:
             (self.busy if kind == "session" else self.unfinished).restore(key, place)
 
-    def observe(self, event: GlobalEvent) -> str | None:
+    def observe(self, event: FollowedEvent) -> str | None:
         """Remember what `event` shows; return the session it says went idle while one of its
         parts is open (its parts must be confirmed), else None."""
         if event.kind == PART_UPDATED:
@@ -127,7 +127,7 @@ class StreamMemory:
         """Sessions shown busy or with an unfinished message."""
         return {m.session_id for m in self.unfinished.values()} | set(self.busy)
 
-    def _part_updated(self, event: GlobalEvent) -> None:
+    def _part_updated(self, event: FollowedEvent) -> None:
         part = event.properties.get("part")
         if not isinstance(part, dict) or not isinstance(part.get("id"), str):
             return
@@ -146,7 +146,7 @@ class StreamMemory:
         else:
             self.parts.pop(part["id"], None)
 
-    def _message_updated(self, event: GlobalEvent) -> None:
+    def _message_updated(self, event: FollowedEvent) -> None:
         info = event.properties.get("info")
         if (
             not isinstance(info, dict)

@@ -30,7 +30,7 @@ from proxy.addons.live.memory import StreamMemory
 from proxy.addons.live.turns import directory_of
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.runtimes import V1_HTTP
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.opencode.vocabulary import is_open_tool, part_settled, session_idle, settled_part_id
 from proxy.relay.tasks import Together
 from rules import Api, Liveness, OpenTool, settle_view
@@ -64,14 +64,14 @@ class OpenParts:
     def schedule(self, session_id: str) -> None:
         self._confirmations.schedule(session_id, self._confirm)
 
-    def heard(self, event: GlobalEvent) -> None:
+    def heard(self, event: FollowedEvent) -> None:
         settled = self._open_part_settled(event)
         if settled is not None and self._confirmations.under_way(settled.session_id):
             self._settled_meanwhile.setdefault(settled.session_id, {})[settled.part] = settled
             return
         self._confirmations.heard(event)
 
-    def _open_part_settled(self, event: GlobalEvent) -> OpenTool | None:
+    def _open_part_settled(self, event: FollowedEvent) -> OpenTool | None:
         """The remembered open part `event` shows settled, if it does."""
         part_id = settled_part_id(event.kind, event.properties)
         return self._memory.parts.get(part_id) if part_id is not None else None

@@ -25,7 +25,7 @@ from typing import Any
 from proxy.addons.live.memory import Place
 from proxy.opencode import jsonio
 from proxy.opencode.events_2x import api_event
-from proxy.opencode.global_events import GlobalEvent
+from proxy.opencode.followed_events import FollowedEvent
 from proxy.opencode.vocabulary import (
     API_TOOL_FAILED,
     MESSAGE_UPDATED,
@@ -135,7 +135,7 @@ class Replays:
         kept = self.sessions.get(session_id)
         return kept is not None and STATUS_SUBJECT in kept
 
-    def heard(self, event: GlobalEvent) -> None:
+    def heard(self, event: FollowedEvent) -> None:
         """Take what the followed stream says of a session with a replay, or of a call settled
         as interrupted (a write-back's, when the stream had not shown the call open): a client
         back after it never fetches again, so it is replayed like the proxy's own settlement."""
@@ -161,7 +161,7 @@ class Replays:
         else:
             self._put(kept, subject, said)
 
-    def _heard_1x(self, event: GlobalEvent, place: Place, kept: Bounded[str, Replayed]) -> None:
+    def _heard_1x(self, event: FollowedEvent, place: Place, kept: Bounded[str, Replayed]) -> None:
         subjects = news_subjects(event.kind, event.properties)
         if not subjects:
             return
@@ -177,7 +177,7 @@ def _messages_first(replays: Iterable[Replayed]) -> list[Replayed]:
 
 
 def _heard_2x(
-    event: GlobalEvent, place: Place, kept: Bounded[str, Replayed]
+    event: FollowedEvent, place: Place, kept: Bounded[str, Replayed]
 ) -> tuple[str | None, Replayed | None]:
     """2.x: the server's end of an execution, or its failure of a replayed call, agrees and is kept
     as the server said it; any other news of a call or of the execution ends that replay. So does
@@ -195,7 +195,7 @@ def _heard_2x(
     return subjects[0], None
 
 
-def _settled_as_interrupted(event: GlobalEvent) -> bool:
+def _settled_as_interrupted(event: FollowedEvent) -> bool:
     """A tool part the server now holds settled as a crash's interruption (any write-back's)."""
     if settled_part_id(event.kind, event.properties) is None:
         return False
@@ -203,7 +203,7 @@ def _settled_as_interrupted(event: GlobalEvent) -> bool:
     return isinstance(state, dict) and V1.settled_as_interrupted(state)
 
 
-def _agrees(event: GlobalEvent, kept: Bounded[str, Replayed]) -> bool:
+def _agrees(event: FollowedEvent, kept: Bounded[str, Replayed]) -> bool:
     """A replayed part the server shows settled, or a replayed message it shows completed."""
     if (part_id := settled_part_id(event.kind, event.properties)) is not None:
         return part_subject(part_id) in kept
@@ -217,7 +217,7 @@ def _agrees(event: GlobalEvent, kept: Bounded[str, Replayed]) -> bool:
     )
 
 
-def _user_message(event: GlobalEvent, kept: Bounded[str, Replayed]) -> bool:
+def _user_message(event: FollowedEvent, kept: Bounded[str, Replayed]) -> bool:
     """A user message (one of the first few), or a part of one kept, as the server announces it."""
     users = {subject for subject, replayed in kept.items() if _role(replayed.event) == "user"}
     if event.kind == MESSAGE_UPDATED:

@@ -42,7 +42,7 @@ from proxy.opencode.client import Credentials
 from proxy.opencode.routes import EventStream
 from proxy.opencode.runtimes import V2_HTTP
 from proxy.opencode.sessions import CallClosed, CallOpened, transitions
-from proxy.opencode.tracker import GlobalEvent, StreamListener
+from proxy.opencode.tracker import FollowedEvent, StreamListener
 from proxy.opencode.vocabulary import tool_failed
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow, FlowKey
@@ -95,7 +95,7 @@ class SessionStreamSettle(Addon, StreamListener):
                 session_id, partial(self._settle, self._credentials, after_loss=True)
             )
 
-    def event(self, event: GlobalEvent) -> None:
+    def event(self, event: FollowedEvent) -> None:
         self._confirmations.heard(event)
         for change in transitions(event):
             match change:

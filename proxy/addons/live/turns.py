@@ -29,7 +29,7 @@ from proxy.addons.live.confirmations import Confirmations, Ticket
 from proxy.addons.live.memory import Place, StreamMemory
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.opencode.vocabulary import (
     SESSION_STATUS,
     idle_status,
@@ -65,7 +65,7 @@ class DeadTurns:
     def schedule(self, session_id: str) -> None:
         self._confirmations.schedule(session_id, self._close_turn)
 
-    def heard(self, event: GlobalEvent) -> None:
+    def heard(self, event: FollowedEvent) -> None:
         self._confirmations.heard(event)
         if (place := _settled_unseen(event)) is not None:
             self._owed([place], f"part of {place.session_id} settled as interrupted, not seen open here")
@@ -180,7 +180,7 @@ class DeadTurns:
         self._clients.publish(place.message_id or "status", Telling(place, state, moment))
 
 
-def _settled_unseen(event: GlobalEvent) -> Place | None:
+def _settled_unseen(event: FollowedEvent) -> Place | None:
     """Where a v1 tool part `event` shows settled as a crash's interruption lives (None: it shows
     none), as the server announces a write-back's."""
     if event.api or event.session_id is None or settled_part_id(event.kind, event.properties) is None:

@@ -21,7 +21,7 @@ from proxy.addons.settle import Settle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.routes import MessageRoute
-from proxy.opencode.tracker import GlobalEvent, LivenessTracker
+from proxy.opencode.tracker import FollowedEvent, LivenessTracker
 from proxy.opencode.vocabulary import CALL_STARTED, PART_UPDATED, message_updated
 from proxy.service.metrics import Metrics
 from rules import Api
@@ -56,7 +56,7 @@ def test_user_messages_replayed_after_a_settlement_are_a_few_per_session() -> No
     streams.publish("msg_1", orphan("ses_1"))
     for number in range(6):
         info = {"id": f"msg_user_{number}", "sessionID": "ses_1", "role": "user"}
-        streams.heard(GlobalEvent("/cwd", None, "message.updated", {"sessionID": "ses_1", "info": info}))
+        streams.heard(FollowedEvent("/cwd", None, "message.updated", {"sessionID": "ses_1", "info": info}))
     users = [subject for subject in streams.replays.sessions["ses_1"] if "user" in subject]
     assert users == [f"message:msg_user_{number}" for number in range(live_replay.USER_MESSAGES_PER_SESSION)]
 
@@ -68,9 +68,9 @@ async def test_calls_seen_open_are_kept_for_a_bounded_number_of_sessions_and_cal
     monkeypatch.setattr(session_streams, "_CALLS_PER_SESSION", 2)
     addon = SessionStreamSettle(SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=0))
     for number in range(10):
-        addon.event(GlobalEvent("/cwd", None, CALL_STARTED, {"sessionID": f"ses_{number}", "callID": "c"}))
+        addon.event(FollowedEvent("/cwd", None, CALL_STARTED, {"sessionID": f"ses_{number}", "callID": "c"}))
     for number in range(10):
-        addon.event(GlobalEvent("/cwd", None, CALL_STARTED, {"sessionID": "ses_9", "callID": f"c{number}"}))
+        addon.event(FollowedEvent("/cwd", None, CALL_STARTED, {"sessionID": "ses_9", "callID": f"c{number}"}))
     assert list(addon._open) == ["ses_7", "ses_8", "ses_9"]
     assert list(addon._open["ses_9"]) == ["c8", "c9"]
 
@@ -122,13 +122,13 @@ async def settle_and_resume(live: LiveSettle, fake: FakeOpencode, number: int) -
     message = orjson.loads(raw.replace(MESSAGE["info"]["id"].encode(), f"msg_{number:04d}".encode()))
     fake.bodies[f"/session/{session_id}/message/{message['info']['id']}"] = orjson.dumps(message)
     part = message["parts"][1]
-    live.event(GlobalEvent("/cwd", "prj", PART_UPDATED, {"sessionID": session_id, "part": part, "time": 1}))
+    live.event(FollowedEvent("/cwd", "prj", PART_UPDATED, {"sessionID": session_id, "part": part, "time": 1}))
     live.following()
     await live.tasks.idle()
     settled = {**part, "state": {**part["state"], "status": "error"}}
     for kind, properties in [(PART_UPDATED, {"part": settled, "time": 2}), *prompt_and_answer()]:
         said = orjson.loads(orjson.dumps(properties).replace(V1.encode(), session_id.encode()))
-        live.event(GlobalEvent("/cwd", "prj", kind, {**said, "sessionID": session_id}))
+        live.event(FollowedEvent("/cwd", "prj", kind, {**said, "sessionID": session_id}))
 
 
 async def test_sessions_settled_and_resumed_one_after_another_leave_the_replays_within_their_budget(

@@ -22,7 +22,7 @@ from proxy.opencode.dialects import LINE_2X
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.runtimes import V2_HTTP
 from proxy.opencode.server_line import KnownServer, ServerLine
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.service.metrics import Metrics
 from rules import V2_ERROR, Api
 from tests.fixtures.opencode2 import load
@@ -149,7 +149,7 @@ async def crashed_with_a_call_open(
     session, call = "ses_2x", message["content"][0]["id"]
     fake.bodies[f"/api/session/{session}/message/{message['id']}"] = orjson.dumps({"data": message})
     opened = {"sessionID": session, "assistantMessageID": message["id"], "id": call, "name": "shell"}
-    live.event(GlobalEvent(None, None, "session.tool.called", opened, api=True))
+    live.event(FollowedEvent(None, None, "session.tool.called", opened, api=True))
     live.following()  # the followed stream is back after a loss
     await live.tasks.idle()
     sse = {"Content-Type": "text/event-stream"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.addons.live.catch_up import CatchUp, connected_id
-from proxy.opencode.global_events import GlobalEvent
+from proxy.opencode.followed_events import FollowedEvent
 
 
 @pytest.mark.parametrize(
@@ -25,8 +25,8 @@ def test_the_first_event_names_where_the_server_took_the_stream(first: bytes, ex
     assert connected_id(first) == expected
 
 
-def event(event_id: str | None) -> GlobalEvent:
-    return GlobalEvent("/cwd", None, "session.status", {"sessionID": "ses_1"}, id=event_id)
+def event(event_id: str | None) -> FollowedEvent:
+    return FollowedEvent("/cwd", None, "session.status", {"sessionID": "ses_1"}, id=event_id)
 
 
 def test_what_was_read_before_the_first_event_and_made_before_it_was_missed() -> None:

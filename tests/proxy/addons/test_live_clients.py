@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter
 from proxy import testing
 from proxy.addons.live.clients import ClientStreams, Telling
 from proxy.addons.live.memory import Place
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.opencode.vocabulary import idle_status
 
 SSE = {"Content-Type": "text/event-stream"}
@@ -68,7 +68,7 @@ async def test_news_of_what_is_replayed_ends_its_replay() -> None:
     streams.publish("prt_1", ORPHAN)
     streams.publish("status", Telling(ORPHAN.place, state=[idle_status("ses_a")]))
     streams.heard(
-        GlobalEvent("/cwd", "prj", "session.status", {"sessionID": "ses_a", "status": {"type": "busy"}})
+        FollowedEvent("/cwd", "prj", "session.status", {"sessionID": "ses_a", "status": {"type": "busy"}})
     )
     async with testing.streaming(
         [], testing.flow("GET", "/event?directory=/cwd", response_headers=SSE)

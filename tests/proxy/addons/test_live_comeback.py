@@ -25,7 +25,7 @@ import pytest
 from proxy import testing
 from proxy.addons.live import clients as live_clients
 from proxy.addons.live.addon import LiveSettle
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from rules.runtimes import V1_ERROR
 from tests.proxy.addons.live_streams import MESSAGE, PART, V1
 
@@ -102,14 +102,14 @@ async def comes_back(live: LiveSettle, events: list[tuple[str, dict[str, Any]]],
     what it then holds, from the proxy's replay and its own stream."""
     client = Client()
     for kind, properties in events[:back]:
-        live.event(GlobalEvent("/cwd", "prj", kind, {"sessionID": V1, **properties}))
+        live.event(FollowedEvent("/cwd", "prj", kind, {"sessionID": V1, **properties}))
     flow = testing.flow("GET", "/global/event", response_headers=SSE)
     async with testing.streaming(live, flow):
         assert flow.injected is not None
         while not flow.injected.empty():
             client.take(orjson.loads(flow.injected.get_nowait().removeprefix(b"data: "))["payload"])
         for kind, properties in events[back:]:  # on the client's own stream too, as the server sent them
-            live.event(GlobalEvent("/cwd", "prj", kind, {"sessionID": V1, **properties}))
+            live.event(FollowedEvent("/cwd", "prj", kind, {"sessionID": V1, **properties}))
             client.take({"type": kind, "properties": {"sessionID": V1, **properties}})
     return client
 
@@ -125,7 +125,9 @@ def holds_the_settled_call_and_the_prompt(client: Client, settled: dict[str, Any
 async def test_a_client_back_at_any_moment_holds_the_settled_call_and_the_prompt(
     live: LiveSettle, moment: str
 ) -> None:
-    live.event(GlobalEvent("/cwd", "prj", "message.part.updated", {"sessionID": V1, "part": PART, "time": 1}))
+    live.event(
+        FollowedEvent("/cwd", "prj", "message.part.updated", {"sessionID": V1, "part": PART, "time": 1})
+    )
     live.following()  # the server crashed and is back
     await live.tasks.idle()  # the part is confirmed orphaned, and announced
     settled = await settled_part(live)
@@ -135,10 +137,10 @@ async def test_a_client_back_at_any_moment_holds_the_settled_call_and_the_prompt
     holds_the_settled_call_and_the_prompt(client, settled)
 
 
-def with_ids(events: list[tuple[str, dict[str, Any]]]) -> list[GlobalEvent]:
+def with_ids(events: list[tuple[str, dict[str, Any]]]) -> list[FollowedEvent]:
     """The events as the followed stream reads them, with the server's ascending ids."""
     return [
-        GlobalEvent("/cwd", "prj", kind, {"sessionID": V1, **properties}, id=f"evt_{index:04d}0")
+        FollowedEvent("/cwd", "prj", kind, {"sessionID": V1, **properties}, id=f"evt_{index:04d}0")
         for index, (kind, properties) in enumerate(events)
     ]
 
@@ -157,7 +159,9 @@ async def test_a_client_back_while_the_followed_stream_lags_is_sent_what_it_miss
     unless the proxy sends them, and before the client's own events (the user message announced
     again, the session idle): never an older state after a newer one."""
     live.following()
-    live.event(GlobalEvent("/cwd", "prj", "message.part.updated", {"sessionID": V1, "part": PART, "time": 1}))
+    live.event(
+        FollowedEvent("/cwd", "prj", "message.part.updated", {"sessionID": V1, "part": PART, "time": 1})
+    )
     live.following()  # the server crashed and is back
     await live.tasks.idle()
     settled = await settled_part(live)
@@ -188,7 +192,9 @@ async def test_a_client_back_goes_on_when_the_followed_stream_is_not_read_up_to_
 ) -> None:
     monkeypatch.setattr(live_clients, "CATCH_UP_WAIT", 0.01)
     live.following()
-    live.event(GlobalEvent("/cwd", "prj", "message.part.updated", {"sessionID": V1, "part": PART, "time": 1}))
+    live.event(
+        FollowedEvent("/cwd", "prj", "message.part.updated", {"sessionID": V1, "part": PART, "time": 1})
+    )
     live.following()  # the server crashed and is back
     await live.tasks.idle()
     flow = testing.flow("GET", "/global/event", response_headers=SSE)

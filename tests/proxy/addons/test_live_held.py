@@ -27,7 +27,7 @@ from proxy.opencode.client import UpstreamApi
 from proxy.opencode.dialects import LINE_2X
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.server_line import KnownServer, ServerLine
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.relay.hooks import Flow
 from proxy.service.metrics import Metrics
 from tests.fixtures import compact
@@ -123,7 +123,7 @@ async def test_a_2x_call_held_back_by_a_holder_is_told_once_it_exits(
     stream = testing.flow("GET", "/api/event", response_headers=hooks.SSE)
     async with testing.streaming(live, stream) as flow:
         opened = {"sessionID": session, "assistantMessageID": message["id"], "id": call, "name": "shell"}
-        live.event(GlobalEvent(None, None, "session.tool.called", opened, api=True))
+        live.event(FollowedEvent(None, None, "session.tool.called", opened, api=True))
         live.following()
         await live.tasks.idle()
         assert flow.injected is not None

@@ -14,7 +14,7 @@ import pytest
 
 from proxy import testing
 from proxy.addons.live.addon import LiveSettle
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.service.metrics import Metrics
 from tests.fixtures import js_json
 from tests.proxy.addons.live_streams import MESSAGE, PART, V1, WRITING_INFO
@@ -24,7 +24,7 @@ SSE = {"Content-Type": "text/event-stream"}
 
 
 def heard(live: LiveSettle, kind: str, **properties: Any) -> None:
-    live.event(GlobalEvent("/cwd", "prj", kind, {"sessionID": V1, **properties}))
+    live.event(FollowedEvent("/cwd", "prj", kind, {"sessionID": V1, **properties}))
 
 
 def crash_with_part_open(live: LiveSettle) -> None:

@@ -6,15 +6,15 @@ import pytest
 
 from proxy.addons.live import memory as live_memory
 from proxy.addons.live.memory import StreamMemory
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from rules import Api, OpenTool
 
 
-def event(kind: str, **properties: Any) -> GlobalEvent:
-    return GlobalEvent("/cwd", "prj", kind, properties)
+def event(kind: str, **properties: Any) -> FollowedEvent:
+    return FollowedEvent("/cwd", "prj", kind, properties)
 
 
-def part(part_id: str, status: str, session: str = "ses_a") -> GlobalEvent:
+def part(part_id: str, status: str, session: str = "ses_a") -> FollowedEvent:
     body = {
         "id": part_id,
         "sessionID": session,
@@ -25,7 +25,7 @@ def part(part_id: str, status: str, session: str = "ses_a") -> GlobalEvent:
     return event("message.part.updated", sessionID=session, part=body)
 
 
-def assistant(message_id: str, *, completed: bool, session: str = "ses_a") -> GlobalEvent:
+def assistant(message_id: str, *, completed: bool, session: str = "ses_a") -> FollowedEvent:
     time = {"created": 1, "completed": 2} if completed else {"created": 1}
     info = {"id": message_id, "sessionID": session, "role": "assistant", "time": time}
     return event("message.updated", sessionID=session, info=info)

@@ -12,7 +12,7 @@ from proxy.addons.live.session_streams import SessionStreamSettle
 from proxy.addons.routing import Routing
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.opencode.vocabulary import TOOL_FAILED
 from proxy.relay.hooks import Addons, Flow
 from proxy.service.metrics import Metrics
@@ -137,8 +137,8 @@ async def test_closing_the_addons_cancels_their_pending_confirmations(
     grace period is cancelled and never reads the server, however the addon holds its tasks."""
     ctx = SettleContext(LivenessProbe(upstream_api), upstream_api, Metrics(), grace=3600)
     streams, live = SessionStreamSettle(ctx), LiveSettle(ctx)
-    live.event(GlobalEvent("/cwd", "prj", "message.part.updated", {"part": V1_PART, "time": 1}))
-    live.event(GlobalEvent("/cwd", "prj", "session.status", {"sessionID": V1, "status": {"type": "idle"}}))
+    live.event(FollowedEvent("/cwd", "prj", "message.part.updated", {"part": V1_PART, "time": 1}))
+    live.event(FollowedEvent("/cwd", "prj", "session.status", {"sessionID": V1, "status": {"type": "idle"}}))
     dispatcher = Addons([Routing(), streams, live], Metrics().addon_errors)
     closing = streams if owner == "session-stream-settle" else live
     async with testing.streaming([Routing(), streams], testing.flow("GET", STREAM, response_headers=SSE)):

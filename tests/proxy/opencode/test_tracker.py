@@ -5,7 +5,7 @@ import time
 import orjson
 import pytest
 
-from proxy.opencode.global_events import UnreadableEvent
+from proxy.opencode.followed_events import UnreadableEvent
 from proxy.opencode.tracker import (
     CLEAN_SESSIONS,
     CLEAN_VIEWS,

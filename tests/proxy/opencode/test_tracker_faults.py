@@ -15,7 +15,7 @@ from yarl import URL
 
 from proxy.opencode import tracker as tracker_module
 from proxy.opencode.tracker import (
-    GlobalEvent,
+    FollowedEvent,
     LivenessTracker,
     StreamListener,
     StreamMetrics,
@@ -116,14 +116,14 @@ async def test_an_event_line_past_aiohttps_line_limit_is_read(proxy: ProxyClient
 
 class Noting(StreamListener):
     def __init__(self) -> None:
-        self.events: list[GlobalEvent] = []
+        self.events: list[FollowedEvent] = []
         self.followed = asyncio.Event()
         self.heard = asyncio.Event()
 
     def following(self) -> None:
         self.followed.set()
 
-    def event(self, event: GlobalEvent) -> None:
+    def event(self, event: FollowedEvent) -> None:
         self.events.append(event)
         if event.kind == "session.status":
             self.heard.set()
@@ -135,7 +135,7 @@ class Raising(StreamListener):
     def following(self) -> None:
         raise RuntimeError("listener bug in following")
 
-    def event(self, event: GlobalEvent) -> None:
+    def event(self, event: FollowedEvent) -> None:
         raise RuntimeError("listener bug in event")
 
 
@@ -207,7 +207,7 @@ async def test_following_that_fails_drops_what_is_kept_says_so_and_starts_again(
     tracker = await kept_busy(proxy, fake)
     meaning, faults = tracker_module.liveness_meaning, [RuntimeError("a bug in the tracker")]
 
-    def failing(event: GlobalEvent) -> Any:
+    def failing(event: FollowedEvent) -> Any:
         if faults:
             raise faults.pop()
         return meaning(event)

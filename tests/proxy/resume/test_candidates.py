@@ -4,14 +4,14 @@ from typing import Any
 
 import pytest
 
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.resume import candidates as watch_module
 from proxy.resume.candidates import Candidate, Watch
 from rules import Api
 
 
-def event(kind: str, session: str = "ses_1", **properties: Any) -> GlobalEvent:
-    return GlobalEvent("/work", None, kind, {"sessionID": session, **properties})
+def event(kind: str, session: str = "ses_1", **properties: Any) -> FollowedEvent:
+    return FollowedEvent("/work", None, kind, {"sessionID": session, **properties})
 
 
 class Clock:
@@ -21,7 +21,7 @@ class Clock:
         return self.now
 
 
-def watched(*events: GlobalEvent) -> tuple[Watch, list[Candidate]]:
+def watched(*events: FollowedEvent) -> tuple[Watch, list[Candidate]]:
     found: list[Candidate] = []
     watch = Watch(found.append, Clock())
     watch.following()

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.opencode.client import Credentials
-from proxy.opencode.global_events import GlobalEvent
+from proxy.opencode.followed_events import FollowedEvent
 from proxy.relay.tasks import KeyedTasks, Together
 from proxy.resume import waiting as waiting_module
 from proxy.resume.admission import Admission
@@ -211,11 +211,11 @@ async def test_a_persons_own_message_ends_the_wait_and_nothing_is_sent(ledger: L
     ends: KeyedTasks[str] = KeyedTasks("ends")
     resuming = Resuming(Watch(lambda _: None), Together(ends), waiting, {"1.18": resumer}, ends)
     old = {"sessionID": "ses_1", "info": {"id": "msg_002", "role": "assistant", "sessionID": "ses_1"}}
-    resuming.event(GlobalEvent("/work", None, "message.updated", old))
+    resuming.event(FollowedEvent("/work", None, "message.updated", old))
     await ends.idle()
     assert waiting.get("ses_1") is not None, "news of the interrupted message itself is no person"
     mine = {"sessionID": "ses_1", "info": {"id": "msg_100", "role": "user", "sessionID": "ses_1"}}
-    resuming.event(GlobalEvent("/work", None, "message.updated", mine))
+    resuming.event(FollowedEvent("/work", None, "message.updated", mine))
     await ends.idle()
     assert waiting.listed() == []
     assert told.ends == ["ses_1"]

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from proxy.addons.routing import message_view
-from proxy.opencode.tracker import GlobalEvent, StreamListener
+from proxy.opencode.tracker import FollowedEvent, StreamListener
 from proxy.relay.hooks import Addon, Flow
 from proxy.relay.tasks import KeyedTasks
 from proxy.service.app import ASSEMBLY, create_app
@@ -51,7 +51,7 @@ class Recorder(Addon, StreamListener):
     def following(self) -> None:
         self.heard.append("following")
 
-    def event(self, event: GlobalEvent) -> None:
+    def event(self, event: FollowedEvent) -> None:
         self.heard.append(event.kind)
         if (session_id := event.session_id) is not None:
             self.tasks.start(session_id, lambda: self._work(session_id))

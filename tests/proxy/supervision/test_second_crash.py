@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.supervision import supervisor, tool_processes
 from proxy.supervision.server_command import ServerCommand, free_loopback_port
 from proxy.supervision.supervisor import ChildState, Orphans, Restart, Supervisor
@@ -102,7 +102,7 @@ async def tie(watcher: ToolProcesses, tool: subprocess.Popen[bytes]) -> None:
         "tool": "bash",
         "state": {"status": "running", "input": {"command": command_line(tool.pid)}},
     }
-    watcher.event(GlobalEvent("/d", None, "message.part.updated", {"sessionID": "ses_a", "part": part}))
+    watcher.event(FollowedEvent("/d", None, "message.part.updated", {"sessionID": "ses_a", "part": part}))
     await until(lambda: watcher.orphans([tool.pid])[0].call_was_running, "the tool tied to its call", 5)
     await watcher.flush()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from proxy.opencode.tracker import GlobalEvent
+from proxy.opencode.tracker import FollowedEvent
 from proxy.supervision import tool_processes
 from proxy.supervision.tool_processes import ToolProcesses
 from proxy.system.procfs import stat
@@ -47,7 +47,7 @@ def watcher(monkeypatch: pytest.MonkeyPatch) -> ToolProcesses:
     return ToolProcesses(this_process)
 
 
-def v1_part(part_id: str, status: str, command: str) -> GlobalEvent:
+def v1_part(part_id: str, status: str, command: str) -> FollowedEvent:
     part: dict[str, Any] = {
         "id": part_id,
         "sessionID": "ses_a",
@@ -55,12 +55,12 @@ def v1_part(part_id: str, status: str, command: str) -> GlobalEvent:
         "tool": "bash",
         "state": {"status": status, "input": {"command": command}},
     }
-    return GlobalEvent("/d", None, "message.part.updated", {"sessionID": "ses_a", "part": part})
+    return FollowedEvent("/d", None, "message.part.updated", {"sessionID": "ses_a", "part": part})
 
 
-def v2_called(call: str, command: str) -> GlobalEvent:
+def v2_called(call: str, command: str) -> FollowedEvent:
     properties = {"sessionID": "ses_b", "callID": call, "tool": "bash", "input": {"command": command}}
-    return GlobalEvent("/d", None, "session.next.tool.called", properties)
+    return FollowedEvent("/d", None, "session.next.tool.called", properties)
 
 
 async def test_each_process_is_tied_to_the_call_whose_command_it_runs(
@@ -74,7 +74,7 @@ async def test_each_process_is_tied_to_the_call_whose_command_it_runs(
     await watcher.flush()  # its look for the processes (soon after each call started)
     watcher.event(v1_part("prt_1", "completed", "echo hello && sleep 601"))
     progress = {"sessionID": "ses_b", "callID": "call_2", "structured": {}}
-    watcher.event(GlobalEvent("/d", None, "session.next.tool.progress", progress))  # still running
+    watcher.event(FollowedEvent("/d", None, "session.next.tool.progress", progress))  # still running
     found = {orphan.pid: orphan.as_json() for orphan in watcher.orphans([tool.pid for tool in tools])}
     first, second, unknown = (found[tool.pid] for tool in tools)
     assert (first["part"], first["session"], first["call_was_running"]) == ("prt_1", "ses_a", False)
@@ -152,14 +152,14 @@ async def test_the_same_command_in_both_runtimes_is_told_apart_by_how_it_runs(
     assert [found[tool.pid] for tool in tools] == ["prt_1", "call_2"]
 
 
-def api_event(kind: str, call: str, key: str = "id", **data: Any) -> GlobalEvent:
+def api_event(kind: str, call: str, key: str = "id", **data: Any) -> FollowedEvent:
     """A 2.x event of `/api/event` about `call`, keyed `id` (newer) or `callID` (older:
     `packages/schema/src/session-event.ts` `Tool.*` @03130971e20a)."""
     properties = {"sessionID": "ses_c", "assistantMessageID": "msg_c", key: call, **data}
-    return GlobalEvent("/d", None, kind, properties, api=True)
+    return FollowedEvent("/d", None, kind, properties, api=True)
 
 
-def api_called(call: str, command: str, key: str = "id") -> list[GlobalEvent]:
+def api_called(call: str, command: str, key: str = "id") -> list[FollowedEvent]:
     """How 2.x starts a `shell` call: its input begins (naming the tool), then it is called
     (`Tool.Called`: the whole input, no tool name)."""
     return [

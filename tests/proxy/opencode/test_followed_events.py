@@ -9,7 +9,7 @@ from unittest import mock
 import aiohttp
 import pytest
 
-from proxy.opencode.global_events import event_lines
+from proxy.opencode.followed_events import event_lines
 from proxy.testing import WAIT_S
 
 

@@ -1,5 +1,6 @@
-"""The events of `/global/event` (and 2.x's `/api/event`) as the proxy reads them: line by line,
-each line only up to a limit, and what a plain event says about its session's liveness.
+"""The events of the followed stream (1.18's `/global/event`, 2.x's `/api/event`) as the proxy
+reads them: line by line, each line only up to a limit, and what a plain event says about its
+session's liveness.
 
 aiohttp's own `readline` gives up on a line past its buffer limit (512 KiB) with `LineTooLong`,
 having consumed an unknown part of it, so the stream cannot be read on; `readuntil` with a
@@ -32,10 +33,10 @@ class UnreadableEvent(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class GlobalEvent:
-    """One plain event of `/global/event`: `{"directory", "project"?, "payload": {type, properties}}`;
-    or of 2.x's `/api/event` (`api`): `{"id", "type", "data", "location"?: {"directory"}, …}`, its
-    `data` as the properties."""
+class FollowedEvent:
+    """One plain event of the followed stream: of `/global/event`, `{"directory", "project"?,
+    "payload": {type, properties}}`; or of 2.x's `/api/event` (`api`): `{"id", "type", "data",
+    "location"?: {"directory"}, …}`, its `data` as the properties."""
 
     directory: str | None
     project: str | None
@@ -94,8 +95,8 @@ async def event_lines(
 
 
 def read_event(
-    data: bytes, parse: Callable[[bytes], GlobalEvent | None] | None = None
-) -> GlobalEvent | UnreadableEvent | None:
+    data: bytes, parse: Callable[[bytes], FollowedEvent | None] | None = None
+) -> FollowedEvent | UnreadableEvent | None:
     """`parse` (default `parse_event`), with what it refuses as a value (the stream reads on)."""
     try:
         return (parse or parse_event)(data)
@@ -103,7 +104,7 @@ def read_event(
         return error
 
 
-def parse_event(data: bytes) -> GlobalEvent | None:
+def parse_event(data: bytes) -> FollowedEvent | None:
     """One `/global/event` payload, or None for what is not a plain event (sync forms); raises
     `UnreadableEvent` for what the decoder refuses, whatever it raises (nested too deep, say)."""
     envelope = _loads(data)
@@ -114,7 +115,7 @@ def parse_event(data: bytes) -> GlobalEvent | None:
     if not isinstance(kind, str) or not isinstance(properties, dict):
         return None
     directory, project, event_id = envelope.get("directory"), envelope.get("project"), payload.get("id")
-    return GlobalEvent(
+    return FollowedEvent(
         directory if isinstance(directory, str) else None,
         project if isinstance(project, str) else None,
         kind,
@@ -123,7 +124,7 @@ def parse_event(data: bytes) -> GlobalEvent | None:
     )
 
 
-def parse_api_event(data: bytes) -> GlobalEvent | None:
+def parse_api_event(data: bytes) -> FollowedEvent | None:
     """One `/api/event` frame of 2.x, as `parse_event` reads one of `/global/event`."""
     envelope = _loads(data)
     kind, properties = envelope.get("type"), envelope.get("data")
@@ -134,7 +135,7 @@ def parse_api_event(data: bytes) -> GlobalEvent | None:
     durable = envelope.get("durable")
     where = directory if isinstance(directory, str) else None
     seq = _seq(durable, properties.get("sessionID")) if isinstance(durable, dict) else None
-    return GlobalEvent(where, None, kind, properties, api=True, durable=isinstance(durable, dict), seq=seq)
+    return FollowedEvent(where, None, kind, properties, api=True, durable=isinstance(durable, dict), seq=seq)
 
 
 def _seq(durable: dict[str, Any], session_id: Any) -> int | None:
@@ -160,7 +161,7 @@ PARSERS = {"/global/event": parse_event, "/api/event": parse_api_event}
 """The streams the proxy reads, each with the reader of its frames."""
 
 
-def liveness_meaning(event: GlobalEvent) -> SessionEvent | None:
+def liveness_meaning(event: FollowedEvent) -> SessionEvent | None:
     """What an event says about its session's liveness, if anything."""
     session_id = event.session_id
     if session_id is None:
