@@ -38,9 +38,9 @@ from proxy.opencode import jsonio
 from proxy.opencode.followed_events import (
     FollowedEvent,
     UnreadableEvent,
+    api_event,
     event_lines,
-    parse_api_event,
-    read_event,
+    load_frame,
 )
 from proxy.opencode.server_line import KnownServer
 from proxy.relay.bounded import Bounded
@@ -184,10 +184,10 @@ def _item(line: bytes | None) -> FollowedEvent | UnreadableEvent | _Marker | Non
     if not line.startswith(b"data:"):
         return None
     try:
-        body = jsonio.loads(line[5:])
-    except Exception:
-        return UnreadableEvent("not JSON")
-    if isinstance(body, dict) and body.get("type") in MARKERS:
+        body = load_frame(line[5:])
+    except UnreadableEvent as error:
+        return error
+    if body.get("type") in MARKERS:
         seq = body.get("seq")
         return _Marker(seq if isinstance(seq, int) and not isinstance(seq, bool) else None)
-    return read_event(line[5:], parse_api_event)
+    return api_event(body)

@@ -107,7 +107,7 @@ def read_event(
 def parse_event(data: bytes) -> FollowedEvent | None:
     """One `/global/event` payload, or None for what is not a plain event (sync forms); raises
     `UnreadableEvent` for what the decoder refuses, whatever it raises (nested too deep, say)."""
-    envelope = _loads(data)
+    envelope = load_frame(data)
     payload = envelope.get("payload")
     if not isinstance(payload, dict):
         return None
@@ -126,7 +126,11 @@ def parse_event(data: bytes) -> FollowedEvent | None:
 
 def parse_api_event(data: bytes) -> FollowedEvent | None:
     """One `/api/event` frame of 2.x, as `parse_event` reads one of `/global/event`."""
-    envelope = _loads(data)
+    return api_event(load_frame(data))
+
+
+def api_event(envelope: dict[str, Any]) -> FollowedEvent | None:
+    """A 2.x frame already read as JSON (the durable log reads its marker from the same object)."""
     kind, properties = envelope.get("type"), envelope.get("data")
     if not isinstance(kind, str) or not isinstance(properties, dict):
         return None
@@ -145,7 +149,7 @@ def _seq(durable: dict[str, Any], session_id: Any) -> int | None:
     return seq if fine else None
 
 
-def _loads(data: bytes) -> dict[str, Any]:
+def load_frame(data: bytes) -> dict[str, Any]:
     """`data` as a JSON object (anything else: an empty one); raises `UnreadableEvent` for what the
     decoder refuses, whatever it raises (nested too deep, say)."""
     try:
