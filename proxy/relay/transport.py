@@ -6,9 +6,12 @@ response object, a connector, trace hooks and timers per request, which measured
 the proxy's time on a small answer. Here the head goes out as one write on a kept connection
 (`relay/connection.py`), and the answer comes back as the parser yields it (`relay/answers.py`).
 
-What it keeps from `ClientSession`: connections reused while the upstream keeps them alive, one
-retry of an idempotent request without a body when a reused connection turns out closed (the
-upstream dropped it while idle), a body that ends early reported as an error, never as the end.
+What it keeps from `ClientSession`: connections reused while the upstream keeps them alive and
+closed once idle too long (as its connector's keep-alive timeout and Go's `IdleConnTimeout` do:
+opencode 1.18.33 never closes an idle connection itself, so a burst of a web UI's parallel
+requests would otherwise hold its connections for good), one retry of an idempotent request
+without a body when a reused connection turns out closed (the upstream dropped it while idle), a
+body that ends early reported as an error, never as the end.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from proxy.relay.answers import UpstreamDisconnected, UpstreamError, UpstreamRes
 from proxy.relay.connection import Connection
 
 IDLE_SECONDS = 15.0
-"""How long an idle connection is trusted to be open: the upstream (Bun) closes its own after 10 s."""
+"""How long a connection is kept idle before it is closed (aiohttp's keep-alive timeout)."""
 MOST_IDLE = 64
 """Idle connections kept at most; more are closed once their answer is done."""
 _RETRIABLE = frozenset((hdrs.METH_GET, hdrs.METH_HEAD, hdrs.METH_OPTIONS, hdrs.METH_PUT, hdrs.METH_DELETE))
@@ -35,13 +38,16 @@ _RETRIABLE = frozenset((hdrs.METH_GET, hdrs.METH_HEAD, hdrs.METH_OPTIONS, hdrs.M
 class Transport:
     """Requests to one upstream origin, over the connections it keeps alive."""
 
-    def __init__(self, origin: URL, connect_timeout: float) -> None:
+    def __init__(self, origin: URL, connect_timeout: float, idle_timeout: float = IDLE_SECONDS) -> None:
         self._host, self._port = origin.raw_host or "127.0.0.1", origin.port or 80
         self._authority = origin.raw_authority
         self._ssl = ssl.create_default_context() if origin.scheme == "https" else None
         self._connect_timeout = connect_timeout
+        self._idle_timeout = idle_timeout
         self._idle: list[Connection] = []
+        """Oldest first: a connection goes in at the end when its answer is done."""
         self._open: set[Connection] = set()
+        self._sweep: asyncio.TimerHandle | None = None
 
     async def request(
         self,
@@ -67,6 +73,9 @@ class Transport:
 
     async def close(self) -> None:
         """Close every connection, idle or in use."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for connection in list(self._open):
             connection.close()
         self._idle.clear()
@@ -74,6 +83,8 @@ class Transport:
     def reuse(self, connection: Connection) -> None:
         if len(self._idle) < MOST_IDLE:
             self._idle.append(connection)
+            if self._sweep is None:
+                self._schedule_sweep()
         else:
             connection.close()
 
@@ -86,10 +97,23 @@ class Transport:
         now = time.monotonic()
         while self._idle:
             connection = self._idle.pop()
-            if now - connection.idle_since < IDLE_SECONDS:
+            if now - connection.idle_since < self._idle_timeout:
                 return connection
             connection.close()
         return None
+
+    def _schedule_sweep(self) -> None:
+        expires_in = self._idle[0].idle_since + self._idle_timeout - time.monotonic()
+        self._sweep = asyncio.get_running_loop().call_later(max(expires_in, 0.0), self._close_expired)
+
+    def _close_expired(self) -> None:
+        """Close the connections idle past the timeout, and wake again when the next one will be."""
+        self._sweep = None
+        expired = time.monotonic() - self._idle_timeout
+        while self._idle and self._idle[0].idle_since <= expired:
+            self._idle.pop(0).close()
+        if self._idle:
+            self._schedule_sweep()
 
     async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()

@@ -264,3 +264,25 @@ async def test_a_connection_whose_body_was_left_unread_is_never_reused() -> None
             assert response.content.at_eof() is False
             assert not response.content.paused
         assert await asyncio.wait_for(whole(transport), 5) == (200, b"ok")
+
+
+async def test_connections_idle_past_the_timeout_are_closed_though_the_upstream_keeps_them() -> None:
+    """opencode 1.18.33 never closes an idle connection: the transport closes its own, however
+    many a burst of parallel requests opened."""
+    closed: list[bool] = []
+
+    async def keeps_it(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answering(OK)(reader, writer)
+        closed.append(True)
+
+    async with serving(keeps_it) as (upstream, _):
+        transport = Transport(upstream.url, connect_timeout=5.0, idle_timeout=0.2)
+        try:
+            assert (
+                await asyncio.gather(whole(transport), whole(transport), whole(transport))
+                == [(200, b"ok")] * 3
+            )
+            assert upstream.connections == 3
+            assert await eventually(lambda: len(closed) == 3, within=5.0)
+        finally:
+            await transport.close()
