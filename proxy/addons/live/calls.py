@@ -16,7 +16,6 @@ as for 1.18's parts (`parts`).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -26,7 +25,7 @@ from proxy.addons.context import SettleContext
 from proxy.addons.live.after_grace import confirmed
 from proxy.addons.live.clients import ClientStreams, Telling
 from proxy.addons.live.confirmations import Confirmations, Ticket
-from proxy.addons.live.held import HeldBack
+from proxy.addons.live.held import HeldBack, Holds
 from proxy.addons.live.memory import REMEMBERED, Place
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.events_2x import api_execution_interrupted, api_tool_failed
@@ -104,34 +103,35 @@ class OpenCalls:
         )
         if read is None:
             return
-        held = self._held_back(read)
-        told = [self._settle(call, read) for call in read.calls if call.call_id not in held]
+        holds = self._holds(read)
+        told = [self._settle(call, read) for call in read.calls if call.call_id not in holds.calls]
         settled = [event for event in told if event is not None]
         if settled and not self._ctx.dry_run:
             call = read.calls[-1]
             place = Place(session_id, call.message_id, call.directory, None)
             ended = api_execution_interrupted(session_id, settled[-1]["created"], call.directory)
             self._clients.publish(f"execution {session_id}", Telling(place, [ended], api=True))
-        if held and read.liveness.elsewhere_since is not None:
-            self._held.wait(
+        if held := holds.calls & {call.call_id for call in read.calls}:
+            self._held.hold(
                 session_id,
-                read.liveness.elsewhere_since,
+                holds,
+                read.liveness,
                 lambda: self._confirmations.schedule(session_id, self._confirm),
                 lambda: any(call.call_id in held for call in self._calls(session_id)),
             )
 
-    def _held_back(self, read: _Read) -> set[str]:
-        """The calls left open that only the bound of other processes on the database held back (a
-        reading without it would settle them): they stay remembered, to be confirmed again."""
-        if read.liveness.elsewhere_since is None:
-            return set()
-        unbounded = dataclasses.replace(read.liveness, elsewhere_since=None)
-        held = set()
-        for message in read.messages.values():
-            bounded = settle_view(message, Api.V2, read.liveness, single=True, runtime=read.rules)
-            free = settle_view(message, Api.V2, unbounded, single=True, runtime=read.rules)
-            held |= _changed(free) - _changed(bounded)
-        return held & {call.call_id for call in read.calls}
+    def _holds(self, read: _Read) -> Holds:
+        """What held back the calls a reading left open that a later one may settle: they stay
+        remembered, to be confirmed again."""
+
+        def settles(liveness: Liveness) -> set[str]:
+            views = (
+                settle_view(message, Api.V2, liveness, single=True, runtime=read.rules)
+                for message in read.messages.values()
+            )
+            return set().union(*(_changed(view) for view in views))
+
+        return Holds.of(settles, read.liveness)
 
     async def _read(self, session_id: str) -> _Read | None:
         """The session's open calls, their messages read afresh, and a reading taken after them;

@@ -10,6 +10,11 @@ asked again with growing pauses (each a cheap survey, reused while fresh), and o
 past (that process exited) the confirmation is made again, in full: the grace, a fresh read, a
 fresh reading. Each decision is said in the log.
 
+A reading taken too shortly after a call's last sign of life holds it back as well (the rules'
+`FRESH_MARGIN_MS`: an announcement of its turn may still be in flight): with a short grace it can
+be the first reading after a restart, and nothing else would ask again. Such a call is confirmed
+again once the margin has passed. `Holds` says which of the two left a call open.
+
 A wait is not work under way: `idle` does not wait for it (the process may run for hours), and
 `close` cancels it.
 """
@@ -20,16 +25,43 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from proxy.opencode.liveness import LivenessProbe
-from rules import Liveness
+from rules import FRESH_MARGIN_MS, Liveness
 
 log = logging.getLogger(__name__)
 
 PAUSES_S = (0.5, 0.5, 1.0, 1.0, 2.0, 5.0)
 """Between two looks at the bound; the last is repeated for as long as the process holds on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Holds:
+    """Of the calls a reading left open, those a later one may settle, and what held each back."""
+
+    bound: frozenset[str]
+    """Only the bound of another process on the database holds them: confirmed once it exits."""
+    recent: frozenset[str]
+    """Only the reading's recency holds them: confirmed again once the margin has passed."""
+
+    @staticmethod
+    def of(settles: Callable[[Liveness], set[str]], liveness: Liveness) -> Holds:
+        """What held back each call `settles(reading)` (the calls a reading settles) leaves open
+        under `liveness`; an active session holds everything, and nothing here."""
+        if liveness.active:
+            return Holds(frozenset(), frozenset())
+        now = settles(liveness)
+        later = replace(liveness, taken_at=None)
+        settled_later = settles(later) if liveness.taken_at is not None else now
+        free = settles(replace(later, elsewhere_since=None)) if liveness.elsewhere_since else settled_later
+        return Holds(frozenset(free - settled_later), frozenset(settled_later - now))
+
+    @property
+    def calls(self) -> frozenset[str]:
+        return self.bound | self.recent
 
 
 class HeldBack:
@@ -51,12 +83,43 @@ class HeldBack:
             _when(bound),
             extra={"fields": {"session": session_id, "bound": bound, "decision": "held back"}},
         )
+        self._start(session_id, self._wait(session_id, bound, again, still))
+
+    def hold(
+        self,
+        session_id: str,
+        holds: Holds,
+        liveness: Liveness,
+        again: Callable[[], None],
+        still: Callable[[], bool],
+    ) -> None:
+        """Call `again()` once what `holds` says held calls of `session_id` back is gone: the margin
+        first (the confirmation then made may find the bound), else the bound."""
+        if holds.recent:
+            self._start(session_id, self._recent(session_id, again, still))
+        elif holds.bound and liveness.elsewhere_since is not None:
+            self.wait(session_id, liveness.elsewhere_since, again, still)
+
+    def _start(self, session_id: str, waited: Coroutine[None, None, None]) -> None:
         if (waiting := self._waits.get(session_id)) is not None and not waiting.done():
+            waited.close()
             return
-        waited = self._wait(session_id, bound, again, still)
         task = asyncio.create_task(waited, name=f"held back {session_id}")
         self._waits[session_id] = task
         task.add_done_callback(lambda done: self._ended(session_id, done))
+
+    async def _recent(self, session_id: str, again: Callable[[], None], still: Callable[[], bool]) -> None:
+        log.info(
+            "live settle of %s: %s left open, alive too shortly before the reading; confirmed again "
+            "in %.0f s",
+            session_id,
+            self._what,
+            FRESH_MARGIN_MS / 1000,
+            extra={"fields": {"session": session_id, "decision": "too recent"}},
+        )
+        await asyncio.sleep(FRESH_MARGIN_MS / 1000)
+        if still():
+            again()
 
     async def _wait(
         self, session_id: str, bound: int, again: Callable[[], None], still: Callable[[], bool]

@@ -25,7 +25,7 @@ from proxy.addons.context import SettleContext
 from proxy.addons.live.after_grace import confirmed
 from proxy.addons.live.clients import ClientStreams, Telling
 from proxy.addons.live.confirmations import Confirmations, Ticket
-from proxy.addons.live.held import HeldBack
+from proxy.addons.live.held import HeldBack, Holds
 from proxy.addons.live.memory import StreamMemory
 from proxy.addons.live.turns import directory_of
 from proxy.opencode.client import UpstreamRefused
@@ -136,22 +136,23 @@ class OpenParts:
         document = view.document if view is not None else message
         changed = set() if view is None else {change.target.part for change in view.changes}
         current = {part["id"]: part for part in document["parts"]}
-        held = _held_back(message, {part.part for part in parts} - changed, liveness)
+        holds = Holds.of(partial(_settles, message), liveness)
         for part in parts:
             part_id = part.part
             now = current.get(part_id)
-            if part_id in held:
-                continue  # still remembered: confirmed again once the other process is gone
+            if part_id in holds.calls:
+                continue  # still remembered: confirmed again once what held it back is gone
             self._memory.parts.pop(part_id, None)
             if now is not None and not is_open_tool(now, Api.V1):
                 # Settled by the rules, or by the server while the stream was down: either way
                 # a client that saw the part open must be told its state now.
                 self._orphan(part_id, part, now, document["info"], settled_here=part_id in changed)
-        if held and liveness.elsewhere_since is not None:
+        if held := holds.calls & {part.part for part in parts}:
             session_id = parts[0].session_id
-            self._held.wait(
+            self._held.hold(
                 session_id,
-                liveness.elsewhere_since,
+                holds,
+                liveness,
                 lambda: self.schedule(session_id),
                 lambda: any(part.part in held for part in self._memory.open_parts(session_id)),
             )
@@ -174,13 +175,11 @@ class OpenParts:
             self._ctx.write_back.schedule(Api.V1, part.session_id, self._ctx.credentials, {part_id})
 
 
-def _held_back(message: Any, left: set[str], liveness: Liveness) -> set[str]:
-    """The parts of `left` (left open) that only the bound of other processes on the database held
-    back: a reading without it would settle them."""
-    if not left or liveness.elsewhere_since is None:
-        return set()
-    unbounded = settle_view(message, Api.V1, dataclasses.replace(liveness, elsewhere_since=None), single=True)
-    return set() if unbounded is None else left & {change.target.part for change in unbounded.changes}
+def _settles(message: Any, liveness: Liveness) -> set[str]:
+    """The parts of `message` a reading settles."""
+    view = settle_view(message, Api.V1, liveness, single=True)
+    changes = () if view is None else view.changes
+    return {change.target.part for change in changes if change.target.part is not None}
 
 
 def _log_orphan(

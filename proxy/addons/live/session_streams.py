@@ -26,7 +26,6 @@ only speak on a stream the server has opened).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,7 +35,7 @@ from proxy.addons.context import SettleContext
 from proxy.addons.live.after_grace import read_after_grace
 from proxy.addons.live.confirmations import Confirmations, Ticket
 from proxy.addons.live.frames import event_frame
-from proxy.addons.live.held import HeldBack
+from proxy.addons.live.held import HeldBack, Holds
 from proxy.addons.routing import event_stream, route_of
 from proxy.opencode.client import Credentials
 from proxy.opencode.routes import EventStream
@@ -171,20 +170,24 @@ class SessionStreamSettle(Addon, StreamListener):
         calls: dict[str, FailedCall],
         credentials: Credentials,
     ) -> None:
-        """Calls only the bound of other processes on the database left open are confirmed again,
-        with every open stream of the session told then, once that process exits (`held`)."""
-        if liveness.elsewhere_since is None:
-            return
-        free = settle_view(document, Api.V2, dataclasses.replace(liveness, elsewhere_since=None))
-        if free is None or not (_failed_calls(session_id, free).keys() - calls.keys()):
-            return
-        again = partial(self._settle, credentials, after_loss=True)
-        self._held.wait(
-            session_id,
-            liveness.elsewhere_since,
-            lambda: self._confirmations.schedule(session_id, again),
-            lambda: True,
-        )
+        """Calls that only the bound of other processes on the database, or the reading's recency,
+        left open are confirmed again, with every open stream of the session told then, once what
+        held them back is gone (`held`)."""
+
+        def settles(reading: Liveness) -> set[str]:
+            view = settle_view(document, Api.V2, reading)
+            return set() if view is None else set(_failed_calls(session_id, view))
+
+        holds = Holds.of(settles, liveness)
+        if holds.calls - calls.keys():
+            again = partial(self._settle, credentials, after_loss=True)
+            self._held.hold(
+                session_id,
+                holds,
+                liveness,
+                lambda: self._confirmations.schedule(session_id, again),
+                lambda: True,
+            )
 
     async def _read(self, session_id: str, credentials: Credentials) -> tuple[Any, Liveness]:
         """The session's messages read afresh, then a reading."""

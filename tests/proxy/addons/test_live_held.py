@@ -6,8 +6,10 @@ client stream open through the crash is then told, on 1.18's `/global/event` and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import shutil
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,6 +22,7 @@ from proxy import testing
 from proxy.addons.context import SettleContext
 from proxy.addons.live import held as live_held
 from proxy.addons.live.addon import LiveSettle
+from proxy.addons.live.held import Holds
 from proxy.addons.live.session_streams import SessionStreamSettle
 from proxy.opencode import other_processes as processes
 from proxy.opencode import surveys
@@ -30,6 +33,7 @@ from proxy.opencode.server_line import KnownServer, ServerLine
 from proxy.opencode.tracker import FollowedEvent
 from proxy.relay.hooks import Flow
 from proxy.service.metrics import Metrics
+from rules import Liveness
 from tests.fixtures import compact
 from tests.fixtures.opencode2 import load
 from tests.proxy.addons import test_live_hooks as hooks
@@ -149,3 +153,42 @@ async def test_a_1_18_v2_call_held_back_by_a_holder_is_told_on_its_session_strea
         told = await next_kinds(flow, 1)
         await streams.close()
     assert told == ["session.next.tool.failed"]
+
+
+def alive_at(message: dict[str, Any], last_alive: int) -> dict[str, Any]:
+    """`message` with its times moved so that the last of them is `last_alive`."""
+    moved: dict[str, Any] = orjson.loads(orjson.dumps(message))
+    shift = last_alive - moved["parts"][1]["state"]["time"]["start"]
+    moved["info"]["time"]["created"] += shift
+    moved["parts"][1]["state"]["time"]["start"] += shift
+    return moved
+
+
+async def test_a_v1_part_alive_too_shortly_before_the_reading_is_told_once_the_margin_passed(
+    upstream_api: UpstreamApi, fake: FakeOpencode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A short grace can make the first reading after a restart too recent to vouch for a part;
+    nothing else would ask again, so the part is confirmed again once the margin has passed."""
+    caplog.set_level(logging.INFO)
+    message = alive_at(MESSAGE, int(time.time() * 1000) - 1000)
+    fake.bodies[f"/session/{V1}/message/{MESSAGE['info']['id']}"] = orjson.dumps(message)
+    live = live_settle(LivenessProbe(upstream_api), upstream_api)
+    stream = testing.flow("GET", "/global/event", response_headers=hooks.SSE)
+    async with testing.streaming(live, stream) as flow:
+        hooks.crash_with_part_open(live)
+        told = await next_kinds(flow, 4)
+        await live.close()
+    assert told == ["message.part.updated", "message.updated", "session.status", "session.idle"]
+    assert "open parts left open, alive too shortly before the reading; confirmed again" in caplog.text
+
+
+def test_holds_say_what_left_each_call_open() -> None:
+    """The bound holds what only it holds, however recent; recency what a later reading settles."""
+    alive = {"recent": 10_000, "elsewhere": 10_500, "old": 1_000}
+
+    def settles(reading: Liveness) -> set[str]:
+        return {call for call, last in alive.items() if reading.vouches_for(last)}
+
+    reading = Liveness("ses", active=False, taken_at=11_000, elsewhere_since=10_200)
+    assert Holds.of(settles, reading) == Holds(frozenset({"elsewhere"}), frozenset({"recent"}))
+    assert Holds.of(settles, dataclasses.replace(reading, active=True)) == Holds(frozenset(), frozenset())
