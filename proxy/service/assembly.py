@@ -73,6 +73,9 @@ class Built:
     tracker: LivenessTracker
     line: ServerLine
     prefix: str
+    live: LiveSettle
+    """The live feature, built before the addons: the resume tells a person through its notices,
+    and the kept memory is its. Its factory in `ADDONS` places its hooks among the others'."""
 
 
 AddonFactory = Callable[[Built], Addon | None]
@@ -82,11 +85,11 @@ ADDONS: tuple[AddonFactory, ...] = (
     lambda built: MountedLinks(built.prefix) if built.prefix else None,
     lambda built: Routing(built.prefix, line=built.line),
     lambda built: Settle(built.ctx, tracker=built.tracker, server=built.line),
-    lambda built: LiveSettle(built.ctx, server=built.line),
+    lambda built: built.live,
     lambda built: SessionStreamSettle(built.ctx),
-    lambda built: ResumeClients() if built.settings.resume else None,
 )
-"""The addons, in the order their hooks run (and their listeners hear the stream)."""
+"""The addons, in the order their hooks run (and their listeners hear the stream); the resume's
+`ResumeClients` and the live feature's notices run after them."""
 
 Part = Addon | StreamListener
 """What the application is made of: an addon (a `StreamListener` too if it follows the stream),
@@ -131,9 +134,9 @@ class Assembly:
     write_back: WriteBack | None
     """The write-back's scheduler: an embedding application may await its `settled`."""
     tool_processes: ToolProcesses | None
-    notices: Notices | None
+    notices: Notices
     """Tells the client streams that a turn waits for a person: the resume's Announcer unless the
-    application gives one; None without the live-settle addon."""
+    application gives one."""
 
     def __init__(
         self,
@@ -199,12 +202,13 @@ class Assembly:
         ctx = SettleContext(
             probe, upstream, metrics, settings.grace, credentials, scheduled, settings.dry_run
         )
-        addons = [factory(Built(settings, ctx, tracker, self.line, self.prefix)) for factory in self._addons]
+        live = LiveSettle(ctx, server=self.line)
+        built = Built(settings, ctx, tracker, self.line, self.prefix, live)
+        addons = [factory(built) for factory in self._addons]
         self.tool_processes = await tool_processes(settings.state_db, self.supervisor, self.others, stack)
-        clients = next((addon for addon in addons if isinstance(addon, ResumeClients)), None)
-        live = next((addon for addon in addons if isinstance(addon, LiveSettle)), None)
-        self.notices = live.notices if live is not None else None
-        if live is not None and (kept := await kept_memory(settings, stack)) is not None:
+        clients = ResumeClients() if settings.resume else None
+        self.notices = live.notices
+        if (kept := await kept_memory(settings, stack)) is not None:
             live.remember(*kept)
             self.background.add(kept[0])
         ledger = await resume_ledger(settings, stack)
@@ -226,7 +230,7 @@ class Assembly:
         )
         if self.resuming is not None:
             await self.resuming.waiting.load()
-        parts = [*addons, self.notices, self.routes.guard, self.tool_processes, self.resuming]
+        parts = [*addons, clients, self.notices, self.routes.guard, self.tool_processes, self.resuming]
         dispatcher = wire(
             parts, tracker=tracker, background=self.background, errors=metrics.addon_errors, stack=stack
         )
