@@ -38,7 +38,7 @@ from proxy.relay.forward import Around, Forwarder
 from proxy.relay.hooks import Addon, Addons
 from proxy.relay.options import RelayOptions
 from proxy.relay.stopping import OpenStreams
-from proxy.relay.tasks import Background
+from proxy.relay.tasks import Background, Working
 from proxy.relay.transport import Transport
 from proxy.relay.upstream import upstream_session
 from proxy.resume.journal import Journal
@@ -93,7 +93,8 @@ ADDONS: tuple[AddonFactory, ...] = (
 
 Part = Addon | StreamListener
 """What the application is made of: an addon (a `StreamListener` too if it follows the stream),
-or a listener of the stream alone (the details guard, the tool-process watcher, the resume)."""
+or a listener of the stream alone (the details guard, the tool-process watcher, the resume, which
+works in the background too: a `Working` part)."""
 
 
 def wire(
@@ -106,13 +107,13 @@ def wire(
 ) -> Addons:
     """The one registration: each part, in order, as what it declares. An addon's hooks go to the
     dispatcher returned (which closes them, the last first, with `stack`); a `StreamListener`
-    hears the followed stream; background `tasks` are waited for by `background`."""
+    hears the followed stream; a `Working` part's `tasks` are waited for by `background`."""
     present = [part for part in parts if part is not None]
     for part in present:
         if isinstance(part, StreamListener):
             tracker.listeners.append(part)
-        if (tasks := getattr(part, "tasks", None)) is not None:
-            background.add(tasks)
+        if isinstance(part, Working) and part.tasks is not None:
+            background.add(part.tasks)
     addons = Addons([part for part in present if isinstance(part, Addon)], errors)
     stack.push_async_callback(addons.close)
     return addons
