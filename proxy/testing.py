@@ -121,7 +121,7 @@ class _Hearing(StreamListener):
 async def _listening(app: web.Application, listener: _Hearing) -> AsyncIterator[None]:
     """The tracker hands each event to its listeners in order, so once this one (added last)
     has it, every addon has too."""
-    listeners = app[ASSEMBLY].tracker.listeners
+    listeners = app[ASSEMBLY].started.tracker.listeners
     listeners.append(listener)
     try:
         yield

@@ -22,7 +22,7 @@ from prometheus_client import Counter
 
 from proxy.relay.options import DEFAULT_MAX_BODY
 from proxy.relay.sse import Opened
-from proxy.relay.tasks import Lifecycle
+from proxy.relay.tasks import Lifecycle, Working
 
 log = logging.getLogger(__name__)
 Hook = Literal["request_headers", "response_headers", "response", "done"]
@@ -133,7 +133,7 @@ Scope = Callable[[Flow], bool]
 """Whether an addon takes part in a flow, read from what the earlier hooks put in it (its route)."""
 
 
-class Addon:
+class Addon(Working):
     """Base class with no-op hooks; subclasses override the hooks they handle.
 
     An addon says what it is, and the application wires it from that alone: its `scope` (the

@@ -7,7 +7,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Hashable, Sequence
 from functools import partial
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 K = TypeVar("K", bound=Hashable)
 log = logging.getLogger(__name__)
@@ -26,6 +26,16 @@ class Lifecycle(Idles, Protocol):
     """An owner of background tasks that can also cancel them (application cleanup)."""
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Working(Protocol):
+    """A part of an application that says whether it works in the background: its `tasks`
+    (None: it has none), which the application waits for with the rest (`Background`) and the
+    part's own `close` ends. An addon is one (`relay.hooks.Addon.tasks`); a part that is no addon
+    declares it by being one too, so that what the application waits for is never guessed."""
+
+    tasks: Lifecycle | None
 
 
 async def _until_idle(owners: Sequence[Idles]) -> None:

@@ -25,7 +25,7 @@ from proxy.opencode.dialects import LINE_1_18, LINE_2X, Dialect
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.tracker import FollowedEvent, StreamListener
 from proxy.opencode.vocabulary import mentioned_message
-from proxy.relay.tasks import KeyedTasks, Together
+from proxy.relay.tasks import KeyedTasks, Together, Working
 from proxy.resume.admission import Admission
 from proxy.resume.candidates import Candidate, Watch
 from proxy.resume.clients import Clients
@@ -128,7 +128,7 @@ def _said(options: ResumeOptions) -> None:
     )
 
 
-class Resuming(StreamListener):
+class Resuming(StreamListener, Working):
     """Resume in the application: follows the server's stream (its `Watch`), holds its resumers'
     background work (`tasks`), says which sessions it would consider should the server die now
     (`running`), keeps the turns that wait for a person (`waiting`: a message of theirs in the

@@ -3,7 +3,8 @@
 `up` answers anyone; the others only whom `DetailsGuard` admits (with a password on the
 upstream: who presents it). `SettleRoutes.add_to` is the one place they are registered: a new
 `/_settle/NAME` route is a method of `SettleRoutes` named in its `guarded`. Each handler reads
-the parts it is given (`SettleParts`, which the `Assembly` is), never the app."""
+the values it is given and the parts built as the application started (`Running`, which the
+assembly's record of them is), never the app nor the assembly."""
 
 from __future__ import annotations
 
@@ -34,20 +35,25 @@ from proxy.supervision.tool_processes import ToolProcesses
 from proxy.version import VERSION
 
 
-class SettleParts(Protocol):
-    """What the `/_settle` routes read of the proxy's parts (the `Assembly` is one): only these,
-    so the routes depend on no assembly, and none of the parts on them."""
+class Running(Protocol):
+    """What the `/_settle` routes read of the parts built as the application starts (the
+    assembly's `Started` is one): only these, so the routes depend on no assembly, and none of
+    the parts on them."""
 
-    settings: Settings
-    line: ServerLine
-    metrics: Metrics
-    session: aiohttp.ClientSession
-    tracker: LivenessTracker
-    others: OtherProcesses
-    supervisor: Supervisor | None
-    tool_processes: ToolProcesses | None
-    journal: Journal
-    resuming: Resuming | None
+    @property
+    def session(self) -> aiohttp.ClientSession: ...
+    @property
+    def line(self) -> ServerLine: ...
+    @property
+    def tracker(self) -> LivenessTracker: ...
+    @property
+    def others(self) -> OtherProcesses: ...
+    @property
+    def tool_processes(self) -> ToolProcesses | None: ...
+    @property
+    def journal(self) -> Journal: ...
+    @property
+    def resuming(self) -> Resuming | None: ...
 
 
 PREFIX = "/_settle"
@@ -59,11 +65,20 @@ _SILENT = f"it did not answer within {ANSWER_WITHIN_S:g} s (busy, hung, or not a
 
 
 class SettleRoutes:
-    """The proxy's own routes, given the parts they describe."""
+    """The proxy's own routes, given the parts they describe. They are registered as the
+    application is made, before the parts that need a running loop are built: those are asked of
+    `running` as each request comes, never before the application has started."""
 
-    def __init__(self, assembly: SettleParts) -> None:
-        self._assembly = assembly
-        settings = assembly.settings
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        running: Callable[[], Running],
+        *,
+        supervisor: Supervisor | None,
+    ) -> None:
+        self._settings, self._metrics, self._supervisor = settings, metrics, supervisor
+        self._running = running
         self.reading = UpstreamHealth(self._ask, server=self._server_now)
         self.guard = DetailsGuard(
             settings.authorization,
@@ -100,19 +115,18 @@ class SettleRoutes:
         serving (and answering 502 on forwarded routes) until it is back. Under `run`, the server's
         state, with its program's name only: the rest of a command line may hold a secret.
         """
-        assembly = self._assembly
-        settings = assembly.settings
+        settings, running = self._settings, self._running()
         upstream = {"url": str(settings.upstream_origin)} | await self.reading.answer()
         body = {
             "status": _status(upstream),
             "version": VERSION,
             "upstream": upstream,
-            "liveness": _liveness_source(assembly.tracker),
-            "other_processes": (await assembly.others.current()).describe(),
+            "liveness": _liveness_source(running.tracker),
+            "other_processes": (await running.others.current()).describe(),
             "write_back": str(settings.write_back),
             "dry_run": settings.dry_run,
         } | _listening(request)
-        if (supervisor := assembly.supervisor) is not None:
+        if (supervisor := self._supervisor) is not None:
             server = supervisor.health()
             command = server.pop("command", None)
             if isinstance(command, list) and command:
@@ -128,15 +142,15 @@ class SettleRoutes:
 
     async def metrics(self, _: web.Request) -> web.Response:
         """Prometheus text exposition."""
-        exposition = self._assembly.metrics.exposition()
+        exposition = self._metrics.exposition()
         return web.Response(body=exposition, headers={hdrs.CONTENT_TYPE: CONTENT_TYPE_LATEST})
 
     async def orphans(self, _: web.Request) -> web.Response:
         """The processes a dead server left running, each with the session and part that started it."""
-        if (supervisor := self._assembly.supervisor) is not None:
+        if (supervisor := self._supervisor) is not None:
             found = [orphan.as_json() for orphan in supervisor.orphans()]
             return web.json_response({"tracked": supervisor.subreaper, "orphans": found})
-        if (watcher := self._assembly.tool_processes) is not None:
+        if (watcher := self._running().tool_processes) is not None:
             found = [orphan.as_json() for orphan in await watcher.left_running()]
             return web.json_response({"tracked": True, "orphans": found})
         reason = "no state database: tool processes are not recorded (the embedded proxy records none)"
@@ -145,7 +159,8 @@ class SettleRoutes:
     async def resume(self, _: web.Request) -> web.Response:
         """`GET /_settle/resume`: whether resume is on, the sessions it would consider should the
         server die now (`running`), and its recent decisions, oldest first."""
-        journal, resuming = self._assembly.journal, self._assembly.resuming
+        running = self._running()
+        journal, resuming = running.journal, running.resuming
         return web.json_response(
             {
                 "enabled": journal.enabled,
@@ -161,7 +176,7 @@ class SettleRoutes:
         """`POST /_settle/resume/{session_id}`: continue the session's waiting turn, once (202); 404
         when none waits (or the wait ended), 409 when it was continued already; each with why."""
         session_id = request.match_info["session_id"]
-        if (resuming := self._assembly.resuming) is None:
+        if (resuming := self._running().resuming) is None:
             why = "no turn waits here: there is no state database to keep resumes in"
             return _refusal(404, "not_waiting", why)
         try:
@@ -176,8 +191,8 @@ class SettleRoutes:
         """Which server the upstream is (asked now, if it is not known), or why that is not known,
         and how the route it was known by answers now (as that line's user). Not known yet, the
         route of the newest line is asked, for whether the upstream answers at all."""
-        assembly = self._assembly
-        settings, line = assembly.settings, assembly.line
+        settings, running = self._settings, self._running()
+        line = running.line
         deadline = asyncio.get_running_loop().time() + ANSWER_WITHIN_S
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(deadline):  # the line goes on asking, for the next reading
@@ -191,7 +206,7 @@ class SettleRoutes:
         try:
             async with (
                 asyncio.timeout_at(deadline),
-                assembly.session.get(settings.upstream_origin.with_path(path), headers=headers) as response,
+                running.session.get(settings.upstream_origin.with_path(path), headers=headers) as response,
             ):
                 return {"reachable": True, "status": response.status, "route": path} | said
         except TimeoutError:
@@ -201,12 +216,12 @@ class SettleRoutes:
 
     def _line_user(self) -> str | None:
         """The user the upstream's line fixes (the line is built when the application starts)."""
-        return self._assembly.line.user()
+        return self._running().line.user()
 
     def _server_now(self) -> object:
         """Which server a reading is of: the one the line knows (none once its stream was lost),
         and under `run` which start of it (a restart the supervisor saw before the stream said so)."""
-        known, supervisor = self._assembly.line.current, self._assembly.supervisor
+        known, supervisor = self._running().line.current, self._supervisor
         return (
             id(known) if known is not None else None,
             supervisor.restarts if supervisor is not None else 0,

@@ -1,5 +1,11 @@
 """The collaborators that depend on the configuration, each built from values for `Assembly`: the
-writer and its scheduler, who ties tool processes to their calls, and `--resume`."""
+writer and its scheduler, who ties tool processes to their calls, and `--resume`.
+
+The state database is opened once by each part that keeps something in it (the stream memory,
+the resume ledger, the tool processes' records), not shared: the ledger claims a resume in an
+explicit `BEGIN IMMEDIATE` transaction on an autocommit connection, across awaits, while the
+others commit as they write; on one connection a write of theirs would land in a claim under way,
+and their commit would commit it half-made (or its rollback undo their write)."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ async def test_a_turn_started_while_a_live_settle_confirms_gets_no_false_idle(
     client = await aiohttp_client(create_app(Settings(upstream=URL(opencode.origin), grace=GRACE_S)))
     started: dict[str, str] = {}
     part = _Heard(lambda e: e.session_id == started.get("session") and _tool_running(e))
-    client.app[ASSEMBLY].tracker.listeners.append(part)
+    client.app[ASSEMBLY].started.tracker.listeners.append(part)
     turn: Turn = await asyncio.to_thread(start_v1_turn, opencode.url, opencode.project, STALE)
     started["session"] = turn.session_id  # the tool runs once the model answers, well after this
     running = await asyncio.to_thread(wait_tool_running, opencode.url, turn)
@@ -129,7 +129,7 @@ async def test_a_turn_started_while_a_live_settle_confirms_gets_no_false_idle(
     hook["read"] = f"/session/{turn.session_id}/message/{running.tool['messageID']}"
     try:
         await asyncio.wait_for(part.heard.wait(), 30)  # the proxy saw the tool running (it still is)
-        client.app[ASSEMBLY].tracker.listeners.append(busy)  # from now on, only the new turn's
+        client.app[ASSEMBLY].started.tracker.listeners.append(busy)  # from now on, only the new turn's
         await asyncio.to_thread(opencode.crash)
         await asyncio.to_thread(opencode.restart)
         restarted.set()

@@ -67,7 +67,7 @@ async def proxied(
     settings = Settings(upstream=URL(server.url), grace=0, authorization=authorization, **more)
     seen = Seen()
     client: TestClient[web.Request, web.Application] = await aiohttp_client(create_app(settings))
-    tracker = client.app[ASSEMBLY].tracker
+    tracker = client.app[ASSEMBLY].started.tracker
     tracker.listeners.append(seen)
     await seen.until(lambda: tracker.state is StreamState.FOLLOWING)
     yield client, seen

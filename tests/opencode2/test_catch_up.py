@@ -45,7 +45,7 @@ def kinds(seen: Seen, session_id: str) -> list[str]:
 
 
 def tracker_of(proxy: Any) -> LivenessTracker:
-    tracker: LivenessTracker = proxy.app[ASSEMBLY].tracker
+    tracker: LivenessTracker = proxy.app[ASSEMBLY].started.tracker
     return tracker
 
 

@@ -31,7 +31,7 @@ async def test_a_from_source_build_is_followed_as_2x_and_never_written_into(
         StandIn.from_source(password=PASSWORD) as server,
         proxied(server, aiohttp_client, write_back=mode, db_path=database, lock_dir=tmp_path) as (proxy, _),
     ):
-        known = proxy.app[ASSEMBLY].line.current
+        known = proxy.app[ASSEMBLY].started.line.current
         health = await (await proxy.get("/_settle/health", headers=server.headers)).json()
     assert known is not None
     assert (known.version, known.dialect.name, known.answered) == ("local", "2.x", "/api/health")

@@ -80,7 +80,7 @@ async def asking_settle(
 
 async def following(proxy: ProxyClient) -> None:
     """Wait (bounded) until the proxy follows the fake's `/global/event`."""
-    if proxy.app[ASSEMBLY].tracker.state is not StreamState.FOLLOWING:
+    if proxy.app[ASSEMBLY].started.tracker.state is not StreamState.FOLLOWING:
         async with refollowing(proxy.app):
             pass
 

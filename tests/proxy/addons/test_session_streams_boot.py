@@ -76,7 +76,7 @@ async def test_a_session_stream_sent_while_the_server_boots_gets_a_504_then_its_
         first = await proxy.get(f"/api/session/{SESSION}/event")
         first.release()
         booting.booted.set()
-        await proxy.app[ASSEMBLY].line.detected()  # its health answers
+        await proxy.app[ASSEMBLY].started.line.detected()  # its health answers
         again = await proxy.get(f"/api/session/{SESSION}/event")
         news = await again.content.readline()
         again.close()

@@ -138,7 +138,7 @@ async def test_a_clean_view_streams_through_unread_until_its_session_moves(
 ) -> None:
     await following(proxy)
     path = f"/api/session/{V2}/message"
-    tracker = proxy.app[ASSEMBLY].tracker
+    tracker = proxy.app[ASSEMBLY].started.tracker
     fake.bodies[path] = compact("v2-message-interrupted.json")
     await settled_count(proxy, path)
     assert tracker.known_clean(V2, path)
@@ -153,7 +153,7 @@ async def test_a_clean_view_streams_through_unread_until_its_session_moves(
 
 async def test_a_status_unknown_here_keeps_no_reading(proxy: ProxyClient, fake: FakeOpencode) -> None:
     await following(proxy)
-    tracker = proxy.app[ASSEMBLY].tracker
+    tracker = proxy.app[ASSEMBLY].started.tracker
     await publish(proxy, fake, "session.status", V1, status={"type": "idle"})
     assert tracker.cached(Api.V1, V1) is not None
     await publish(proxy, fake, "session.status", V1, status={"type": "compacting"})
@@ -171,7 +171,7 @@ async def test_cache_busting_queries_leave_a_bounded_number_of_clean_marks(
     fake.bodies[path] = compact("v2-message-interrupted.json")
     for poll in range(3000):
         await settled_count(proxy, f"{path}?_={poll}")
-    tracker = proxy.app[ASSEMBLY].tracker
+    tracker = proxy.app[ASSEMBLY].started.tracker
     assert tracker.known_clean(V2, f"{path}?_=2999")
     assert not tracker.known_clean(V2, f"{path}?_=0")
     assert len(tracker._clean[V2]) == CLEAN_VIEWS
@@ -182,7 +182,7 @@ async def test_cache_busting_queries_leave_a_bounded_number_of_clean_marks(
 
 async def test_readings_are_kept_for_a_bounded_number_of_sessions(proxy: ProxyClient) -> None:
     await following(proxy)
-    tracker = proxy.app[ASSEMBLY].tracker
+    tracker = proxy.app[ASSEMBLY].started.tracker
     for number in range(KEPT_SESSIONS + 50):
         tracker.apply(SessionEvent(f"ses_{number}", Api.V1, False))
     assert len(tracker._readings) == KEPT_SESSIONS

@@ -75,7 +75,7 @@ def big_output(size: int) -> bytes:
 async def kept_busy(proxy: ProxyClient, fake: FakeOpencode) -> LivenessTracker:
     await following(proxy)
     await publish(proxy, fake, "session.status", V1, status={"type": "busy"})
-    tracker = proxy.app[ASSEMBLY].tracker
+    tracker = proxy.app[ASSEMBLY].started.tracker
     kept = tracker.cached(Api.V1, V1)
     assert kept is not None
     assert kept.liveness.active

@@ -88,7 +88,7 @@ async def test_continue_continues_a_waiting_turn_once_and_a_second_is_409(
     )
     app = create_app(settings)
     client = await aiohttp_client(app)
-    resuming = app[ASSEMBLY].resuming
+    resuming = app[ASSEMBLY].started.resuming
     assert resuming is not None
     turn = InterruptedTurn("ses_1", Api.V1, "msg_002", (), None, None, None)
     await resuming.waiting.add(Waiting(turn, "/work", (), 1.0, "--resume is off", LINE_1_18.name, 1.0))

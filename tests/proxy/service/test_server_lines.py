@@ -244,7 +244,7 @@ async def test_a_server_that_restarts_as_another_line_is_asked_again(
     fake.bodies[VIEW] = stale_2x_view()
     proxy = await start()
     await following(proxy)
-    line = proxy.app[ASSEMBLY].line
+    line = proxy.app[ASSEMBLY].started.line
     told: asyncio.Queue[KnownServer] = asyncio.Queue()
     line.listeners.append(told.put_nowait)
     fake.version = "2.1.2"
@@ -263,7 +263,7 @@ async def test_a_server_not_followed_is_asked_again_as_soon_as_it_restarted(
     monkeypatch.setattr(tracker, "REDETECT_S", 3600.0)
     fake.version = "3.0.0"
     proxy = await start()
-    line = proxy.app[ASSEMBLY].line
+    line = proxy.app[ASSEMBLY].started.line
     told: asyncio.Queue[KnownServer] = asyncio.Queue()
     line.listeners.append(told.put_nowait)
     assert (await asyncio.wait_for(told.get(), WAIT_S)).version == "3.0.0"

@@ -44,7 +44,7 @@ async def test_rapid_requests_to_every_settle_route_cost_one_upstream_request(
     counting = CountingUpstream()
     upstream = await aiohttp_server(counting.app())
     proxy = await aiohttp_client(create_app(Settings(upstream=URL(str(upstream.make_url("/"))))))
-    await proxy.app[ASSEMBLY].line.known()  # which server it is is asked once, at start
+    await proxy.app[ASSEMBLY].started.line.known()  # which server it is is asked once, at start
     counting.health_requests = 0
     answers = await asyncio.gather(*(proxy.get(path) for path in ROUTES * 10))
     assert [answer.status for answer in answers] == [200] * len(answers)
