@@ -27,6 +27,7 @@ from .faults import (
     REQUEST_TIMEOUT_S,
     Crashed,
     Key,
+    Stored,
     fetch_messages,
     log_problems,
     part_state_of,
@@ -38,7 +39,7 @@ from .faults import (
 from .http_client import Reply, request
 from .interposed_upstream import InterposedUpstream, Send
 from .opencode_server import OpencodeServer
-from .polling import poll
+from .polling import WaitTimeout, poll
 from .proxy_process import ProxyProcess
 from .turns import Observed, Turn
 
@@ -142,7 +143,7 @@ def run_trials(
     sessions = crashed.sessions(keys)
     baseline = read_stored(server.database, sessions) if since_now else crashed.before
     racing = fetch_and_wait_written(proxies, [stale.turn for stale in sessions])
-    after = read_stored(server.database, sessions)
+    after = _once_written(server, sessions, baseline)
     return [
         Trial(
             key,
@@ -154,6 +155,25 @@ def run_trials(
         )
         for key, stale in zip(keys, sessions, strict=True)
     ]
+
+
+def _once_written(
+    server: OpencodeServer, sessions: Sequence[Observed], baseline: dict[str, Stored]
+) -> dict[str, Stored]:
+    """What storage holds once every session's rows differ from `baseline` (a write landed); what
+    it holds at the deadline otherwise, for the trial to judge. The passes counted in the metric
+    are not only this trial's (a client-stream confirmation schedules one of its own), so a pass
+    finished is no sign that this trial's write has landed."""
+
+    def changed() -> dict[str, Stored] | None:
+        after = read_stored(server.database, sessions)
+        landed = all(after[s.session_id].rows != baseline[s.session_id].rows for s in sessions)
+        return after if landed else None
+
+    try:
+        return poll(changed, what="a write of every session", timeout=PASS_TIMEOUT_S, interval=0.05)
+    except WaitTimeout:
+        return read_stored(server.database, sessions)
 
 
 class _PatchTogether(InterposedUpstream):

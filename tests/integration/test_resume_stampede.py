@@ -19,7 +19,7 @@ from .opencode_server import OpencodeServer, opencode_binary
 from .polling import poll
 from .proxy_process import ProxyProcess, running
 from .resumes import continuations, final, following
-from .turns import Runtime
+from .turns import Runtime, wait_turn_done
 from .turns import observe_running as observe
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -61,6 +61,8 @@ def test_ten_sessions_cut_at_once_are_continued_in_order_two_at_a_time_spaced(
                 n: poll(partial(final, proxy.url, turn), what=f"the decision on {n}", timeout=TIMEOUT_S)
                 for n, turn in turns.items()
             }
+            for turn in turns.values():  # each continuation answered: its request is in the mock's log
+                wait_turn_done(server.url, turn, timeout=TIMEOUT_S)
             sent = {n: continuations(mock_model, turn, crashed_at) for n, turn in turns.items()}
     finally:
         server.stop()
