@@ -35,7 +35,6 @@ from proxy.opencode.client import basic_as
 from proxy.opencode.followed_events import (
     PARSERS,
     FollowedEvent,
-    SessionEvent,
     UnreadableEvent,
     event_lines,
     liveness_meaning,
@@ -46,6 +45,7 @@ from proxy.opencode.following import StreamListener, StreamMetrics, StreamState
 from proxy.opencode.routes import STREAM_START_TIMEOUT_S
 from proxy.opencode.server_clock import ServerClock
 from proxy.opencode.server_line import TOLD_1_18, KnownServer, ServerLine
+from proxy.opencode.sessions import SessionEvent
 from proxy.relay.bounded import Bounded
 from proxy.relay.errors import reason_of
 from rules import Api, Liveness
