@@ -336,7 +336,10 @@ def _message(event: Shown) -> tuple[MessageUnfinished | MessageCompleted, ...]:
         return ()
     if info.get("role") != "assistant" or not isinstance(info.get("id"), str):
         return ()
-    if "completed" in (info.get("time") or {}):
+    time = info.get("time") or {}
+    if isinstance(time, int | float):  # no container: it says nothing, and must not stop the follower
+        return ()
+    if "completed" in time:
         return (MessageCompleted(info["id"]),)
     where = (event.directory, event.project)
     return (MessageUnfinished(str(info.get("sessionID")), info["id"], *where),)

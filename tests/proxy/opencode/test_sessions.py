@@ -6,6 +6,8 @@ from typing import Any
 
 from proxy.opencode.followed_events import FollowedEvent
 from proxy.opencode.sessions import (
+    MessageCompleted,
+    MessageUnfinished,
     PersonAnswered,
     PersonAsked,
     SessionEvent,
@@ -47,3 +49,8 @@ def test_a_person_is_asked_and_answered_by_request() -> None:
     replied = event("permission.v2.replied", sessionID="ses_a", requestID="per_1")
     assert PersonAsked("ses_a", "per_1", "permission") in asked.transitions
     assert PersonAnswered("ses_a", "per_1") in replied.transitions
+
+
+def test_a_message_whose_time_is_no_object_changes_nothing_and_stops_nothing() -> None:
+    odd = event("message.updated", sessionID="ses_a", info={"id": "msg_1", "role": "assistant", "time": 5})
+    assert not any(isinstance(change, MessageCompleted | MessageUnfinished) for change in odd.transitions)
