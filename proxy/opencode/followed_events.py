@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
 
 from proxy.opencode import jsonio
-from proxy.opencode.events_2x import api_stated_liveness
-from proxy.opencode.vocabulary import stated_liveness
-from rules import Api
+from proxy.opencode.sessions import SessionEvent, Transition, transitions
 
 PIECE = 2**16
 
@@ -50,21 +48,21 @@ class FollowedEvent:
     its view and log already say it to any client that reads them."""
     seq: int | None = None
     """2.x: its `durable.seq` in its session's log (the cursor a catch-up reads after), if durable."""
+    _transitions: tuple[Transition, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def session_id(self) -> str | None:
         session = self.properties.get("sessionID")
         return session if isinstance(session, str) else None
 
-
-@dataclass(frozen=True, slots=True)
-class SessionEvent:
-    """What an event says about one session's liveness."""
-
-    session_id: str
-    api: Api
-    busy: bool | None
-    """True/False when the event states it (v1 status); None when it only says "something happened"."""
+    @property
+    def transitions(self) -> tuple[Transition, ...]:
+        """What the event changes in its session (:mod:`proxy.opencode.sessions`), decoded when the
+        follower first asks, so that every listener after it is handed the same, decoded once."""
+        if (found := self._transitions) is None:
+            found = transitions(self)
+            object.__setattr__(self, "_transitions", found)
+        return found
 
 
 async def event_lines(
@@ -167,8 +165,4 @@ PARSERS = {"/global/event": parse_event, "/api/event": parse_api_event}
 
 def liveness_meaning(event: FollowedEvent) -> SessionEvent | None:
     """What an event says about its session's liveness, if anything."""
-    session_id = event.session_id
-    if session_id is None:
-        return None
-    stated = (api_stated_liveness if event.api else stated_liveness)(event.kind, event.properties)
-    return None if stated is None else SessionEvent(session_id, *stated)
+    return next((change for change in event.transitions if isinstance(change, SessionEvent)), None)

@@ -5,10 +5,10 @@ The proxy follows the event stream of the server's line: 1.18's `GET /global/eve
 carries every directory instance's events (v1 `session.status`/`session.idle`, v2
 `session.next.*`), or 2.x's `GET /api/event` (`session.execution.*`, `session.tool.*`, …).
 A reading (the upstream's answer to an on-demand look-up, or a v1 status event, or 2.x's end of
-an execution) is kept for a session until an event about that session arrives; status events
-replace it, any other event about the session drops it, and the next fetch asks again. While the
-stream is down, or before it has (re)connected, nothing is kept: the proxy falls back to asking,
-never to guessing.
+an execution) is kept (:mod:`proxy.opencode.readings`) for a session until an event about that
+session arrives; status events replace it, any other event about the session drops it, and the
+next fetch asks again. While the stream is down, or before it has (re)connected, nothing is
+kept: the proxy falls back to asking, never to guessing.
 
 No event may stop that: one that cannot be read (too long, too deep, not JSON) is skipped,
 logged once and counted, and since it may have been about any session every kept reading
@@ -16,7 +16,9 @@ is dropped; a listener that raises is logged and counted while the others still 
 event; and should following itself ever fail, what is kept is dropped, health says so, and
 it starts again.
 
-Other parts of the proxy listen to the same stream through `StreamListener`.
+Other parts of the proxy listen to the same stream through `StreamListener`: each event's
+transitions (:mod:`proxy.opencode.sessions`) are decoded as the kept readings take theirs, before
+any listener runs, and every listener is handed the same.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import hdrs
@@ -35,7 +36,6 @@ from proxy.opencode.client import basic_as
 from proxy.opencode.followed_events import (
     PARSERS,
     FollowedEvent,
-    SessionEvent,
     UnreadableEvent,
     event_lines,
     liveness_meaning,
@@ -43,17 +43,17 @@ from proxy.opencode.followed_events import (
     read_event,
 )
 from proxy.opencode.following import StreamListener, StreamMetrics, StreamState
+from proxy.opencode.readings import KeptReading, KeptReadings
 from proxy.opencode.routes import STREAM_START_TIMEOUT_S
 from proxy.opencode.server_clock import ServerClock
 from proxy.opencode.server_line import TOLD_1_18, KnownServer, ServerLine
-from proxy.relay.bounded import Bounded
 from proxy.relay.errors import reason_of
 from rules import Api, Liveness
 
 __all__ = [
     "FollowedEvent",
+    "KeptReading",
     "LivenessTracker",
-    "SessionEvent",
     "StreamListener",
     "StreamMetrics",
     "StreamState",
@@ -67,25 +67,10 @@ EVENTS_PATH = "/global/event"
 SILENCE_LIMIT_S = 35.0
 EVENT_LINE_LIMIT = 4 * 2**20
 """The longest event line read: a longer one (a tool's whole output or input) is skipped."""
-KEPT_SESSIONS = 10_000
-CLEAN_SESSIONS = 1_000
-CLEAN_VIEWS = 32
-"""How many views (path and query) of one session are remembered clean, for how many sessions:
-a client that busts caches with a new query string each time gets a scan each time, and
-nothing more is kept."""
 _RETRY_SECONDS = (0.0, 0.25, 1.0, 2.0, 5.0)
 _RESTART_PAUSE_S = 1.0
 REDETECT_S = 30.0
 """How often a server whose stream is not followed is asked again which server it is."""
-
-
-@dataclass(frozen=True, slots=True)
-class KeptReading:
-    """A reading the stream still vouches for. Its `taken_at` is in the server's clock: the
-    `Date` of an asked reading, or for a status event the time it arrived, by the offset the
-    stream's (or the latest liveness answer's) `Date` measured."""
-
-    liveness: Liveness
 
 
 class LivenessTracker:
@@ -118,11 +103,10 @@ class LivenessTracker:
         self._clock = clock or ServerClock()
         self._metrics = metrics or StreamMetrics.unregistered()
         self._line_limit = line_limit
-        self._readings: Bounded[tuple[Api, str], KeptReading] = Bounded(KEPT_SESSIONS)
+        self.kept = KeptReadings(self._clock)
+        """What the stream vouches for: believed only while it is followed."""
         self._log = DurableLog(line_limit)
         """Where the stream left each session's durable log: what a reconnection catches up from."""
-        self._clean: Bounded[str, Bounded[str, None]] = Bounded(CLEAN_SESSIONS)
-        """Per session, the views (path and query) last seen without an open tool."""
         self._said: set[str] = set()
         self._unread_said: KnownServer | None = None
         self.state = StreamState.CONNECTING
@@ -133,14 +117,12 @@ class LivenessTracker:
 
     def cached(self, api: Api, session_id: str) -> KeptReading | None:
         """The kept reading, or None when the proxy must ask."""
-        if self.state is not StreamState.FOLLOWING:
-            return None
-        return self._readings.get((api, session_id))
+        return self.kept.cached(api, session_id) if self.state is StreamState.FOLLOWING else None
 
     def store(self, api: Api, liveness: Liveness) -> None:
         """Keep an on-demand reading, valid until the next event about its session."""
         if self.state is StreamState.FOLLOWING:
-            self._readings[(api, liveness.session_id)] = KeptReading(liveness)
+            self.kept.store(api, liveness)
 
     def mark_clean(self, session_id: str, view: str) -> None:
         """Remember that `view` showed no open tool, until the next event about its session.
@@ -150,17 +132,10 @@ class LivenessTracker:
         a stale one could only skip a settlement, never invent one.
         """
         if self.state is StreamState.FOLLOWING:
-            self._clean.setdefault(session_id, Bounded(CLEAN_VIEWS))[view] = None
+            self.kept.mark_clean(session_id, view)
 
     def known_clean(self, session_id: str, view: str) -> bool:
-        return self.state is StreamState.FOLLOWING and view in self._clean.get(session_id, ())
-
-    def apply(self, event: SessionEvent) -> None:
-        key = (event.api, event.session_id)
-        if event.busy is None:
-            self._readings.pop(key, None)
-        else:
-            self._readings[key] = KeptReading(Liveness(event.session_id, event.busy, self._clock.now()))
+        return self.state is StreamState.FOLLOWING and self.kept.known_clean(session_id, view)
 
     async def run(self) -> None:
         """Follow the stream until cancelled. Following only fails by a fault of the proxy's own
@@ -239,16 +214,15 @@ class LivenessTracker:
 
     def _apply(self, event: FollowedEvent) -> None:
         if event.session_id is not None:
-            self._clean.pop(event.session_id, None)
+            self.kept.heard(event.session_id)
         meaning = liveness_meaning(event)
         if meaning is not None:
-            self.apply(meaning)
+            self.kept.apply(meaning)
         self._tell("event", lambda listener: listener.event(event))
 
     def _skip(self, reason: str) -> None:
         """An event that could not be read may have been about any session: nothing kept holds."""
-        self._readings.clear()
-        self._clean.clear()
+        self.kept.clear()
         self._metrics.unreadable_events.labels(reason).inc()
         if reason not in self._said:
             self._said.add(reason)
@@ -272,8 +246,7 @@ class LivenessTracker:
     def _forget(self) -> None:
         if self.state is StreamState.FOLLOWING:
             self.state = StreamState.CONNECTING
-        self._readings.clear()
-        self._clean.clear()
+        self.kept.clear()
 
     async def _follow(self, server: KnownServer) -> AsyncIterator[FollowedEvent | UnreadableEvent]:
         """The stream's events; once it answers, first what it missed while the proxy was away (from
@@ -297,7 +270,7 @@ class LivenessTracker:
                 self.state = StreamState.REFUSED
                 return
             self._clock.observe(stream.headers.get(hdrs.DATE))
-            self._readings.clear()
+            self.kept.clear()
             timeout = min(self._connect_timeout, STREAM_START_TIMEOUT_S)
             await self._log.catch_up(
                 self._session, self._origin, headers, server, within=timeout, take=self._caught_up

@@ -2,7 +2,8 @@
 
 Only a turn the proxy saw running can be one a crash interrupted: a stale session found in a
 view later may be an old crash from before the proxy was watching. So the watch remembers the
-sessions the stream last showed busy (v1 `session.status` busy or retrying, or a tool part shown
+sessions the stream last showed busy (`TurnRunning` until `TurnStopped`, decoded once in
+:mod:`proxy.opencode.sessions`: v1 `session.status` busy or retrying, or a tool part shown
 running, until idle; v2 any `session.next.*` event until a step ends with a finish other than
 `tool-calls`; 2.x any `session.*` event of `/api/event` until its execution ends, a `shutdown`
 aside, which is the server going away mid-turn), and the permissions and questions asked and
@@ -18,24 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.opencode.dialects import LINE_1_18, LINE_2X, Dialect
+from proxy.opencode.sessions import MessageMentioned, PersonAnswered, PersonAsked, TurnRunning, TurnStopped
 from proxy.opencode.tracker import FollowedEvent, StreamListener
-from proxy.opencode.vocabulary import (
-    ANSWERED,
-    API_EXECUTION_ENDED,
-    API_SESSION_PREFIX,
-    API_SHUTDOWN,
-    PART_UPDATED,
-    PERSON_PREFIXES,
-    SESSION_ERROR,
-    SESSION_IDLE,
-    SESSION_STATUS,
-    STEP_CALLS_TOOLS,
-    STEP_ENDED,
-    V2_PREFIX,
-    is_open_tool,
-    mentioned_message,
-    v1_status_active,
-)
 from proxy.relay.bounded import Bounded
 from rules import Api
 
@@ -101,56 +86,20 @@ class Watch(StreamListener):
 
     def event(self, event: FollowedEvent) -> None:
         self._heard = self._clock()
-        session_id = event.session_id
-        if session_id is None:
-            return
-        kind = event.kind
-        self._saw(session_id, mentioned_message(kind, event.properties))
-        if event.api and kind.startswith(API_SESSION_PREFIX):
-            self._on_2x(session_id, event)
-        elif kind == SESSION_STATUS:
-            if v1_status_active(event.properties.get("status")):
-                self._remember(session_id, Api.V1, event.directory)
-            else:
-                self._busy.pop(session_id, None)
-        elif kind in (SESSION_IDLE, SESSION_ERROR):
-            self._busy.pop(session_id, None)
-        elif kind == PART_UPDATED and is_open_tool(event.properties.get("part"), Api.V1):
-            self._remember(session_id, Api.V1, event.directory)
-        elif kind.startswith(V2_PREFIX):
-            if kind == STEP_ENDED and event.properties.get("finish") != STEP_CALLS_TOOLS:
-                self._busy.pop(session_id, None)
-            else:
-                self._remember(session_id, Api.V2, event.directory)
-        elif kind.startswith(PERSON_PREFIXES):
-            self._person(session_id, event)
-
-    def _on_2x(self, session_id: str, event: FollowedEvent) -> None:
-        if event.kind in API_EXECUTION_ENDED and event.properties.get("reason") != API_SHUTDOWN:
-            self._busy.pop(session_id, None)
-        else:
-            self._remember(session_id, Api.V2, event.directory, LINE_2X)
-
-    def _saw(self, session_id: str, message_id: str | None) -> None:
-        if message_id is not None and message_id > self._seen.get(session_id, ""):
-            self._seen[session_id] = message_id
-
-    def _remember(
-        self, session_id: str, api: Api, directory: str | None, dialect: Dialect = LINE_1_18
-    ) -> None:
-        self._busy[session_id] = (api, directory, dialect)
-
-    def _person(self, session_id: str, event: FollowedEvent) -> None:
-        """1.18's `permission.asked`, 2.x's `permission.v2.replied`: the subject first, the verb last."""
-        subject, verb = event.kind.partition(".")[0], event.kind.rpartition(".")[2]
-        request = (
-            event.properties.get("id") or event.properties.get("requestID") or event.properties.get("callID")
-        )
-        key = str(request)
-        if verb in ANSWERED:
-            if (asked := self._asked.get(session_id)) is not None:
-                asked.pop(key, None)
-                if not asked:  # nothing left to wait on: the session is no longer kept for it
-                    del self._asked[session_id]
-        else:
-            self._asked.setdefault(session_id, Bounded(ASKED_PER_SESSION))[key] = subject
+        for change in event.transitions:
+            match change:
+                case MessageMentioned(session_id, message_id):
+                    if message_id > self._seen.get(session_id, ""):
+                        self._seen[session_id] = message_id
+                case TurnRunning(session_id, api, directory, line_2x):
+                    self._busy[session_id] = (api, directory, LINE_2X if line_2x else LINE_1_18)
+                case TurnStopped(session_id):
+                    self._busy.pop(session_id, None)
+                case PersonAsked(session_id, request, subject):
+                    self._asked.setdefault(session_id, Bounded(ASKED_PER_SESSION))[request] = subject
+                case PersonAnswered(session_id, request) if (
+                    asked := self._asked.get(session_id)
+                ) is not None:
+                    asked.pop(request, None)
+                    if not asked:  # nothing left to wait on: the session is no longer kept for it
+                        del self._asked[session_id]

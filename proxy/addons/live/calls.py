@@ -31,7 +31,7 @@ from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.events_2x import api_execution_interrupted, api_tool_failed
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.server_line import ServerLine
-from proxy.opencode.sessions import CallClosed, CallOpened, SessionIdle, transitions
+from proxy.opencode.sessions import CallClosed, CallOpened, SessionIdle
 from proxy.opencode.tracker import FollowedEvent
 from proxy.opencode.vocabulary import is_open_tool
 from proxy.relay.bounded import Bounded
@@ -84,7 +84,7 @@ class OpenCalls:
         if not event.api or event.session_id is None:
             return
         self._confirmations.heard(event)
-        for change in transitions(event):
+        for change in event.transitions:
             match change:
                 case CallOpened(session_id, call_id, message_id, key, directory, line_2x=True):
                     self._open[call_id] = OpenCall(session_id, message_id, call_id, key, directory)

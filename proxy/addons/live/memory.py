@@ -12,11 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
-from proxy.addons.live.confirmations import says_idle
+from proxy.opencode.sessions import (
+    MessageCompleted,
+    MessageUnfinished,
+    PartNotOpen,
+    PartOpen,
+    SessionIdle,
+    StatusShown,
+)
 from proxy.opencode.tracker import FollowedEvent
-from proxy.opencode.vocabulary import MESSAGE_UPDATED, PART_UPDATED, SESSION_STATUS, is_open_tool
 from proxy.relay.bounded import Bounded
-from rules import V1, OpenTool
+from rules import OpenTool
 
 REMEMBERED = 10_000
 Kind = Literal["part", "session", "message"]
@@ -100,16 +106,23 @@ class StreamMemory:
     def observe(self, event: FollowedEvent) -> str | None:
         """Remember what `event` shows; return the session it says went idle while one of its
         parts is open (its parts must be confirmed), else None."""
-        if event.kind == PART_UPDATED:
-            self._part_updated(event)
-        elif event.kind == MESSAGE_UPDATED:
-            self._message_updated(event)
-        elif event.session_id is not None and says_idle(event):
-            self.busy.pop(event.session_id, None)
-            return event.session_id if self.has_open(event.session_id) else None
-        elif event.session_id is not None and event.kind == SESSION_STATUS:
-            self.busy[event.session_id] = Place(event.session_id, "", event.directory, event.project)
-        return None
+        idle = None
+        for change in event.transitions:
+            match change:
+                case PartOpen(tool):
+                    self.parts[tool.part] = tool
+                case PartNotOpen(part_id):
+                    self.parts.pop(part_id, None)
+                case MessageUnfinished(session_id, message_id, directory, project):
+                    self.unfinished[message_id] = Place(session_id, message_id, directory, project)
+                case MessageCompleted(message_id):
+                    self.unfinished.pop(message_id, None)
+                case SessionIdle(session_id):
+                    self.busy.pop(session_id, None)
+                    idle = session_id if self.has_open(session_id) else None
+                case StatusShown(session_id, active, directory, project) if active is not False:
+                    self.busy[session_id] = Place(session_id, "", directory, project)
+        return idle
 
     def has_open(self, session_id: str) -> bool:
         return any(part.session_id == session_id for part in self.parts.values())
@@ -126,36 +139,3 @@ class StreamMemory:
     def sessions_with_turns(self) -> set[str]:
         """Sessions shown busy or with an unfinished message."""
         return {m.session_id for m in self.unfinished.values()} | set(self.busy)
-
-    def _part_updated(self, event: FollowedEvent) -> None:
-        part = event.properties.get("part")
-        if not isinstance(part, dict) or not isinstance(part.get("id"), str):
-            return
-        if is_open_tool(part, V1.api):
-            tool = part.get("tool")
-            place = OpenTool(
-                V1.api,
-                str(part.get("sessionID")),
-                str(part.get("messageID")),
-                part["id"],
-                tool if isinstance(tool, str) else None,
-                directory=event.directory,
-                project=event.project,
-            )
-            self.parts[part["id"]] = place
-        else:
-            self.parts.pop(part["id"], None)
-
-    def _message_updated(self, event: FollowedEvent) -> None:
-        info = event.properties.get("info")
-        if (
-            not isinstance(info, dict)
-            or info.get("role") != "assistant"
-            or not isinstance(info.get("id"), str)
-        ):
-            return
-        if "completed" in (info.get("time") or {}):
-            self.unfinished.pop(info["id"], None)
-        else:
-            place = Place(str(info.get("sessionID")), info["id"], event.directory, event.project)
-            self.unfinished[info["id"]] = place

@@ -40,7 +40,7 @@ from proxy.addons.routing import event_stream, route_of
 from proxy.opencode.client import Credentials
 from proxy.opencode.routes import EventStream
 from proxy.opencode.runtimes import V2_HTTP
-from proxy.opencode.sessions import CallClosed, CallOpened, transitions
+from proxy.opencode.sessions import CallClosed, CallOpened
 from proxy.opencode.tracker import FollowedEvent, StreamListener
 from proxy.opencode.vocabulary import tool_failed
 from proxy.relay.bounded import Bounded
@@ -96,7 +96,7 @@ class SessionStreamSettle(Addon, StreamListener):
 
     def event(self, event: FollowedEvent) -> None:
         self._confirmations.heard(event)
-        for change in transitions(event):
+        for change in event.transitions:
             match change:
                 case CallOpened(session_id, call, line_2x=False):
                     self._open.setdefault(session_id, Bounded(_CALLS_PER_SESSION))[call] = None

@@ -6,14 +6,9 @@ import orjson
 import pytest
 
 from proxy.opencode.followed_events import UnreadableEvent
-from proxy.opencode.tracker import (
-    CLEAN_SESSIONS,
-    CLEAN_VIEWS,
-    KEPT_SESSIONS,
-    SessionEvent,
-    liveness_meaning,
-    parse_event,
-)
+from proxy.opencode.readings import CLEAN_SESSIONS, CLEAN_VIEWS, KEPT_SESSIONS
+from proxy.opencode.sessions import SessionEvent
+from proxy.opencode.tracker import liveness_meaning, parse_event
 from proxy.service.app import ASSEMBLY
 from rules import Api
 from tests.fixtures import OPENCODE, compact
@@ -174,17 +169,17 @@ async def test_cache_busting_queries_leave_a_bounded_number_of_clean_marks(
     tracker = proxy.app[ASSEMBLY].started.tracker
     assert tracker.known_clean(V2, f"{path}?_=2999")
     assert not tracker.known_clean(V2, f"{path}?_=0")
-    assert len(tracker._clean[V2]) == CLEAN_VIEWS
+    assert len(tracker.kept._clean[V2]) == CLEAN_VIEWS
     for number in range(CLEAN_SESSIONS + 50):
         tracker.mark_clean(f"ses_{number}", path)
-    assert len(tracker._clean) == CLEAN_SESSIONS
+    assert len(tracker.kept._clean) == CLEAN_SESSIONS
 
 
 async def test_readings_are_kept_for_a_bounded_number_of_sessions(proxy: ProxyClient) -> None:
     await following(proxy)
     tracker = proxy.app[ASSEMBLY].started.tracker
     for number in range(KEPT_SESSIONS + 50):
-        tracker.apply(SessionEvent(f"ses_{number}", Api.V1, False))
-    assert len(tracker._readings) == KEPT_SESSIONS
+        tracker.kept.apply(SessionEvent(f"ses_{number}", Api.V1, False))
+    assert len(tracker.kept._readings) == KEPT_SESSIONS
     assert tracker.cached(Api.V1, "ses_0") is None
     assert tracker.cached(Api.V1, f"ses_{KEPT_SESSIONS + 49}") is not None
