@@ -33,14 +33,14 @@ class UnreadableEvent(ValueError):
 @dataclass(frozen=True, slots=True)
 class FollowedEvent:
     """One plain event of the followed stream: of `/global/event`, `{"directory", "project"?,
-    "payload": {type, properties}}`; or of 2.x's `/api/event` (`api`): `{"id", "type", "data",
+    "payload": {type, properties}}`; or of 2.x's `/api/event` (`line_2x`): `{"id", "type", "data",
     "location"?: {"directory"}, …}`, its `data` as the properties."""
 
     directory: str | None
     project: str | None
     kind: str
     properties: dict[str, Any]
-    api: bool = False
+    line_2x: bool = False
     id: str | None = None
     """The server's id of the event (ids ascend with creation in one server); None if it has none."""
     durable: bool = False
@@ -137,7 +137,9 @@ def api_event(envelope: dict[str, Any]) -> FollowedEvent | None:
     durable = envelope.get("durable")
     where = directory if isinstance(directory, str) else None
     seq = _seq(durable, properties.get("sessionID")) if isinstance(durable, dict) else None
-    return FollowedEvent(where, None, kind, properties, api=True, durable=isinstance(durable, dict), seq=seq)
+    return FollowedEvent(
+        where, None, kind, properties, line_2x=True, durable=isinstance(durable, dict), seq=seq
+    )
 
 
 def _seq(durable: dict[str, Any], session_id: Any) -> int | None:

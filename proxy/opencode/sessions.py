@@ -71,7 +71,7 @@ __all__ = [
 
 class Shown(Protocol):
     """What transitions read of an event (a `FollowedEvent` is one): its kind and properties, the
-    stream that showed it (`api`: 2.x's `/api/event`, else 1.18's `/global/event`), and where."""
+    stream that showed it (`line_2x`: 2.x's `/api/event`, else 1.18's `/global/event`), and where."""
 
     @property
     def kind(self) -> str: ...
@@ -80,7 +80,7 @@ class Shown(Protocol):
     def properties(self) -> dict[str, Any]: ...
 
     @property
-    def api(self) -> bool: ...
+    def line_2x(self) -> bool: ...
 
     @property
     def directory(self) -> str | None: ...
@@ -242,7 +242,7 @@ def transitions(event: Shown) -> tuple[Transition, ...]:
     found: list[Transition | None] = [_call(event, session_id), _stated(event, session_id)]
     found.append(_turn(event, session_id))
     if ends_turn(kind, properties):
-        found.append(SessionIdle(session_id, event.api))
+        found.append(SessionIdle(session_id, event.line_2x))
     if kind == SESSION_STATUS:
         active = v1_status_active(properties.get("status"))
         found.append(StatusShown(session_id, active, event.directory, event.project))
@@ -255,7 +255,7 @@ def transitions(event: Shown) -> tuple[Transition, ...]:
 
 def _call(event: Shown, session_id: str) -> CallOpened | CallClosed | None:
     kind, properties = event.kind, event.properties
-    if event.api and kind in (*API_CALL_OPENING, *API_CALL_ENDED):
+    if event.line_2x and kind in (*API_CALL_OPENING, *API_CALL_ENDED):
         if (found := api_call_id(properties)) is None:
             return None
         key, call_id = found
@@ -273,7 +273,7 @@ def _call(event: Shown, session_id: str) -> CallOpened | CallClosed | None:
 
 
 def _stated(event: Shown, session_id: str) -> SessionEvent | None:
-    stated = (api_stated_liveness if event.api else stated_liveness)(event.kind, event.properties)
+    stated = (api_stated_liveness if event.line_2x else stated_liveness)(event.kind, event.properties)
     return None if stated is None else SessionEvent(session_id, *stated)
 
 
@@ -284,14 +284,14 @@ def _turn(event: Shown, session_id: str) -> TurnRunning | TurnStopped | None:
     api, running = found
     if not running:
         return TurnStopped(session_id)
-    line_2x = event.api and event.kind.startswith(API_SESSION_PREFIX)
+    line_2x = event.line_2x and event.kind.startswith(API_SESSION_PREFIX)
     return TurnRunning(session_id, api, event.directory, line_2x)
 
 
 def _in_turn(event: Shown) -> tuple[Api, bool] | None:
     """The message API the event shows its session in, and whether in a turn; None if it says neither."""
     kind, properties = event.kind, event.properties
-    if event.api and kind.startswith(API_SESSION_PREFIX):
+    if event.line_2x and kind.startswith(API_SESSION_PREFIX):
         return Api.V2, kind not in API_EXECUTION_ENDED or properties.get("reason") == API_SHUTDOWN
     if kind == SESSION_STATUS:
         return Api.V1, bool(v1_status_active(properties.get("status")))

@@ -159,7 +159,12 @@ class LiveSettle(Addon, StreamListener):
 
     async def response_headers(self, flow: Flow) -> None:
         subscriber = self._clients.subscribe(flow, by=self.name)
-        if subscriber is None or subscriber.directory is not None or subscriber.everywhere or subscriber.api:
+        if (
+            subscriber is None
+            or subscriber.directory is not None
+            or subscriber.everywhere
+            or subscriber.line_2x
+        ):
             return
         if not self._default.busy:  # the proxy's attempts gave up: try the client's credentials
             self._default.learn(self._ctx.probe.credentials(flow.request))

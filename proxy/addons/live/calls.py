@@ -81,7 +81,7 @@ class OpenCalls:
     def heard(self, event: FollowedEvent) -> None:
         """Withdraw on news; remember what opens and ends a call; an execution that ended with a
         call open is confirmed."""
-        if not event.api or event.session_id is None:
+        if not event.line_2x or event.session_id is None:
             return
         self._confirmations.heard(event)
         for change in event.transitions:
@@ -110,7 +110,7 @@ class OpenCalls:
             call = read.calls[-1]
             place = Place(session_id, call.message_id, call.directory, None)
             ended = api_execution_interrupted(session_id, settled[-1]["created"], call.directory)
-            self._clients.publish(f"execution {session_id}", Telling(place, [ended], api=True))
+            self._clients.publish(f"execution {session_id}", Telling(place, [ended], line_2x=True))
         if held := holds.calls & {call.call_id for call in read.calls}:
             self._held.hold(
                 session_id,
@@ -185,14 +185,14 @@ class OpenCalls:
                     "call": call.call_id,
                     "tool": item.get("name"),
                     "rule": "orphaned-tool",
-                    "api": "2.x",
+                    "api": str(Api.V2),
                     "why": "open when the server went away; inactive in two readings",
                 }
             },
         )
         if not self._ctx.dry_run:
             place = Place(call.session_id, call.message_id, call.directory, None)
-            self._clients.publish(call.call_id, Telling(place, [event], api=True))
+            self._clients.publish(call.call_id, Telling(place, [event], line_2x=True))
         return event
 
 

@@ -54,7 +54,7 @@ class Subscriber:
     """None on the global stream, or on a plain `/event` while the default directory is unknown."""
     everywhere: bool = False
     """The global stream: every directory, events wrapped with their directory."""
-    api: bool = False
+    line_2x: bool = False
     """2.x's `/api/event`: only 2.x's events, unwrapped, of the sessions and directory it asked
     for (`session=…`, `location[directory]=…`; none asked: all)."""
     sessions: frozenset[str] = frozenset()
@@ -78,7 +78,7 @@ class Telling:
     place: OpenTool | Place
     state: list[dict[str, Any]] = field(default_factory=list)
     moment: list[dict[str, Any]] = field(default_factory=list)
-    api: bool = False
+    line_2x: bool = False
     """2.x's events, for the clients of `/api/event` alone."""
 
 
@@ -116,7 +116,7 @@ class ClientStreams:
         else:
             return None
         opened = None
-        if self.lost and not subscriber.api:
+        if self.lost and not subscriber.line_2x:
             subscriber.catch_up = CatchUp(flow.request.path)
             opened = functools.partial(self._opened, subscriber)
         flow.inject(subscriber.queue, by=by, opened=opened)
@@ -130,7 +130,7 @@ class ClientStreams:
     def learned_default(self, directory: str) -> None:
         """The server named its default directory: plain `/event` streams that waited for it
         are its streams from now on, caught up with its state."""
-        waiting = [s for s in self._subscribers if s.directory is None and not (s.everywhere or s.api)]
+        waiting = [s for s in self._subscribers if s.directory is None and not (s.everywhere or s.line_2x)]
         self.default_directory = directory
         for subscriber in waiting:
             subscriber.directory = directory
@@ -170,31 +170,33 @@ class ClientStreams:
 
     def _missed(self, subscriber: Subscriber, catch_up: CatchUp, missed: list[FollowedEvent]) -> None:
         """Send `subscriber` what it missed, of the sessions with a replay, as the server said it."""
-        told = [event for event in missed if event.session_id in self.replays.sessions and not event.api]
+        told = [event for event in missed if event.session_id in self.replays.sessions and not event.line_2x]
         for event in told:
             place = Place(str(event.session_id), "", event.directory, event.project)
             said = {"id": event.id, "type": event.kind, "properties": event.properties}
-            self._send(subscriber, place, [said], api=False)
+            self._send(subscriber, place, [said], line_2x=False)
         catch_up.sent(told)
         if catch_up.over.is_set():
             subscriber.catch_up = None
 
     def publish(self, key: str, telling: Telling) -> None:
         """Send `telling` to every open stream, and keep its state (`key`: what it says) for later ones."""
-        self.replays.keep(key, telling.place, telling.state, api=telling.api)
+        self.replays.keep(key, telling.place, telling.state, line_2x=telling.line_2x)
         for subscriber in self._subscribers:
-            self._send(subscriber, telling.place, telling.state + telling.moment, api=telling.api)
+            self._send(subscriber, telling.place, telling.state + telling.moment, line_2x=telling.line_2x)
 
     def _catch_up(self, subscriber: Subscriber) -> list[Replayed]:
         """Replay the kept state to a stream opening now; what it was replayed."""
-        return [r for r in self.replays.all() if self._send(subscriber, r.place, [r.event], api=r.api)]
+        return [
+            r for r in self.replays.all() if self._send(subscriber, r.place, [r.event], line_2x=r.line_2x)
+        ]
 
     def _send(
-        self, subscriber: Subscriber, place: OpenTool | Place, events: list[dict[str, Any]], *, api: bool
+        self, subscriber: Subscriber, place: OpenTool | Place, events: list[dict[str, Any]], *, line_2x: bool
     ) -> bool:
-        """Queue `events` (of `place`; 2.x's with `api`) on the stream if it carries them; whether it does."""
-        if subscriber.api or api:
-            if not _interested(subscriber, place, api=api):
+        """Queue `events` (of `place`, 2.x's if `line_2x`) if the stream carries them; whether it does."""
+        if subscriber.line_2x or line_2x:
+            if not _interested(subscriber, place, line_2x=line_2x):
                 return False
             frames = [event_frame(event) for event in events]
         elif subscriber.everywhere:
@@ -253,14 +255,16 @@ def _log_caught_up(catch_up: CatchUp, subscriber: Subscriber) -> None:
 def _api_subscriber(request: web.Request) -> Subscriber:
     asked = request.query.get("session", "")
     sessions = frozenset(session for session in asked.split(",") if session)
-    return Subscriber(asyncio.Queue(), request.query.get("location[directory]"), api=True, sessions=sessions)
+    return Subscriber(
+        asyncio.Queue(), request.query.get("location[directory]"), line_2x=True, sessions=sessions
+    )
 
 
-def _interested(subscriber: Subscriber, place: OpenTool | Place, *, api: bool) -> bool:
+def _interested(subscriber: Subscriber, place: OpenTool | Place, *, line_2x: bool) -> bool:
     """Whether 2.x's news of `place` goes to `subscriber`: a stream of `/api/event` that asked for
     its session (or for all) and for its directory (or for any, or the place's is not known)."""
     asked = subscriber.directory
-    if not (subscriber.api and api):
+    if not (subscriber.line_2x and line_2x):
         return False
     if subscriber.sessions and place.session_id not in subscriber.sessions:
         return False

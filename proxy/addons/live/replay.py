@@ -64,14 +64,14 @@ class Replayed:
 
     place: OpenTool | Place
     event: dict[str, Any]
-    api: bool = False
+    line_2x: bool = False
     """A 2.x event, for the clients of `/api/event`."""
     size: int = 0
     """The event's bytes as JSON, counted against `REPLAYED_BYTES`."""
 
     @classmethod
-    def of(cls, place: OpenTool | Place, event: dict[str, Any], api: bool = False) -> Replayed:
-        return cls(place, event, api, len(jsonio.dumps(event)))
+    def of(cls, place: OpenTool | Place, event: dict[str, Any], line_2x: bool = False) -> Replayed:
+        return cls(place, event, line_2x, len(jsonio.dumps(event)))
 
 
 class Replays:
@@ -85,13 +85,15 @@ class Replays:
         """The kept events' bytes."""
 
     def keep(
-        self, key: str, place: OpenTool | Place, state: list[dict[str, Any]], *, api: bool = False
+        self, key: str, place: OpenTool | Place, state: list[dict[str, Any]], *, line_2x: bool = False
     ) -> None:
         """Keep what `state` says (announced under `key`), each event under what it is news of."""
         kept = self._session(place.session_id)
         for index, event in enumerate(state):
-            subjects = news_subjects(str(event.get("type")), event.get("data" if api else "properties") or {})
-            self._put(kept, subjects[0] if subjects else f"{key}#{index}", Replayed.of(place, event, api))
+            subjects = news_subjects(
+                str(event.get("type")), event.get("data" if line_2x else "properties") or {}
+            )
+            self._put(kept, subjects[0] if subjects else f"{key}#{index}", Replayed.of(place, event, line_2x))
 
     def withdraw(self, session_id: str, subject: str) -> None:
         """Replay no more what the session's replay says of `subject` (a notice withdrawn)."""
@@ -143,11 +145,11 @@ class Replays:
         if session_id is None:
             return
         if (kept := self.sessions.get(session_id)) is None:
-            if event.api or not _settled_as_interrupted(event):
+            if event.line_2x or not _settled_as_interrupted(event):
                 return
             kept = self._session(session_id)
         place = Place(session_id, "", event.directory, event.project)
-        if event.api:
+        if event.line_2x:
             subject, said = _heard_2x(event, place, kept)
         elif ends_turn(event.kind, event.properties):
             subject, said = STATUS_SUBJECT, Replayed.of(place, idle_status(session_id))

@@ -183,7 +183,7 @@ class DeadTurns:
 def _settled_unseen(event: FollowedEvent) -> Place | None:
     """Where a v1 tool part `event` shows settled as a crash's interruption lives (None: it shows
     none), as the server announces a write-back's."""
-    if event.api or event.session_id is None or settled_part_id(event.kind, event.properties) is None:
+    if event.line_2x or event.session_id is None or settled_part_id(event.kind, event.properties) is None:
         return None
     part = event.properties["part"]
     state, message_id = part.get("state"), part.get("messageID")

@@ -149,7 +149,7 @@ async def crashed_with_a_call_open(
     session, call = "ses_2x", message["content"][0]["id"]
     fake.bodies[f"/api/session/{session}/message/{message['id']}"] = orjson.dumps({"data": message})
     opened = {"sessionID": session, "assistantMessageID": message["id"], "id": call, "name": "shell"}
-    live.event(FollowedEvent(None, None, "session.tool.called", opened, api=True))
+    live.event(FollowedEvent(None, None, "session.tool.called", opened, line_2x=True))
     live.following()  # the followed stream is back after a loss
     await live.tasks.idle()
     sse = {"Content-Type": "text/event-stream"}

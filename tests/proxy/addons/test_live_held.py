@@ -127,7 +127,7 @@ async def test_a_2x_call_held_back_by_a_holder_is_told_once_it_exits(
     stream = testing.flow("GET", "/api/event", response_headers=hooks.SSE)
     async with testing.streaming(live, stream) as flow:
         opened = {"sessionID": session, "assistantMessageID": message["id"], "id": call, "name": "shell"}
-        live.event(FollowedEvent(None, None, "session.tool.called", opened, api=True))
+        live.event(FollowedEvent(None, None, "session.tool.called", opened, line_2x=True))
         live.following()
         await live.tasks.idle()
         assert flow.injected is not None

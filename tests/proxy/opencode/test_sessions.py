@@ -19,8 +19,8 @@ from proxy.opencode.sessions import (
 from rules import Api
 
 
-def event(kind: str, *, api: bool = False, **properties: Any) -> FollowedEvent:
-    return FollowedEvent("/w", None, kind, properties, api=api)
+def event(kind: str, *, line_2x: bool = False, **properties: Any) -> FollowedEvent:
+    return FollowedEvent("/w", None, kind, properties, line_2x=line_2x)
 
 
 def test_every_listener_is_handed_the_transitions_decoded_once() -> None:
@@ -39,7 +39,7 @@ def test_a_status_unknown_here_is_busy_for_the_memory_and_over_for_the_resume() 
 
 
 def test_a_2x_execution_cut_by_a_shutdown_ends_the_turn_yet_leaves_it_running_for_the_resume() -> None:
-    cut = event("session.execution.interrupted", api=True, sessionID="ses_a", reason="shutdown")
+    cut = event("session.execution.interrupted", line_2x=True, sessionID="ses_a", reason="shutdown")
     assert SessionIdle("ses_a", line_2x=True) in cut.transitions
     assert TurnRunning("ses_a", Api.V2, "/w", line_2x=True) in cut.transitions
 

@@ -156,7 +156,7 @@ def api_event(kind: str, call: str, key: str = "id", **data: Any) -> FollowedEve
     """A 2.x event of `/api/event` about `call`, keyed `id` (newer) or `callID` (older:
     `packages/schema/src/session-event.ts` `Tool.*` @03130971e20a)."""
     properties = {"sessionID": "ses_c", "assistantMessageID": "msg_c", key: call, **data}
-    return FollowedEvent("/d", None, kind, properties, api=True)
+    return FollowedEvent("/d", None, kind, properties, line_2x=True)
 
 
 def api_called(call: str, command: str, key: str = "id") -> list[FollowedEvent]:
