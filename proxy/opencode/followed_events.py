@@ -21,7 +21,7 @@ import aiohttp
 import orjson
 
 from proxy.opencode import jsonio
-from proxy.opencode.sessions import SessionEvent, Transition, transitions
+from proxy.opencode.sessions import SessionEvent, SessionIdle, Transition, transitions
 
 PIECE = 2**16
 
@@ -63,6 +63,11 @@ class FollowedEvent:
             found = transitions(self)
             object.__setattr__(self, "_transitions", found)
         return found
+
+    @property
+    def turn_over(self) -> bool:
+        """Whether the event says its session's turn is over (a status unknown here does not)."""
+        return any(isinstance(change, SessionIdle) for change in self.transitions)
 
 
 async def event_lines(

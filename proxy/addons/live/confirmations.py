@@ -30,15 +30,9 @@ from dataclasses import dataclass
 from prometheus_client import Counter
 
 from proxy.opencode.tracker import FollowedEvent
-from proxy.opencode.vocabulary import ends_turn
 from proxy.relay.tasks import KeyedTasks
 
 log = logging.getLogger(__name__)
-
-
-def says_idle(event: FollowedEvent) -> bool:
-    """Whether `event` says its session's turn is over (a status unknown here does not)."""
-    return ends_turn(event.kind, event.properties)
 
 
 @dataclass(slots=True, eq=False)
@@ -60,7 +54,7 @@ class NewsWatch:
 
     def heard(self, event: FollowedEvent) -> None:
         """The stream spoke of a session: confirmations of it under way must not announce."""
-        if event.session_id is None or says_idle(event):
+        if event.session_id is None or event.turn_over:
             return
         for ticket in self._tickets.pop(event.session_id, ()):
             ticket.news = event.kind

@@ -31,7 +31,6 @@ from proxy.opencode.vocabulary import (
     MESSAGE_UPDATED,
     PART_UPDATED,
     STATUS_SUBJECT,
-    ends_turn,
     idle_status,
     message_subject,
     news_subjects,
@@ -151,7 +150,7 @@ class Replays:
         place = Place(session_id, "", event.directory, event.project)
         if event.line_2x:
             subject, said = _heard_2x(event, place, kept)
-        elif ends_turn(event.kind, event.properties):
+        elif event.turn_over:
             subject, said = STATUS_SUBJECT, Replayed.of(place, idle_status(session_id))
         else:
             self._heard_1x(event, place, kept)
@@ -188,9 +187,7 @@ def _heard_2x(
     subjects = news_subjects(event.kind, event.properties)
     if not subjects:
         return None, None
-    agrees = ends_turn(event.kind, event.properties) or (
-        event.kind == API_TOOL_FAILED and subjects[0] in kept
-    )
+    agrees = event.turn_over or (event.kind == API_TOOL_FAILED and subjects[0] in kept)
     if agrees and not event.durable:
         said = api_event(event.kind, event.properties, int(time.time() * 1000), event.directory)
         return subjects[0], Replayed.of(place, said, True)
