@@ -25,7 +25,7 @@ from proxy.service.access_log import ACCESS_LOG, AccessLog
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.supervision.supervisor import Supervisor, supervised
-from proxy.system.heap import keep_freed_bodies
+from proxy.system.heap import give_back_every, keep_freed_bodies
 from proxy.version import VERSION
 from proxy.writeback.database import NotOpencodeDatabase
 
@@ -89,6 +89,7 @@ async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int
     stopping = Stopping(supervisor)
     stopping.install(asyncio.get_running_loop())
     stop = stopping.requested
+    giving_back = asyncio.create_task(give_back_every(), name="heap-give-back")
     try:
         try:
             await web.TCPSite(runner, settings.host, settings.port).start()
@@ -109,6 +110,7 @@ async def serve(settings: Settings, supervisor: Supervisor | None = None) -> int
     finally:
         if runner.server is not None:  # not yet cleaned up by `supervised`
             await runner.cleanup()
+        giving_back.cancel()
         stopping.said()
 
 

@@ -156,9 +156,10 @@ class UpstreamApi:
         *,
         params: dict[str, str] | None = None,
         json: Any = None,
+        parse: Callable[[bytes], Any] = jsonio.loads,
     ) -> Any:
-        """Send one request and return the parsed 200 answer; anything else raises."""
-        answer, _ = await self._send(method, path, credentials, params or {}, json)
+        """Send one request and return the 200 answer, parsed by `parse`; anything else raises."""
+        answer, _ = await self._send(method, path, credentials, params or {}, json, parse=parse)
         return answer
 
     async def get(self, path: str, credentials: Credentials, **params: str) -> Any:
@@ -188,7 +189,14 @@ class UpstreamApi:
         return await self._send("GET", path, credentials, params, None)
 
     async def _send(
-        self, method: str, path: str, credentials: Credentials, params: dict[str, str], json: Any
+        self,
+        method: str,
+        path: str,
+        credentials: Credentials,
+        params: dict[str, str],
+        json: Any,
+        *,
+        parse: Callable[[bytes], Any] = jsonio.loads,
     ) -> tuple[Any, str | None]:
         url = self._origin.with_path(path)
         query = {**credentials.params, **params}
@@ -208,4 +216,4 @@ class UpstreamApi:
             answer = await response.read()
             if response.status != 200:
                 raise UpstreamRefused(method, path, response.status, answer)
-            return jsonio.loads(answer) if answer else None, response.headers.get(hdrs.DATE)
+            return parse(answer) if answer else None, response.headers.get(hdrs.DATE)

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
-from proxy.opencode.event_log import call_left_open
+from proxy.opencode.event_log import call_left_open, log_rows
 from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
 from proxy.opencode.vocabulary import PROMPT_ADMITTED, event_name, for_replay, tool_failed
 from proxy.writeback.locks import SessionLocks
@@ -195,14 +195,13 @@ class ApiWriter:
         is the `session.created` every session starts with, so asking after it loses nothing
         and an empty answer means the log ends at 0. The cheaper `/api/session/{id}/history`
         cannot replace it: it shows only `session.next.*` events, while every event type
-        takes a seq (renaming a session appends `session.updated.1`).
+        takes a seq (renaming a session appends `session.updated.1`). The answer holds every other
+        session's whole history too (`event_log`), decoded only as far as `LogRow` reads.
         """
-        rows = await self._upstream.call("POST", "/sync/history", credentials, json={session_id: 0})
-        events = [
-            (int(row["seq"]), event_name(row["type"]), (row.get("data") or {}).get("callID"))
-            for row in rows
-            if row.get("aggregate_id") == session_id
-        ]
+        rows = await self._upstream.call(
+            "POST", "/sync/history", credentials, json={session_id: 0}, parse=log_rows
+        )
+        events = [(row.seq, event_name(row.type), row.call) for row in rows if row.aggregate_id == session_id]
         return _Log(max((seq for seq, _, _ in events), default=0), events)
 
 
