@@ -49,6 +49,7 @@ from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
 from proxy.opencode.event_log import call_left_open, log_rows
 from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
 from proxy.opencode.vocabulary import PROMPT_ADMITTED, event_name, for_replay, tool_failed
+from proxy.system.heap import give_back_free_pages
 from proxy.writeback.locks import SessionLocks
 from proxy.writeback.scheduler import Confirm, WriteBackMode, Written, targeted
 from rules import REGISTRY, Api, Change, JSONObject, Liveness, OrphanedTool, Target, settle
@@ -196,12 +197,16 @@ class ApiWriter:
         and an empty answer means the log ends at 0. The cheaper `/api/session/{id}/history`
         cannot replace it: it shows only `session.next.*` events, while every event type
         takes a seq (renaming a session appends `session.updated.1`). The answer holds every other
-        session's whole history too (`event_log`), decoded only as far as `LogRow` reads.
+        session's whole history too (`event_log`), decoded only as far as `LogRow` reads, and the
+        pages it took go back at once: the answer grows with the database, so the heap of a long
+        life would otherwise keep room for the largest one read until the next periodic give-back.
         """
         rows = await self._upstream.call(
             "POST", "/sync/history", credentials, json={session_id: 0}, parse=log_rows
         )
         events = [(row.seq, event_name(row.type), row.call) for row in rows if row.aggregate_id == session_id]
+        del rows
+        give_back_free_pages()
         return _Log(max((seq for seq, _, _ in events), default=0), events)
 
 
