@@ -60,7 +60,7 @@ async def writer(
     """The writer `--write-back` asks for, working `where` it is told, counted once (for the
     scheduler and the resume alike)."""
     if mode is WriteBackMode.API:
-        made: Writer = ApiWriter(upstream, SessionLocks(where.lock_dir))
+        made: Writer = ApiWriter(upstream, SessionLocks(where.lock_dir), database=where.db_path)
     elif mode is WriteBackMode.DB:
         made = DbWriter(await stack.enter_async_context(OpencodeDatabase.open(where.db_path)))
     else:

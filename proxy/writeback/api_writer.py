@@ -43,15 +43,16 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
-from proxy.opencode.event_log import call_left_open, log_rows
+from proxy.opencode.event_log import call_left_open
 from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
 from proxy.opencode.vocabulary import PROMPT_ADMITTED, event_name, for_replay, tool_failed
-from proxy.system.heap import give_back_free_pages
 from proxy.writeback.locks import SessionLocks
 from proxy.writeback.scheduler import Confirm, WriteBackMode, Written, targeted
+from proxy.writeback.session_logs import LogEvent, SessionLogs
 from rules import REGISTRY, Api, Change, JSONObject, Liveness, OrphanedTool, Target, settle
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,7 @@ class _Log:
     """What the session's event log says right now."""
 
     last_seq: int
-    events: list[tuple[int, str, str | None]]
-    """(seq, event name, callID) of every event."""
+    events: list[LogEvent]
 
     def call_open(self, call: str) -> bool:
         calls = [(seq, name) for seq, name, call_id in self.events if call_id == call]
@@ -80,9 +80,10 @@ class ApiWriter:
 
     mode = WriteBackMode.API
 
-    def __init__(self, upstream: UpstreamApi, locks: SessionLocks) -> None:
+    def __init__(self, upstream: UpstreamApi, locks: SessionLocks, *, database: Path | None = None) -> None:
         self._upstream = upstream
         self._locks = locks
+        self._logs = SessionLogs(upstream, database)
         self._writers = {V1_HTTP.api: self._write_v1, V2_HTTP.api: self._write_v2}
 
     async def write(
@@ -188,25 +189,8 @@ class ApiWriter:
             params = {"limit": str(_PAGE), "cursor": cursor}
 
     async def _read_log(self, session_id: str, credentials: Credentials) -> _Log:
-        """The session's log through `/sync/history`, the same view of it `/sync/replay` checks.
-
-        Measured on 1.18.33: the body maps the aggregates the caller knows to the last seq it
-        has, which must be 0 or more (-1 is refused with 400); a listed aggregate gets its
-        events after that seq, every other aggregate its whole history (dropped here). Seq 0
-        is the `session.created` every session starts with, so asking after it loses nothing
-        and an empty answer means the log ends at 0. The cheaper `/api/session/{id}/history`
-        cannot replace it: it shows only `session.next.*` events, while every event type
-        takes a seq (renaming a session appends `session.updated.1`). The answer holds every other
-        session's whole history too (`event_log`), decoded only as far as `LogRow` reads, and the
-        pages it took go back at once: the answer grows with the database, so the heap of a long
-        life would otherwise keep room for the largest one read until the next periodic give-back.
-        """
-        rows = await self._upstream.call(
-            "POST", "/sync/history", credentials, json={session_id: 0}, parse=log_rows
-        )
-        events = [(row.seq, event_name(row.type), row.call) for row in rows if row.aggregate_id == session_id]
-        del rows
-        give_back_free_pages()
+        """What the session's log says right now (`SessionLogs`)."""
+        events = await self._logs.read(session_id, credentials)
         return _Log(max((seq for seq, _, _ in events), default=0), events)
 
 
