@@ -35,8 +35,11 @@ STALE: tuple[Key, ...] = (
     ("upstream", "v1"),
     ("upstream", "v2"),
     ("race", "v2"),
+    ("race-db", "v2"),
 )
 """Sessions running a tool when the server is killed in phase 1."""
+RACES: tuple[Key, ...] = (("race", "v2"), ("race-db", "v2"))
+"""The replay race, with the writer reading the log through `/sync/history` and from the database."""
 DB: tuple[Key, ...] = (("db", "v1"), ("db", "v2"))
 WRITTEN: tuple[Key, ...] = (("api", "v1"), ("api", "v2"), *DB)
 LIVE: tuple[Key, ...] = (("live", "v1"), ("live", "v2"))

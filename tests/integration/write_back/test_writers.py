@@ -29,7 +29,7 @@ import pytest
 from ..expected import V1_MESSAGE_ERROR
 from ..turns import RUNTIMES, Runtime
 from .restarts import Crashed, Restarted
-from .sessions import GRACE_S, UPSTREAM, WRITTEN, Key
+from .sessions import GRACE_S, RACES, UPSTREAM, WRITTEN, Key
 from .settles import LiveSettle
 from .shapes import (
     assert_contiguous,
@@ -137,7 +137,11 @@ def test_export_v2_has_no_messages(crashed: Crashed, written: WrittenBack, resta
     for export in (crashed.exports_before[("db", "v2")], restarted.exports_after[("db", "v2")]):
         assert export["info"]["id"] == observed.session_id
         assert export["messages"] == []
-    answered = [kind for _, kind, _, _ in written.race.events if kind.startswith("session.next.text.ended")]
+    answered = [
+        kind
+        for _, kind, _, _ in written.races[("race", "v2")].events
+        if kind.startswith("session.next.text.ended")
+    ]
     assert answered, "premise: the race session holds no finished answer"
     assert restarted.exports_after[("race", "v2")]["messages"] == []
 
@@ -179,11 +183,14 @@ def test_session_active_at_second_reading_is_not_written(
 # --- the replay race ----------------------------------------------------------------------------
 
 
-def test_replay_racing_a_prompt_leaves_one_failure(crashed: Crashed, written: WrittenBack) -> None:
+@pytest.mark.parametrize("key", RACES, ids=lambda key: key[0])
+def test_replay_racing_a_prompt_leaves_one_failure(crashed: Crashed, written: WrittenBack, key: Key) -> None:
     """Measured: a prompt landing between the writer's read and its `/sync/replay` takes that seq;
     the replay is refused (500), the server fails the call itself right after `prompt.admitted`,
-    and the writer's re-read sees that and appends nothing: one failure, no gap."""
-    observed, race = crashed.stale[("race", "v2")], written.race
+    and the writer's re-read sees that and appends nothing: one failure, no gap. The same whether
+    the writer reads the log through `/sync/history` or from the server's database."""
+    observed, race = crashed.stale[key], written.races[key]
+    assert race.histories == (0 if key[0] == "race-db" else 2), "the log read where it should not be"
     assert race.outcome == [], race.outcome
     assert race.admitted_seq is not None, "the writer never tried to replay"
     assert race.replays[:1] == [(race.admitted_seq, 500)], race.replays

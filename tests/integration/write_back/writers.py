@@ -31,7 +31,7 @@ from ..polling import WaitTimeout, poll
 from ..proxy_process import ProxyProcess, running, wait_all_decided, write_back_proxies
 from ..turns import Observed, Turn, is_active, read_messages, send_prompt, wait_turn_done
 from .restarts import Crashed
-from .sessions import GRACE_S, LATE, LIVE, WRITTEN, Events, Key, observe, stored
+from .sessions import GRACE_S, LATE, LIVE, RACES, WRITTEN, Events, Key, observe, stored
 from .shapes import is_open, tool_in
 
 WRITE_TIMEOUT_S = 20.0
@@ -48,6 +48,8 @@ class Race:
     admitted_seq: int | None
     """Where the prompt sent just before the first replay was admitted (None: never sent)."""
     events: Events
+    histories: int
+    """How often the writer read the log through `/sync/history`."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ class WrittenBack:
     live_stored_after: dict[Key, Any]
     live_direct_after: dict[Key, list[dict[str, Any]]]
     late: dict[Key, Late]
-    race: Race
+    races: dict[Key, Race]
 
 
 def write_back(server: OpencodeServer, crashed: Crashed, logs: Path) -> WrittenBack:
@@ -93,7 +95,7 @@ def write_back(server: OpencodeServer, crashed: Crashed, logs: Path) -> WrittenB
         _fetch_live(live, (api.url, db.url))
         direct = _wait_written(server, {key: crashed.stale[key] for key in WRITTEN})
         heard = _heard(tap, crashed.stale[("api", "v1")])
-        race = asyncio.run(_race(server, crashed.stale[("race", "v2")]))
+        races = {key: asyncio.run(_race(server, crashed.stale[key], key)) for key in RACES}
         _wait_skipped(db, late=[crashed.stale[key] for key in LATE])
         for proxy in (api, db):  # what the live fetches could have scheduled is decided
             wait_all_decided(proxy.url, within=2 * GRACE_S + 10)
@@ -106,7 +108,7 @@ def write_back(server: OpencodeServer, crashed: Crashed, logs: Path) -> WrittenB
             live_stored_after={key: stored(server, observed) for key, observed in live.items()},
             live_direct_after={key: read_messages(server.url, o.turn) for key, o in live.items()},
             late={key: _late_after(server, crashed.stale[key], observed) for key, observed in late.items()},
-            race=race,
+            races=races,
         )
 
 
@@ -209,8 +211,10 @@ class _PromptFirst(InterposedUpstream):
         self._observed = observed
         self.admitted_seq: int | None = None
         self.replays: list[tuple[int, int]] = []
+        self.histories = 0
 
     async def around(self, method: str, path: str, credentials: Credentials, json: Any, send: Send) -> Any:
+        self.histories += path == "/sync/history"
         if path != "/sync/replay":
             return await send()
         if self.admitted_seq is None:
@@ -230,14 +234,18 @@ class _PromptFirst(InterposedUpstream):
         return int(answer["data"]["admittedSeq"])
 
 
-async def _race(server: OpencodeServer, observed: Observed) -> Race:
+async def _race(server: OpencodeServer, observed: Observed, key: Key) -> Race:
+    """The API writer appending while a prompt lands first, reading the log through the API or,
+    for `race-db`, from the server's database."""
     origin = URL(server.url)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         upstream = _PromptFirst(session, origin, observed)
         liveness = Liveness(observed.session_id, active=False)
         outcome: list[Written] | str
         try:
-            outcome = await ApiWriter(upstream, SessionLocks(default_lock_dir(os.environ))).write(
+            database = server.database if key[0] == "race-db" else None
+            writer = ApiWriter(upstream, SessionLocks(default_lock_dir(os.environ)), database=database)
+            outcome = await writer.write(
                 Api.V2, observed.session_id, Credentials(), {observed.tool_id}, _reading(liveness)
             )
         except UpstreamRefused as refusal:
@@ -245,7 +253,7 @@ async def _race(server: OpencodeServer, observed: Observed) -> Race:
     if upstream.admitted_seq is not None:
         await asyncio.to_thread(wait_turn_done, server.url, observed.turn)
     events = opencode_db.session_events(server.database, observed.session_id)
-    return Race(outcome, upstream.replays, upstream.admitted_seq, events)
+    return Race(outcome, upstream.replays, upstream.admitted_seq, events, upstream.histories)
 
 
 def _reading(liveness: Liveness) -> Confirm:
