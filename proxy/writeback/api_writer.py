@@ -17,10 +17,10 @@ in the session (`session.next.prompt.admitted`) makes the server append its own
 `tool.failed` for every open call right after it, so a prompt that lands between our read
 and our append takes our sequence number (refused), and the re-read finds the call failed
 by the server. The other order is safe too: after our `tool.failed`, the server's next
-prompt appends no second one. So the log is read just before the append, the call must
-still be open there, and a refusal means the server appended concurrently: the log is read
-again and the append retried at the new next number, or dropped when the call is no
-longer open. Never a gap, never a duplicate.
+prompt appends no second one. So the log is read just before the append (`session_logs`),
+the call must still be open there, and a refusal means the server appended concurrently: the
+log is read again and the append retried at the new next number, or dropped when the call is
+no longer open. Never a gap, never a duplicate.
 
 v1 has no such check: PATCH is a plain upsert (no version, no precondition), so two proxies
 in front of one server that both read the part before either PATCHes both PATCH it.
