@@ -129,7 +129,12 @@ def build_parser(
     _connection_flags(flags)
     _settling_flags(flags)
     _resume_flags(parser, flags)
-    add_database_option(parser, "opencode's database, for --write-back db", environ)
+    add_database_option(
+        parser,
+        "opencode's database, for --write-back db; --write-back api reads a v2 session's log from it "
+        "(read-only) when it holds the session",
+        environ,
+    )
     parser.add_argument(
         "--auth",
         metavar="USER:PASSWORD",

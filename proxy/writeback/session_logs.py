@@ -35,7 +35,7 @@ _BUSY_TIMEOUT_S = 1.0
 
 class SessionLogs:
     """A v2 session's events, from opencode's `database` on this host when it holds the session,
-    else from the server's `/sync/history`; says once in the log why the database was not used."""
+    else from the server's `/sync/history`; says once in the log why a database there was not read."""
 
     def __init__(self, upstream: UpstreamApi, database: Path | None = None) -> None:
         self._upstream = upstream
@@ -51,7 +51,11 @@ class SessionLogs:
         return await self._history(session_id, credentials)
 
     def _stored(self, path: Path, session_id: str) -> list[LogEvent] | None:
-        """The session's rows in the database (None: it cannot be read; empty: not the server's)."""
+        """The session's rows in the database (None: it cannot be read; empty: not the server's).
+        No file there is a server elsewhere, as usual for one on another host: said at DEBUG."""
+        if not path.is_file():
+            log.debug("no opencode database at %s: v2 session logs are read through /sync/history", path)
+            return None
         try:
             uri = f"{path.resolve().as_uri()}?mode=ro"
             with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S)) as db:

@@ -211,13 +211,20 @@ def answer_continuations_with_text(model: MockModel, turns: Turns) -> None:
 
 
 def _health(server: OpencodeServer) -> dict[str, Any] | None:
-    """The proxy's health (None while it does not answer in time: a proxy being started again)."""
+    """The proxy's health (None while it does not answer in time, or answers without its details:
+    a proxy just started again refuses them, 503 `unknown`, until the upstream has answered it)."""
     try:
         reply = request("GET", f"{server.url}/_settle/health", timeout=_HEALTH_TIMEOUT_S)
     except OSError:
         return None
     found: dict[str, Any] = reply.json()
-    return found
+    return found if "upstream" in found else None
+
+
+def direct_url(server: OpencodeServer) -> str:
+    """The supervised server's own address, as the proxy's health gives it once it shows it."""
+    found = poll(partial(_health, server), what="the proxy's health with its details", timeout=TIMEOUT_S)
+    return str(found["upstream"]["url"])
 
 
 def _started(server: OpencodeServer, restarts: int) -> int | None:

@@ -23,9 +23,9 @@ from .mock_model import MockModel
 from .opencode_server import OpencodeServer
 from .polling import WaitTimeout, poll
 from .proxy_process import wait_all_decided
-from .soak import TIMEOUT_S, RoundPlan, Turns, patiently
+from .soak import TIMEOUT_S, RoundPlan, Turns, direct_url, patiently
 from .soak_clients import Clients, v1_problems, v1_told, v2_problems
-from .test_run_supervised import health, settled, written
+from .test_run_supervised import settled, written
 from .turns import Observed, Turn, is_active, turn_done
 
 FD_SLACK = 12
@@ -191,7 +191,7 @@ def _quiet_usage(pid: int) -> Usage:
 def wait_round_over(server: OpencodeServer, plan: RoundPlan, turns: Turns) -> list[str]:
     """Wait (bounded) until every turn is answered (resumed) or settled and written (not), and the
     proxy has decided all it was going to: the positive signal the other checks then read."""
-    direct = health(server)["upstream"]["url"]
+    direct = direct_url(server)
     checks: list[tuple[str, Callable[[], object | None]]] = []
     if plan.resumed:
         checks += [(f"{t.prompt} answered", partial(turn_done, server.url, t)) for t in turns.all()]
@@ -213,7 +213,7 @@ def wait_round_over(server: OpencodeServer, plan: RoundPlan, turns: Turns) -> li
 
 def state_problems(server: OpencodeServer, turns: Turns) -> list[str]:
     """Every call settled through the proxy and in storage; no session of the round active."""
-    direct = health(server)["upstream"]["url"]
+    direct = direct_url(server)
     problems = [
         f"{o.turn.prompt}: {what}"
         for o in turns.observed.values()

@@ -86,17 +86,27 @@ async def test_the_api_answers_when_there_is_no_database(
     assert history_asked(history) == 1
 
 
-@pytest.mark.parametrize("content", [None, b"not a database", b""])
+async def test_no_database_there_is_a_server_elsewhere(
+    history: FakeOpencode, upstream_api: UpstreamApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As for a server on another host: no line above DEBUG (every writer line is a decision)."""
+    logs = SessionLogs(upstream_api, tmp_path / "opencode.db")
+    with caplog.at_level(logging.INFO, logger="proxy.writeback.session_logs"):
+        assert await logs.read("ses_a", Credentials()) == THROUGH_API
+    assert not [r for r in caplog.records if r.name == "proxy.writeback.session_logs"]
+    assert not (tmp_path / "opencode.db").exists()
+
+
+@pytest.mark.parametrize("content", [b"not a database", b""])
 async def test_an_unreadable_database_is_said_once_and_the_api_answers(
     history: FakeOpencode,
     upstream_api: UpstreamApi,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
-    content: bytes | None,
+    content: bytes,
 ) -> None:
     path = tmp_path / "opencode.db"
-    if content is not None:
-        path.write_bytes(content)
+    path.write_bytes(content)
     logs = SessionLogs(upstream_api, path)
     with caplog.at_level(logging.INFO, logger="proxy.writeback.session_logs"):
         for _ in range(2):
@@ -104,6 +114,4 @@ async def test_an_unreadable_database_is_said_once_and_the_api_answers(
     said = [r.getMessage() for r in caplog.records if r.name == "proxy.writeback.session_logs"]
     assert len(said) == 1
     assert "read through /sync/history" in said[0]
-    assert path.exists() is (content is not None)  # nothing created, nothing written
-    if content is not None:
-        assert path.read_bytes() == content
+    assert path.read_bytes() == content  # nothing written
