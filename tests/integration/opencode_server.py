@@ -27,8 +27,9 @@ from .polling import poll
 from .proctree import descendants, kill_tree
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_BINARY = "node_modules/.bin/opencode"
-"""Where CI's `npm install opencode-ai@1.18.33` in the repo root puts the binary."""
+DEFAULT_BINARY = "node_modules/opencode-ai/bin/opencode.exe"
+"""Where the pinned `opencode-ai@1.18.33` puts its binary (`node_modules/.bin/opencode` is 2.1.2's:
+both packages name their command `opencode`)."""
 
 _READY_TIMEOUT_S = 60.0
 _WARMUP_REQUEST_TIMEOUT_S = 15.0

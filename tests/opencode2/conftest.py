@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.mock_model import MockModel
-from tests.opencode2.servers import REAL, RealServer, Server2x, StandInServer
+from tests.integration.opencode_server import REPO_ROOT
+from tests.opencode2.servers import REAL, REAL_2_1_2, RealServer, Server2x, StandInServer
 from tests.opencode2.stand_in import VARIANT_FLAGS, StandIn
 
 
@@ -29,17 +30,30 @@ def mock_model() -> Iterator[MockModel]:
         model.stop()
 
 
-@pytest.fixture(params=[*VARIANT_FLAGS, "real"])
+STAND_INS = ("from source", "from source, compressing")
+"""The servers no released 2.x is: the `v2` branch built from source (`/api/health`, version
+`local`), and it compressing its answers; the release itself is the real 2.1.2."""
+
+
+def real_2x_command() -> str:
+    """`SETTLE_TEST_OPENCODE2`, else the pinned 2.1.2 (`npm install`, as `scripts/test` runs it)."""
+    if command := os.environ.get(REAL):
+        return command
+    binary = REPO_ROOT / REAL_2_1_2
+    if not binary.exists():
+        raise FileNotFoundError(f"opencode 2.1.2 not found at {binary}: run `npm install` in the repo root")
+    return f"{binary} serve --port {{port}} --hostname 127.0.0.1"
+
+
+@pytest.fixture(params=["2.1.2", *STAND_INS])
 async def server_2x(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Server2x]:
-    """A 2.x server process, started: the stand-in, or the real server `SETTLE_TEST_OPENCODE2`
-    names (skipped, with that reason, where it names none); stopped after the test."""
+    """A 2.x server process, started: the real 2.1.2 (or the server `SETTLE_TEST_OPENCODE2`
+    names), or a stand-in for a build no release is; stopped after the test."""
     server: Server2x
-    if request.param in VARIANT_FLAGS:
+    if request.param in STAND_INS:
         server = StandInServer(tmp_path / "server", VARIANT_FLAGS[request.param])
-    elif command := os.environ.get(REAL):
-        server = RealServer(tmp_path / "server", command, request.getfixturevalue("mock_model"))
     else:
-        pytest.skip(f"{REAL} is not set: no real 2.x server command (with {{port}}) to run the scene against")
+        server = RealServer(tmp_path / "server", real_2x_command(), request.getfixturevalue("mock_model"))
     try:
         await server.start()
         yield server

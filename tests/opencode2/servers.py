@@ -27,7 +27,10 @@ from tests.opencode2.auth import basic
 from tests.opencode2.stand_in import RunningCall
 
 REAL = "SETTLE_TEST_OPENCODE2"
-"""The variable holding a real 2.x server's command (with `{port}`)."""
+"""The variable holding another real 2.x server's command (with `{port}`), run instead of the
+pinned 2.1.2 (`REAL_2_1_2`)."""
+REAL_2_1_2 = "node_modules/@opencode/cli/bin/opencode.exe"
+"""Where the pinned `@opencode/cli@2.1.2` puts its linux build's binary (package.json)."""
 PASSWORD = "pw"
 PROMPT = "run the long command"
 """The prompt the mock model answers with one `shell` call."""
@@ -246,18 +249,21 @@ class RealServer(Server2x):
                 kill_tree(pid)
 
     async def _until_ready(self) -> None:
-        """Health, then the project's instance with its `mock` provider loaded (else a first prompt
-        fails with the model unavailable)."""
+        """Health (2.1.2's `/api/info`, measured: its `/api/health` is 404; early 2.0's
+        `/api/health`), then the project's instance with its `mock` provider loaded (else a first
+        prompt fails with the model unavailable)."""
         location = {"location[directory]": str(self.project)}
-        for path, params in (
-            ("/api/health", None),
-            ("/api/location", location),
-            ("/api/provider/mock", location),
-        ):
-            while not await self._answers(path, params):
-                if self._require().returncode is not None:
-                    raise RuntimeError(f"{self.command!r} exited: see {self.root / 'serve.log'}")
+        while not any([await self._answers(path, None) for path in ("/api/info", "/api/health")]):
+            self._check_alive()
+            await asyncio.sleep(0.25)
+        for path in ("/api/location", "/api/provider/mock"):
+            while not await self._answers(path, location):
+                self._check_alive()
                 await asyncio.sleep(0.25)
+
+    def _check_alive(self) -> None:
+        if self._require().returncode is not None:
+            raise RuntimeError(f"{self.command!r} exited: see {self.root / 'serve.log'}")
 
     async def _answers(self, path: str, params: dict[str, str] | None) -> bool:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):

@@ -64,6 +64,20 @@ async def through(proxy: ProxyProcess, server: Server2x, path: str) -> Any:
         return await answer.json(content_type=None)
 
 
+async def settled_through(proxy: ProxyProcess, server: Server2x, path: str, call: RunningCall) -> Any:
+    """`path` through the proxy once it shows `call` settled: a view read within 2 s of the call's
+    last sign of life is left open (`rules.liveness.FRESH_MARGIN_MS`), and a real server's crash
+    and restart take less."""
+    async with asyncio.timeout(30):
+        while True:
+            view = await through(proxy, server, path)
+            messages = view["data"] if isinstance(view["data"], list) else [view["data"]]
+            tools = [tool_of(m, call) for m in messages if m["id"] == call.message_id]
+            if tools and tools[0]["state"]["status"] != "running":
+                return view
+            await asyncio.sleep(0.25)
+
+
 def tool_of(message: dict[str, Any], call: RunningCall) -> dict[str, Any]:
     (tool,) = [item for item in message["content"] if item.get("id") == call.call_id]
     return dict(tool)
@@ -109,7 +123,7 @@ async def test_views_are_settled_after_a_crash(server_2x: Server2x, tmp_path: Pa
     one = f"/api/session/{call.session_id}/message/{call.message_id}"
     async with proxy_in_front(server_2x, tmp_path) as proxy:
         stored = tool_of((await server_2x.get(one))["data"], call)
-        shown = tool_of((await through(proxy, server_2x, one))["data"], call)
+        shown = tool_of((await settled_through(proxy, server_2x, one, call))["data"], call)
         listed = await through(proxy, server_2x, f"/api/session/{call.session_id}/message")
     (message,) = [m for m in listed["data"] if m["id"] == call.message_id]
     assert stored["state"]["status"] == "running"
@@ -126,7 +140,7 @@ async def test_the_settled_view_is_what_the_server_settles_on_the_next_prompt(
     call = await crashed(server_2x)
     one = f"/api/session/{call.session_id}/message/{call.message_id}"
     async with proxy_in_front(server_2x, tmp_path) as proxy:
-        shown = (await through(proxy, server_2x, one))["data"]
+        shown = (await settled_through(proxy, server_2x, one, call))["data"]
     await server_2x.post(f"/api/session/{call.session_id}/prompt", {"text": "go on"})
     theirs = await server_2x.closed(one)
     assert shown["time"]["completed"] <= theirs["time"]["completed"]
@@ -163,7 +177,7 @@ async def test_write_back_is_refused_and_nothing_is_written(
     before = database.read_bytes()  # the stand-in's: nothing else writes it (a real server does)
     async with proxy_in_front(server_2x, tmp_path, "--write-back", mode, "--db", str(database)) as proxy:
         refused = await until_logged(proxy, f"--write-back {mode} does nothing on opencode")
-        shown = tool_of((await through(proxy, server_2x, one))["data"], call)
+        shown = tool_of((await settled_through(proxy, server_2x, one, call))["data"], call)
         decided = with_credentials(proxy.url, "opencode", server_2x.password)
         await asyncio.to_thread(wait_all_decided, decided, within=30)
         stored = tool_of((await server_2x.get(one))["data"], call)
