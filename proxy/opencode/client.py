@@ -30,12 +30,18 @@ class UpstreamRefused(RuntimeError):
         self.asked = f"{method} {path}"
         """What was asked: `GET /session/ses_1/message`."""
         self.status = status
-        self.reason = _reason(status, body)
+        self.reason, self.explained = _reason(status, body)
         """The answer's own word for it, short: its error's `_tag`, `name` or `message`, else the
-        status's phrase (`not found`)."""
+        status's phrase (`not found`); `explained` says which."""
+
+    @property
+    def no_route(self) -> bool:
+        """A 404 that names no error of its own: the server has no such route (2.1.2 answers an
+        unknown route with an empty 404, an unknown session with `SessionNotFoundError`)."""
+        return self.status == HTTPStatus.NOT_FOUND and not self.explained
 
 
-def _reason(status: int, body: bytes) -> str:
+def _reason(status: int, body: bytes) -> tuple[str, bool]:
     try:
         said = jsonio.loads(body) if body else None
     except Exception:  # whatever the decoder refuses: the status says it
@@ -43,11 +49,11 @@ def _reason(status: int, body: bytes) -> str:
     if isinstance(said, dict):
         for key in ("_tag", "name", "message"):
             if isinstance(word := said.get(key), str) and word:
-                return word[:80]
+                return word[:80], True
     try:
-        return HTTPStatus(status).phrase.lower()
+        return HTTPStatus(status).phrase.lower(), False
     except ValueError:
-        return "no reason given"
+        return "no reason given", False
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,14 @@ anomalyco/opencode @008d57153952), and both of its routes that start one do so. 
 and it takes the item's `id`, which 2.x refuses to admit twice (409 `ConflictError`), so a send
 retried under the same id is admitted at most once. `POST …/resume` takes no id (a second call
 starts another execution) and holds the request until the execution settles. What a person
-asked and has not answered is listed by `GET …/permission`, `GET …/question` and `GET …/form`.
+asked and has not answered is listed by `GET …/permission` and `GET …/form` (2.1.2, measured; its
+`question` tool asks through a form) and, on earlier builds, `GET …/question`: a list the server
+answers with an empty 404 is a route it does not have, said once, and nothing of that kind waits.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -29,11 +32,11 @@ __all__ = ["Continuation"]
 
 DESCRIPTION = "settle-proxy: the server went away mid-turn"
 CONFLICT = 409
-NOT_FOUND = 404
-PERSON_LISTS = ("permission", "question", "form")
+log = logging.getLogger(__name__)
+PERSON_LISTS = ("permission", "form", "question")
 """What a person must answer, each listed by `GET /api/session/{id}/<kind>`: `form` is
-`session.form.list` (`protocol/src/groups/form.ts` @8c6ff62466ba), newer than the other two."""
-NEWER_LISTS = frozenset({"form"})
+`session.form.list` (`protocol/src/groups/form.ts` @8c6ff62466ba; 2.1.2's openapi.json), `question`
+only before 2.1.2 (404 there, measured)."""
 
 
 class Continuation(Server):
@@ -54,6 +57,8 @@ class Continuation(Server):
         user = credentials.as_user(LINE_2X.username)
         super().__init__(session, api, probe, origin, user, dialect=LINE_2X)
         self._health_route = health_route
+        self._unrouted: set[str] = set()
+        """The person lists this server answered with an empty 404: routes it does not have."""
 
     async def ready(self, directory: str | None, provider: str | None) -> str | None:
         """Wait until the server answers the health route it was known by (2.x has no `/config`,
@@ -82,12 +87,20 @@ class Continuation(Server):
 
     async def waiting_on_person(self, session_id: str) -> str | None:
         for kind in PERSON_LISTS:
+            if kind in self._unrouted:
+                continue
             try:
                 listed = await self._api.get(f"/api/session/{session_id}/{kind}", self._credentials)
             except UpstreamRefused as refusal:
-                if kind in NEWER_LISTS and refusal.status == NOT_FOUND:
-                    continue  # a server older than the route: it asks no forms
-                raise
+                if not refusal.no_route:
+                    raise
+                self._unrouted.add(kind)
+                log.info(
+                    "the server has no GET /api/session/{id}/%s (an empty 404): no %s can wait there",
+                    kind,
+                    kind,
+                )
+                continue
             pending = listed.get("data") if isinstance(listed, dict) else None
             if isinstance(pending, list) and pending:
                 return f"a {kind} asked"
