@@ -59,3 +59,14 @@ async def server_2x(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
         yield server
     finally:
         await server.stop()
+
+
+@pytest.fixture
+async def real_2x(tmp_path: Path, mock_model: MockModel) -> AsyncIterator[RealServer]:
+    """The real 2.1.2 (or `SETTLE_TEST_OPENCODE2`'s server), started; stopped after the test."""
+    server = RealServer(tmp_path / "server", real_2x_command(), mock_model)
+    try:
+        await server.start()
+        yield server
+    finally:
+        await server.stop()

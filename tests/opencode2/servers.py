@@ -64,10 +64,10 @@ def config_2x(model_base_url: str) -> dict[str, Any]:
     }
 
 
-def shell_plan() -> Plan:
-    """One `shell` call of the long command; `timeout: 0` lifts the tool's 2-minute default
+def shell_plan(command: str = DEFAULT_COMMAND) -> Plan:
+    """One `shell` call of `command`; `timeout: 0` lifts the tool's 2-minute default
     (`packages/core/src/tool/plugin/shell.ts` `Input`, `DEFAULT_TIMEOUT_MS` @2092350cf)."""
-    return Plan(tool="shell", arguments={"command": DEFAULT_COMMAND, "timeout": 0})
+    return Plan(tool="shell", arguments={"command": command, "timeout": 0})
 
 
 class Server2x(ABC):
@@ -204,6 +204,7 @@ class RealServer(Server2x):
         self.project.mkdir(exist_ok=True)
         (self.project / "opencode.json").write_bytes(orjson.dumps(config_2x(model.base_url)))
         model.plan(PROMPT, shell_plan())
+        self._model = model
         self._tools: set[tuple[int, int, str]] = set()
 
     @property
@@ -276,15 +277,17 @@ class RealServer(Server2x):
                 return answer.status == 200
         return False
 
-    async def running_call(self) -> RunningCall:
-        """A session of the project whose turn runs the mock model's `shell` call, once its view
-        shows the call `running`."""
+    async def running_call(self, command: str = DEFAULT_COMMAND) -> RunningCall:
+        """A session of the project whose turn runs the mock model's `shell` call of `command`, once
+        its view shows the call `running`."""
+        prompt = PROMPT if command == DEFAULT_COMMAND else f"{PROMPT}: {command}"
+        self._model.plan(prompt, shell_plan(command))
         created = await self.post(
             "/api/session",
             {"location": {"directory": str(self.project)}, "model": {"id": "m", "providerID": "mock"}},
         )
         session = created["data"]["id"]
-        await self.post(f"/api/session/{session}/prompt", {"text": PROMPT})
+        await self.post(f"/api/session/{session}/prompt", {"text": prompt})
         async with asyncio.timeout(_BOOT_S):
             while True:
                 call = _running(await self.get(f"/api/session/{session}/message"), session)

@@ -21,7 +21,8 @@ from tests.integration.http_client import request, with_credentials
 from tests.integration.polling import poll
 from tests.integration.proxy_process import ProxyProcess, wait_all_decided
 from tests.opencode2.database import opencode_sqlite
-from tests.opencode2.servers import Server2x, StandInServer
+from tests.integration.mock_model import MockModel, RecordedRequest
+from tests.opencode2.servers import RealServer, Server2x, StandInServer
 from tests.opencode2.stand_in import VARIANT_FLAGS, RunningCall
 
 INTERRUPTED = {"type": "aborted", "message": "Tool execution interrupted: shell"}
@@ -76,6 +77,20 @@ async def settled_through(proxy: ProxyProcess, server: Server2x, path: str, call
             if tools and tools[0]["state"]["status"] != "running":
                 return view
             await asyncio.sleep(0.25)
+
+
+async def poll_async(found: Any, what: str, timeout: float = 60) -> Any:
+    """`found()` once it is truthy (a positive signal), polled every 0.25 s up to `timeout`."""
+    async with asyncio.timeout(timeout):
+        while not (value := found()):
+            await asyncio.sleep(0.25)
+    del what
+    return value
+
+
+def _continued(model: MockModel) -> list[RecordedRequest]:
+    """The turn's requests the model answered with text (a title request offers no tools)."""
+    return [r for r in model.requests() if r.decision == "text" and r.tools]
 
 
 def tool_of(message: dict[str, Any], call: RunningCall) -> dict[str, Any]:
@@ -245,3 +260,53 @@ async def test_resume_sends_one_continuation_through_synthetic_across_a_sigkill(
     assert len(continuations) == 1
     assert "- shell: `sleep 20`" in continuations[0]["text"]
     assert [m["type"] for m in messages][-2:] == ["assistant", "idle"]
+
+
+async def test_resume_continues_a_safe_turn_cut_on_2_1_2_exactly_once(
+    real_2x: RealServer, mock_model: MockModel, tmp_path: Path
+) -> None:
+    """The real 2.1.2: the cut `shell` call (`echo`, `sleep`: safe to have been cut) is continued by
+    itself through `/synthetic`, once; the server settles the call in its own drain, the model is
+    told which call was cut, and the session ends idle."""
+    async with proxy_in_front(real_2x, tmp_path, "--resume") as proxy:
+        await until_logged(proxy, "following /api/event")
+        call = await real_2x.running_call()
+        await real_2x.kill()
+        await real_2x.restart()
+        decided = await until_logged(proxy, f"resume resumed: session {call.session_id}")
+        one = f"/api/session/{call.session_id}/message/{call.message_id}"
+        closed = await real_2x.closed(one)
+        answered = await poll_async(lambda: _continued(mock_model), "the model asked again")
+    assert "2.x's own drain" in decided
+    assert tool_of(closed, call)["state"]["error"] == INTERRUPTED
+    (continuation,) = answered
+    assert "shell" in (continuation.latest_prompt or "")
+    assert "unknown" in (continuation.latest_prompt or "")
+    assert [r.decision for r in mock_model.requests()].count("tool") == 1
+    assert proxy.log().count(f"resume resumed: session {call.session_id}") == 1
+
+
+UNSAFE = "echo hello > out.txt && sleep 600"
+"""A call that may have changed something (it writes a file): never continued by itself."""
+
+
+async def test_an_unsafe_turn_cut_on_2_1_2_waits_and_a_continue_resumes_it_once(
+    real_2x: RealServer, mock_model: MockModel, tmp_path: Path
+) -> None:
+    async with proxy_in_front(real_2x, tmp_path, "--resume") as proxy:
+        await until_logged(proxy, "following /api/event")
+        call = await real_2x.running_call(UNSAFE)
+        await real_2x.kill()
+        await real_2x.restart()
+        waits = await until_logged(proxy, f"resume waiting: session {call.session_id}")
+        assert _continued(mock_model) == [], "never continued by itself"
+        continued = f"{proxy.url}/_settle/resume/{call.session_id}"
+        first = await asyncio.to_thread(request, "POST", continued, headers=real_2x.headers, timeout=15)
+        resumed = await until_logged(proxy, f"resume resumed: session {call.session_id}")
+        second = await asyncio.to_thread(request, "POST", continued, headers=real_2x.headers, timeout=15)
+        (continuation,) = await poll_async(lambda: _continued(mock_model), "the model asked again")
+    assert "'>': redirects to a file (out.txt)" in waits
+    assert first.status == 202, first.body
+    assert "2.x's own drain" in resumed
+    assert second.status == 409, second.body
+    assert f"- shell: `{UNSAFE}`" in (continuation.latest_prompt or "")
