@@ -11,6 +11,13 @@ starts another execution) and holds the request until the execution settles. Wha
 asked and has not answered is listed by `GET …/permission` and `GET …/form` (2.1.2, measured; its
 `question` tool asks through a form) and, on earlier builds, `GET …/question`: a list the server
 answers with an empty 404 is a route it does not have, said once, and nothing of that kind waits.
+
+`serve --service` (2.1.2, measured; the background service the default TUI starts) continues every
+interrupted turn itself at boot: it fails the cut calls and admits a synthetic input "The server
+restarted while you were working…" (`metadata: {notice: "restart"}`) as it starts to answer. A
+second continuation would be the proxy's, so a server known to do that is left to it: known by
+the command line of the process its `/api/info` names, where this host shows that process, or by
+a restart notice in a view read since it booted.
 """
 
 from __future__ import annotations
@@ -27,11 +34,15 @@ from proxy.opencode.dialects import LINE_2X
 from proxy.opencode.liveness import LivenessProbe
 from proxy.resume.sending import Server
 from proxy.resume.turns import InterruptedTurn, message_after
+from proxy.system import procfs
 
 __all__ = ["Continuation"]
 
 DESCRIPTION = "settle-proxy: the server went away mid-turn"
 CONFLICT = 409
+SERVICE_FLAG = "--service"
+RESTART_NOTICE = "restart"
+"""`metadata.notice` of the synthetic input `serve --service` continues a turn with (2.1.2, measured)."""
 log = logging.getLogger(__name__)
 PERSON_LISTS = ("permission", "form", "question")
 """What a person must answer, each listed by `GET /api/session/{id}/<kind>`: `form` is
@@ -59,6 +70,36 @@ class Continuation(Server):
         self._health_route = health_route
         self._unrouted: set[str] = set()
         """The person lists this server answered with an empty 404: routes it does not have."""
+        self._pid: int | None = None
+        self._itself: str | None = None
+        """Why the server that runs now (`_pid`) continues interrupted turns itself, once known."""
+
+    async def resumes_itself(self) -> str | None:
+        """Why the server continues interrupted turns itself (`serve --service`), or None: asked of
+        the process its health answer names, each time that is another process."""
+        info = await self._api.get(self._health_route(), self._credentials)
+        pid = info.get("pid") if isinstance(info, dict) else None
+        if not isinstance(pid, int) or pid == self._pid:
+            return self._itself
+        self._pid, self._itself = pid, None
+        argv = procfs.command_line(pid).split()
+        if "serve" in argv and SERVICE_FLAG in argv:
+            self._knows(f"its command line says so (pid {pid}: serve {SERVICE_FLAG})")
+        return self._itself
+
+    def heard(self, view: Any, session_id: str, since: str | None) -> None:
+        """A restart notice newer than `since` (the newest message of the session before the crash)
+        was admitted by the server that runs now: it continues interrupted turns itself."""
+        if self._itself is None and since is not None and (notice := restart_notice(view, since)):
+            self._knows(f"it continued session {session_id} itself (its restart notice {notice})")
+
+    def _knows(self, why: str) -> None:
+        self._itself = why
+        log.warning(
+            "the server resumes interrupted turns itself: %s; resuming is left to it",
+            why,
+            extra={"fields": {"pid": self._pid, "why": why}},
+        )
 
     async def ready(self, directory: str | None, provider: str | None) -> str | None:
         """Wait until the server answers the health route it was known by (2.x has no `/config`,
@@ -105,3 +146,17 @@ class Continuation(Server):
             if isinstance(pending, list) and pending:
                 return f"a {kind} asked"
         return None
+
+
+def restart_notice(view: Any, since: str) -> str | None:
+    """The id of a synthetic input newer than `since` in `view` (a `{data: [...]}` message list)
+    that a server continuing a turn itself at boot admitted, if there is one."""
+    messages = view.get("data") if isinstance(view, dict) else None
+    for message in messages if isinstance(messages, list) else ():
+        if not isinstance(message, dict) or message.get("type") != "synthetic":
+            continue
+        metadata, found = message.get("metadata"), message.get("id")
+        noticed = isinstance(metadata, dict) and metadata.get("notice") == RESTART_NOTICE
+        if noticed and isinstance(found, str) and found > since:
+            return found
+    return None

@@ -78,6 +78,10 @@ class ResumeServer(Prompted, Protocol):
 
     async def waiting_on_person(self, session_id: str) -> str | None: ...
 
+    async def resumes_itself(self) -> str | None: ...
+
+    def heard(self, view: Any, session_id: str, since: str | None) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class ResumeOptions:
@@ -257,6 +261,8 @@ class Resumer:
         if (unready := await self._server.ready(candidate.directory, None)) is not None:
             self._skip(candidate, f"the server did not become ready: {unready}")
             return
+        if await self._left_to_server(candidate):
+            return
         info = await self._server.session_info(candidate.api, candidate.session_id)
         before = await self._before(candidate, info)
         if (verdict := before_settling(before, self._options.policy)).why is not None:
@@ -335,6 +341,7 @@ class Resumer:
 
     async def _before(self, candidate: Candidate, info: dict[str, Any], cut_off: str | None = None) -> Before:
         view = await self._server.messages(candidate.api, candidate.session_id)
+        self._server.heard(view, candidate.session_id, cut_off or candidate.seen_message)
         parent = info.get("parentID")
         person = candidate.waiting_on_person or await self._server.waiting_on_person(candidate.session_id)
         rules, seen = self._server.rules(candidate.api), candidate.seen_message
@@ -441,8 +448,18 @@ class Resumer:
                 calls=calls,
             )
             return
+        if await self._left_to_server(candidate, turn):
+            return
         async with self._admission.admitted(ticket) as admitted:
             await self._prompting.resume(turn, directory, text, calls, admitted=admitted)
+
+    async def _left_to_server(self, candidate: Candidate, turn: InterruptedTurn | None = None) -> bool:
+        """Whether the server continues interrupted turns itself (`serve --service`), so that a
+        continuation of the proxy's would be a second one: then the turn is left to it."""
+        if (why := await self._server.resumes_itself()) is None:
+            return False
+        self._skip(candidate, f"the server resumes interrupted turns itself, left to it: {why}", turn)
+        return True
 
     def _skip(self, candidate: Candidate, why: str, turn: InterruptedTurn | None = None) -> None:
         message = turn.message_id if turn is not None else None

@@ -130,6 +130,15 @@ class Server:
         found = message_after(view, self.rules(turn.api), prompt_id, "assistant") is not None
         return "an answer to the prompt is stored" if found else None
 
+    async def resumes_itself(self) -> str | None:
+        """Why the server continues interrupted turns itself, if it does (1.18 never does)."""
+        return None
+
+    def heard(self, view: Any, session_id: str, since: str | None) -> None:
+        """What a view of the session read since the crash (`since`: its newest message before
+        it) says of the server itself (1.18: nothing)."""
+        del view, session_id, since
+
     async def waiting_on_person(self, session_id: str) -> str | None:
         """What the server lists a person must answer (1.18: nothing; the stream says it)."""
         del session_id

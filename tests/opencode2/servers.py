@@ -198,9 +198,15 @@ class RealServer(Server2x):
 
     kind = "real 2.x server"
 
-    def __init__(self, root: Path, command: str, model: MockModel) -> None:
+    def __init__(self, root: Path, command: str, model: MockModel, *, service: bool = False) -> None:
         super().__init__(root)
-        self.command, self.project = command, root / "project"
+        self.command, self.project = command + (" --service" if service else ""), root / "project"
+        if service:
+            # `serve --service` takes its password from the service's settings, not the environment
+            # (2.1.2, measured: it writes a random one there when there is none).
+            settings = root / "xdg" / "config" / "opencode" / "service.json"
+            settings.parent.mkdir(parents=True, exist_ok=True)
+            settings.write_bytes(orjson.dumps({"password": self.password}))
         self.project.mkdir(exist_ok=True)
         (self.project / "opencode.json").write_bytes(orjson.dumps(config_2x(model.base_url)))
         model.plan(PROMPT, shell_plan())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,11 @@ import orjson
 import pytest
 
 from tests.integration.http_client import request, with_credentials
+from tests.integration.mock_model import MockModel, RecordedRequest
 from tests.integration.polling import poll
 from tests.integration.proxy_process import ProxyProcess, wait_all_decided
+from tests.opencode2.conftest import real_2x_command
 from tests.opencode2.database import opencode_sqlite
-from tests.integration.mock_model import MockModel, RecordedRequest
 from tests.opencode2.servers import RealServer, Server2x, StandInServer
 from tests.opencode2.stand_in import VARIANT_FLAGS, RunningCall
 
@@ -79,13 +80,9 @@ async def settled_through(proxy: ProxyProcess, server: Server2x, path: str, call
             await asyncio.sleep(0.25)
 
 
-async def poll_async(found: Any, what: str, timeout: float = 60) -> Any:
-    """`found()` once it is truthy (a positive signal), polled every 0.25 s up to `timeout`."""
-    async with asyncio.timeout(timeout):
-        while not (value := found()):
-            await asyncio.sleep(0.25)
-    del what
-    return value
+async def poll_async(found: Callable[[], list[RecordedRequest]], what: str) -> list[RecordedRequest]:
+    """`found()` once it is not empty (a positive signal), polled up to 60 s."""
+    return await asyncio.to_thread(poll, lambda: found() or None, what=what, timeout=60)
 
 
 def _continued(model: MockModel) -> list[RecordedRequest]:
@@ -310,3 +307,27 @@ async def test_an_unsafe_turn_cut_on_2_1_2_waits_and_a_continue_resumes_it_once(
     assert "2.x's own drain" in resumed
     assert second.status == 409, second.body
     assert f"- shell: `{UNSAFE}`" in (continuation.latest_prompt or "")
+
+
+async def test_a_service_server_resumes_by_itself_and_the_proxy_leaves_it_to_it(
+    tmp_path: Path, mock_model: MockModel
+) -> None:
+    """2.1.2's `serve --service` continues the cut turn at boot itself: the proxy with `--resume`
+    says so once and sends nothing, so the model is asked to continue exactly once."""
+    server = RealServer(tmp_path / "server", real_2x_command(), mock_model, service=True)
+    await server.start()
+    try:
+        async with proxy_in_front(server, tmp_path, "--resume") as proxy:
+            await until_logged(proxy, "following /api/event")
+            call = await server.running_call()
+            await server.kill()
+            await server.restart()
+            decided = await until_logged(proxy, f"resume skipped: session {call.session_id}")
+            (continuation,) = await poll_async(lambda: _continued(mock_model), "the server's continuation")
+            said = await until_logged(proxy, "the server resumes interrupted turns itself")
+    finally:
+        await server.stop()
+    assert "left to it" in decided
+    assert "serve --service" in said
+    assert "The server restarted while you were working" in (continuation.latest_prompt or "")
+    assert "resume resumed" not in proxy.log()

@@ -45,6 +45,8 @@ class FakeServer:
         self.then: Any = None
         """The view every read after the next one gets (another writer changed the session)."""
         self._asked_ready = 0
+        self.itself: str | None = None
+        """Why the server continues interrupted turns itself (`serve --service`), if it does."""
 
     def rules(self, turn_api: Api) -> Runtime[Any]:
         return LINE_1_18.runtimes[turn_api].rules
@@ -64,6 +66,12 @@ class FakeServer:
 
     async def waiting_on_person(self, session_id: str) -> str | None:
         return None
+
+    async def resumes_itself(self) -> str | None:
+        return self.itself
+
+    def heard(self, view: Any, session_id: str, since: str | None) -> None:
+        pass
 
     async def ready(self, directory: str | None, provider: str | None) -> str | None:
         self._asked_ready += 1
@@ -357,3 +365,19 @@ async def test_resume_text_replaces_the_prompt(ledger: Ledger) -> None:
     made, _ = resumer(server, ledger, text="carry on, carefully")
     await considered(made)
     assert [text for _, text, _ in server.prompts] == ["carry on, carefully"]
+
+
+async def test_a_server_that_resumes_turns_itself_is_left_to_it(ledger: Ledger) -> None:
+    """`serve --service` continues every interrupted turn at boot: a prompt of the proxy's would be
+    a second continuation, so none is sent, and the one decision line says why."""
+    server = FakeServer(ledger)
+    server.view = v1_view(v1_tool("prt_1"))
+    server.itself = "its command line says so (pid 7: serve --service)"
+    writer = SettlingWriter(server)
+    made, journal = resumer(server, ledger, writer=writer)
+    await considered(made)
+    assert server.prompts == []
+    assert writer.targets == [], "nothing written for a turn the server continues"
+    [decision] = journal.recent()
+    assert decision["outcome"] == "skipped"
+    assert decision["why"].startswith("the server resumes interrupted turns itself, left to it: its command")
