@@ -4,7 +4,8 @@ It runs first, in `request_headers`, and stores the match in the flow (`ROUTE`);
 addons read it instead of matching the path again in each hook. It also owns the start-timeout
 policy of the routes it names, so the relay stays ignorant of opencode's routes: a route's own,
 and for a session's stream whether the server is booting (the server line not known: at start,
-and from a lost stream or, under `run`, the server's exit until its health answers again). It asks
+and from a lost stream or, under `run`, the server's exit until its health answers again), and
+so for a plain GET. It asks
 every event stream uncompressed: events are slipped in between the server's own, which compressed
 bytes cannot take (newer 2.x servers compress what a client accepts compressed).
 """
@@ -23,6 +24,8 @@ from proxy.relay.hooks import Addon, Flow, FlowKey
 
 ROUTE = FlowKey[Route]("route")
 _NOWHERE = Route()
+IDEMPOTENT = frozenset({"GET", "HEAD"})
+"""The requests a client may send again after a 504 (RFC 9110 §9.2.2) without doing anything twice."""
 REMEMBERED_ROUTES = 1_000
 """How many (method, path) matches are kept: clients poll the same few views and streams."""
 
@@ -40,15 +43,20 @@ class Routing(Addon):
         self._matched: Bounded[tuple[str, str], Route] = Bounded(REMEMBERED_ROUTES)
 
     async def request_headers(self, flow: Flow) -> None:
-        route = flow[ROUTE] = self._route(flow.request.method, flow.request.path.removeprefix(self._prefix))
-        flow.start_timeout = route.start_timeout(flow.start_timeout, booting=await self._booting(flow, route))
+        method = flow.request.method
+        route = flow[ROUTE] = self._route(method, flow.request.path.removeprefix(self._prefix))
+        idempotent = method in IDEMPOTENT
+        booting = await self._booting(flow, route)
+        flow.start_timeout = route.start_timeout(flow.start_timeout, booting=booting, idempotent=idempotent)
         if route.stream is not None:
             flow.upstream_headers[hdrs.ACCEPT_ENCODING] = "identity"
 
     async def _booting(self, flow: Flow, route: Route) -> bool:
-        """Whether the upstream is not known to answer yet. Only a session stream's timing depends
-        on it, so only for one is a server not known yet asked now (once, however many wait): a
-        healthy server just started is then known healthy, not taken for one still booting."""
+        """Whether the upstream is not known to answer yet. A session stream waits for its next
+        event however long, and only while the server boots is that bounded, so for one a server
+        not known yet is asked now (once, however many wait): a healthy server just started is then
+        known healthy, not taken for one still booting. A plain GET is not held up for that: a
+        healthy server answers it well within the bound anyway."""
         if self._line is None:
             return False
         if route.stream is EventStream.SESSION and self._line.current is None:

@@ -75,7 +75,9 @@ class Route:
     stream_session: str | None = None
     """The session a `SESSION` stream follows."""
 
-    def start_timeout(self, timeout: float | None, *, booting: bool = False) -> float | None:
+    def start_timeout(
+        self, timeout: float | None, *, booting: bool = False, idempotent: bool = False
+    ) -> float | None:
         """How long the upstream may take to start answering, given the proxy's `timeout`.
 
         opencode's event streams answer at once when it is healthy, but a subscription sent the
@@ -85,11 +87,14 @@ class Route:
         stream starts with its next event, however long that takes, so it is not timed while the
         server is known healthy; while it is `booting` (not known to answer yet) it is timed too,
         as 1.18.33 takes one sent then and never answers it (40 s and more, though the session has
-        news). No stream is timed once open.
+        news). No stream is timed once open. An `idempotent` plain request (a GET) is timed the
+        same while the server boots: a from-source 2.x build took connections about 2 s before it
+        answered, and never answered what it took then (2.1.2 answers 503 instead, measured); a
+        504 lets its client ask again, which a POST's could not safely do.
         """
         if self.stream is EventStream.SESSION and not booting:
             return None
-        if self.stream is not None:
+        if self.stream is not None or (booting and idempotent):
             return STREAM_START_TIMEOUT_S if timeout is None else min(timeout, STREAM_START_TIMEOUT_S)
         return timeout
 

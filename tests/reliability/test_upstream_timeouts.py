@@ -26,7 +26,7 @@ from tests.reliability.faulty_upstreams import (
     proxy_in_front,
     proxy_in_front_of_streams,
 )
-from tests.reliability.raw_upstream import Received, Reply, Responder, opencode_routes, response
+from tests.reliability.raw_upstream import Received, Reply, Responder, json_reply, opencode_routes, response
 
 TIMEOUT_S = 0.5
 """The response and liveness timeouts the timing tests give the proxy."""
@@ -159,3 +159,28 @@ async def test_a_session_stream_may_wait_for_its_first_event(monkeypatch: pytest
         status, _, body = await get(proxy.with_path("/api/session/ses_x/event"))
     assert status == 200
     assert body == b'data: {"type":"session.next.prompted"}\n\n'
+
+
+async def _booting_server(request: Received) -> Reply:
+    """A server that took the connection and has not answered yet (a from-source 2.x build, for
+    about 2 s after its port opened, never answered what it took then): its health never
+    answers, a GET never does, and a POST answers after a pause longer than the bound."""
+    if request.method == "POST":
+        await asyncio.sleep(3 * TIMEOUT_S)
+        return json_reply({"id": "ses_1"})
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+async def test_a_get_the_booting_server_took_and_never_answers_is_a_504_and_a_post_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("proxy.opencode.routes.STREAM_START_TIMEOUT_S", TIMEOUT_S)
+    async with proxy_in_front(_booting_server) as proxy:
+        status, _, body = await get(proxy.with_path("/api/session/active"))
+        async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session:
+            async with session.post(proxy.with_path("/session"), json={}) as answer:
+                posted = answer.status, await answer.json()
+    assert status == 504
+    assert f"did not answer within {TIMEOUT_S:g}s".encode() in body
+    assert posted == (200, {"id": "ses_1"}), "a POST is never cut short: its client cannot safely ask again"
