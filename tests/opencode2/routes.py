@@ -132,8 +132,9 @@ class Api:
             return await self.unknown(request)
         if self.process.before_log is not None:
             await self.process.before_log()
+        hub = self.store.hub
         return await session_log.serve(
-            request, self.process.session_log, self.store.sessions, self.store.hub.published
+            request, self.process.session_log, self.store.sessions, hub.published, hub.sequences
         )
 
     async def info(self, request: web.Request) -> web.Response:

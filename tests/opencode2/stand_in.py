@@ -101,7 +101,7 @@ class StandIn:
         form_route: bool = True,
         web_fallback: bool = False,
         compress: bool = False,
-        session_log: Log = Log.ABSENT,
+        session_log: Log = Log.HEAD,
         booting: bool = False,
         settle: Settle = Settle.CHILD,
         call_key: str = "id",

@@ -64,7 +64,7 @@ class Process:
     compress responses (issue 36 item 15, /work/shared/OPENCODE.md's last section, "From newer
     source"); the file that does it was not found in the code index, so the stand-in takes the
     worst case, every stream compressed as soon as a client accepts it."""
-    session_log: Log = Log.ABSENT
+    session_log: Log = Log.HEAD
     """Which durable session log it answers (`tests.opencode2.session_log`)."""
     before_log: Callable[[], Awaitable[None]] | None = None
     """Awaited before a read of the log is answered (a test's hook: publish meanwhile, or hang)."""
