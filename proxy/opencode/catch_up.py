@@ -16,7 +16,8 @@ The cursor of a session is the `durable.seq` of the last of its events heard, so
 follower heard of are read, the most recent first, at most `CAUGHT_UP_SESSIONS`, all within one
 deadline. Each read starts one before the cursor: the log must give back the event the stream
 showed. The `v2` build @2092350cf gives back none (measured: its `event` table stays empty while
-`event_sequence` counts, so its log is the marker alone), nor does a server without the route (404
+`event_sequence` counts, so its log is the marker alone), nor does 2.1.2 (measured: the marker
+alone, with the head's `seq`, even `after=0`), nor a server without the route (404
 naming no session): on such a server nothing more is read, said once at INFO, and the stream is
 followed exactly as without a log. Frames the stream repeats (the stream is subscribed before the
 log is read) are those at or before what the log delivered, and are dropped once.
@@ -135,8 +136,10 @@ class DurableLog:
         if marker.seq is not None and marker.seq < cursor:  # another database: its seqs are not ours
             self._cursors[session_id] = marker.seq
             return
-        held = "nothing" if marker.seq is None else f"seq {marker.seq}"
-        raise _Absent(f"its log of {session_id} holds {held} but the stream showed seq {cursor}")
+        if marker.seq is None:
+            raise _Absent(f"its log of {session_id} holds nothing but the stream showed seq {cursor}")
+        gave = f"its log of {session_id} gave back no event, only its head, seq {marker.seq}"
+        raise _Absent(f"{gave}, though the stream showed seq {cursor}")
 
     def _deliver(self, item: FollowedEvent | UnreadableEvent, session_id: str, take: Take) -> None:
         """One line of the log: what the stream already showed (at or before the cursor) is dropped."""

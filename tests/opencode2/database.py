@@ -13,7 +13,7 @@ import orjson
 
 from tests.opencode2.store import Store
 
-TABLES = ("sessions", "messages", "permissions", "questions", "forms", "inbox")
+TABLES = ("sessions", "messages", "permissions", "forms", "inbox", "admitted")
 
 
 def save(store: Store, path: Path) -> None:

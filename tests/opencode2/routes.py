@@ -1,8 +1,12 @@
-"""The routes of the 2.x stand-in, each as the 2.x source declares and answers it.
+"""The routes of the 2.x stand-in, each named with the release or build it imitates.
 
-Declarations: `packages/protocol/src/groups/{server,health,session,message,permission,question}.ts`;
-answers: `packages/server/src/handlers/{server,session,message}.ts`. Commits per route below, and in
-/work/notes/opencode2x-facts.md.
+Every route here is one opencode 2.1.2 serves (its `GET /openapi.json` lists them all), answered as
+2.1.2 answered it where that was measured (`@opencode/cli@2.1.2` from npm, run here), else as the
+2.x source declares it (`anomalyco/opencode`, `packages/protocol/src/groups/*.ts`, answers in
+`packages/server/src/handlers/*.ts`, the commit named per route). The one route 2.1.2 does not
+have, `GET /api/health`, answers only as the `v2` branch built from source @2092350c did
+(`StandIn.from_source`); 2.1.2 has no `GET /api/session/{id}/question` and no
+`POST /api/session/{id}/resume` (measured: empty 404s), and neither has the stand-in.
 """
 
 from __future__ import annotations
@@ -83,20 +87,21 @@ class Api:
         get("/api/session/{session}/message", self.messages)
         get("/api/session/{session}/message/{message}", self.message)
         get("/api/session/{session}/permission", self.permissions)
-        get("/api/session/{session}/question", self.questions)
         get("/api/session/{session}/form", self.forms)
         get("/api/experimental/session/{session}/log", self.session_log)
         post("/api/session/{session}/prompt", self.inputs.prompt)
         post("/api/session/{session}/synthetic", self.inputs.synthetic)
-        post("/api/session/{session}/resume", self.inputs.resume)
         post("/api/session/{session}/interrupt", self.inputs.interrupt)
         app.router.add_route("*", "/{tail:.*}", self.unknown)
         return app
 
     @web.middleware
     async def _gate(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """Auth on every API route (`authorizationLayer` @13a9aa255669), then, while the server boots,
-        503 with `retry-after` (../shared/OPENCODE.md; not found in the commits read: an assumption)."""
+        """Auth on every API route: 2.1.2 (measured: 401 `{"_tag":"UnauthorizedError","message":
+        "Authentication required"}` with `www-authenticate: Basic realm="Secure Area"`; the ways in,
+        `tests.opencode2.auth`); then, while the server boots, 503 with `retry-after` (a boot no
+        release was seen to answer: 2.1.2 answered within a second; not found in the commits read,
+        an assumption kept for the proxy's own boot handling)."""
         if request.path.startswith("/api/") and request.match_info.route.handler != self.unknown:
             if not self.process.auth.allows(request, self.process.port):
                 return refusal()
@@ -113,62 +118,80 @@ class Api:
         return response
 
     async def unknown(self, request: web.Request) -> web.Response:
-        """No route: the Effect router's empty 404, or the bundled web app's page for a GET."""
+        """No route: 2.1.2 (measured: `GET /api/nothing`, `/api/health`, `/api/session/{id}/question`
+        and `POST …/resume` answer 404 with no content-type and no body), or the bundled web app's
+        page for a GET (`web_fallback`; 2.1.2 answers `GET /global/health` with its web app's HTML)."""
         if self.process.web_fallback and request.method == "GET":
             return web.Response(body=WEB_APP, content_type="text/html")
         return web.Response(status=404)
 
     async def session_log(self, request: web.Request) -> web.StreamResponse:
+        """`GET /api/experimental/session/{id}/log`: as `Process.session_log` says
+        (`tests.opencode2.session_log`, which names the build each variant imitates)."""
         if self.process.session_log is Log.ABSENT:
             return await self.unknown(request)
         if self.process.before_log is not None:
             await self.process.before_log()
+        hub = self.store.hub
         return await session_log.serve(
-            request, self.process.session_log, self.store.sessions, self.store.hub.published
+            request, self.process.session_log, self.store.sessions, hub.published, hub.sequences
         )
 
     async def info(self, request: web.Request) -> web.Response:
-        """`GET /api/info` → `ServerInfo {version, pid, urls, paths}` (`protocol/src/groups/server.ts`
-        @51819a10a412, handler `server/src/handlers/server.ts` @665f64395a75)."""
+        """`GET /api/info` → `ServerInfo`: 2.1.2 (measured: `{"version":"2.1.2","pid":…,"urls":
+        ["http://127.0.0.1:P"],"paths":{"tmp":"/tmp/opencode"},"capabilities":{"persistentPty":true}}`);
+        404 on the from-source build @2092350c."""
         if self.process.health_route != "info":
             return await self.unknown(request)
         url = f"http://127.0.0.1:{self.process.port}"
-        paths = {"tmp": "/tmp/opencode", "home": "/home/user"}
         return _json(
-            {"version": self.process.version, "pid": self.process.pid, "urls": [url], "paths": paths}
+            {
+                "version": self.process.version,
+                "pid": self.process.pid,
+                "urls": [url],
+                "paths": {"tmp": "/tmp/opencode"},
+                "capabilities": {"persistentPty": True},
+            }
         )
 
     async def health(self, request: web.Request) -> web.Response:
-        """Early 2.0's `GET /api/health` → `{healthy: true, version, pid}` (`protocol/src/groups/health.ts`
-        `health.get` @7c3c912ea4ff; `packages/server/src/process.ts` `start` @02ce4a330f33 asks it
-        for readiness). Measured on the `v2` branch built from source @2092350c: `{"healthy":true,
-        "version":"local","pid":…}`, with `/api/info` and `/global/health` 404
-        (/work/shared/OPENCODE.md, "opencode v2 measured"): `StandIn.from_source()`."""
+        """`GET /api/health` → `{healthy: true, version, pid}`: the `v2` branch built from source
+        @2092350c only (measured there: `{"healthy":true,"version":"local","pid":…}`, with `/api/info`
+        and `/global/health` 404; /work/shared/OPENCODE.md, "opencode v2 measured"; declared by
+        `protocol/src/groups/health.ts` `health.get` @7c3c912ea4ff): `StandIn.from_source()`. 2.1.2
+        has no such route (measured: an empty 404), nor does the stand-in unless `health_route` is
+        `health`."""
         if self.process.health_route != "health":
             return await self.unknown(request)
         return _json({"healthy": True, "version": self.process.version, "pid": self.process.pid})
 
     async def events(self, request: web.Request) -> web.StreamResponse:
+        """`GET /api/event`: 2.1.2 (measured: `server.connected` first, then `: heartbeat` comments);
+        frames and headers as `tests.opencode2.events` names them from source."""
         return await self.store.hub.serve(request, compress=self.process.compress)
 
     async def active(self, _: web.Request) -> web.Response:
-        """`GET /api/session/active` → `{data: {<id>: {type: "running"}}}` (`session.active`,
-        `protocol/src/groups/session.ts` @01fd0c8548b2; handler `server/src/handlers/session.ts`
-        @01f42103c20d)."""
+        """`GET /api/session/active` → `{data: {<id>: {type: "running"}}}`: 2.1.2 (measured: `{"data":{}}`
+        idle, `{"data":{"ses_…":{"type":"running"}}}` while a turn runs)."""
         return _json({"data": {session: {"type": "running"} for session in sorted(self.store.active)}})
 
     async def session(self, request: web.Request) -> web.Response:
-        """`GET /api/session/{id}` → `{data: Session.Info}` (`session.get` @01fd0c8548b2); the info is
-        cut to `id`, `parentID?`, `title`, `time`."""
+        """`GET /api/session/{id}` → `{data: Session.Info}`: 2.1.2 (measured: `{"data":{"id","projectID",
+        "cost","tokens","time":{"created","updated"},"location":{"directory"}}}`, and 404
+        `SessionNotFoundError` for an unknown id); the stand-in's info is cut to `id`, `parentID?`,
+        `title`, `time`."""
         session_id = request.match_info["session"]
         if session_id not in self.store.sessions:
             return _json(session_not_found(session_id), 404)
         return _json({"data": self.store.sessions[session_id]})
 
     async def messages(self, request: web.Request) -> web.Response:
-        """`GET /api/session/{id}/message?limit&order&cursor` → `{data, cursor: {previous?, next?}}`,
-        newest first unless `order=asc`, 50 a page (`session.messages`, `protocol/src/groups/message.ts`
-        @17dce3a11c99; `MessageHandler`, `server/src/handlers/message.ts` @0881eb2d3aa7)."""
+        """`GET /api/session/{id}/message?limit&order&cursor` → `{data, cursor: {previous, next}}`, newest
+        first unless `order=asc`: 2.1.2 (measured: an empty session `{"data":[],"cursor":{"previous":
+        null,"next":null}}`; base64url cursors `{id, order, direction}`; 400 `InvalidCursorError`
+        "Cursor cannot be combined with order" and "Invalid cursor"; a `limit` outside 1..200 or not
+        an integer 400 `InvalidRequestError` of kind `Query`; an unknown session 404
+        `SessionNotFoundError`); 50 a page (`DefaultMessagesLimit`, handlers/message.ts @0881eb2d3aa7)."""
         session_id, query = request.match_info["session"], request.query
         if session_id not in self.store.messages:
             return _json(session_not_found(session_id), 404)
@@ -178,19 +201,19 @@ class Api:
         if "cursor" in query and cursor is None:
             return _json(error_body("InvalidCursorError", "Invalid cursor"), 400)
         limit = query.get("limit", str(DEFAULT_LIMIT))
-        if not limit.isdigit() or not 1 <= int(limit) <= 200:
-            return _json(error_body("InvalidRequestError", f"Invalid limit: {limit}"), 400)
+        if (refused := _limit_refused(limit)) is not None:
+            return _json(error_body("InvalidRequestError", refused, kind="Query"), 400)
         order = cursor["order"] if cursor else query.get("order", "desc")
         page = _page(self.store.messages[session_id], order, int(limit), cursor)
-        links = {}
+        links: dict[str, str | None] = {"previous": None, "next": None}
         if page:
             links = {"previous": _encode_cursor(page[0], order, "previous")}
             links["next"] = _encode_cursor(page[-1], order, "next")
         return _json({"data": page, "cursor": links})
 
     async def message(self, request: web.Request) -> web.Response:
-        """`GET /api/session/{id}/message/{messageID}` → `{data}` (`session.message`, session group,
-        idx:70927739939)."""
+        """`GET /api/session/{id}/message/{messageID}` → `{data}`: 2.1.2 (measured: `{"data":{…}}`, and 404
+        `{"_tag":"MessageNotFoundError","sessionID","messageID","message":"Message not found: <id>"}`)."""
         session_id, message_id = request.match_info["session"], request.match_info["message"]
         if session_id not in self.store.messages:
             return _json(session_not_found(session_id), 404)
@@ -202,19 +225,19 @@ class Api:
         return _json({"data": found})
 
     async def permissions(self, request: web.Request) -> web.Response:
-        """`GET /api/session/{id}/permission` → `{data: PermissionV2.Request[]}`, the pending ones
-        (`session.permission.list`, `protocol/src/groups/permission.ts` @047544f021a0)."""
+        """`GET /api/session/{id}/permission` → `{data: Permission.Request[]}`, the pending ones: 2.1.2
+        (measured: `{"data":[]}`, 404 `SessionNotFoundError` for an unknown session; an item's shape
+        from its openapi.json `Permission.Request`)."""
         return self._pending(request, self.store.permissions)
 
-    async def questions(self, request: web.Request) -> web.Response:
-        """`GET /api/session/{id}/question` → `{data: Question.Request[]}` (`session.question.list`,
-        `protocol/src/groups/question.ts` @1652328ecae0)."""
-        return self._pending(request, self.store.questions)
-
     async def forms(self, request: web.Request) -> web.Response:
-        """`GET /api/session/{id}/form` → `{data: Form.Info[]}`, the pending forms of the session
-        (`session.form.list`, `protocol/src/groups/form.ts` @8c6ff62466ba), a newer route than the
-        other two."""
+        """`GET /api/session/{id}/form` → `{data: Form.Info[]}`, the pending forms of the session: 2.1.2
+        (measured: `{"data":[]}`, then `{"data":[{"id":"frm_…","sessionID","title","fields":[…]}]}`
+        once one was created, 404 `SessionNotFoundError` for an unknown session). 2.1.2's `question`
+        tool asks through a form (`question_form`). Not served as the from-source build
+        (`Process.form_route`)."""
+        if not self.process.form_route:
+            return await self.unknown(request)
         return self._pending(request, self.store.forms)
 
     def _pending(self, request: web.Request, pending: dict[str, list[Json]]) -> web.Response:
@@ -224,10 +247,21 @@ class Api:
         return _json({"data": pending.get(session_id, [])})
 
 
+def _limit_refused(limit: str) -> str | None:
+    """2.1.2's words for a `limit` it refuses (measured, `limit=abc`, `0`, `201`)."""
+    if not limit.lstrip("-").isdigit():
+        return 'Expected an integer\n  at ["limit"]'
+    if int(limit) < 1:
+        return 'Expected a value greater than or equal to 1\n  at ["limit"]'
+    if int(limit) > 200:
+        return 'Expected a value less than or equal to 200\n  at ["limit"]'
+    return None
+
+
 def permission_request(session_id: str, action: str, resources: list[str], call: tuple[str, str]) -> Json:
-    """`PermissionV2.Request {id: per_…, sessionID, action, resources, source: {type: "tool", messageID,
-    callID}}` (`schema/src/permission.ts` @047544f021a0)."""
-    source = {"type": "tool", "messageID": call[0], "callID": call[1]}
+    """`Permission.Request {id: per_…, sessionID, action, resources, source: {type: "tool", messageID,
+    id}}` (2.1.2's openapi.json `Permission.Request`, `Permission.Source`)."""
+    source = {"type": "tool", "messageID": call[0], "id": call[1]}
     return {
         "id": ascending("per"),
         "sessionID": session_id,
@@ -237,19 +271,20 @@ def permission_request(session_id: str, action: str, resources: list[str], call:
     }
 
 
-def form_request(session_id: str, title: str) -> Json:
-    """`Form.Info` as `session.form.create` makes one (`{id?, title, metadata, mode: "form", fields}`,
-    its `CreatePayload`, `protocol/src/groups/form.ts` @8c6ff62466ba), for the session."""
-    return {"id": ascending("frm"), "sessionID": session_id, "title": title, "mode": "form", "fields": []}
+def form_request(session_id: str, title: str, metadata: Json | None = None) -> Json:
+    """`Form.Info` as 2.1.2 lists one (measured, after `POST /api/session/{id}/form {"title":"Sign in",
+    "fields":[{"key":"ok","type":"boolean","title":"Go on?"}]}`: `{"id":"frm_…","sessionID","title",
+    "fields":[{"key":"ok","title":"Go on?","type":"boolean"}]}`; `metadata` only when given)."""
+    form: Json = {"id": ascending("frm"), "sessionID": session_id, "title": title}
+    if metadata is not None:
+        form["metadata"] = metadata
+    form["fields"] = [{"key": "ok", "title": "Go on?", "type": "boolean"}]
+    return form
 
 
-def question_request(session_id: str, question: str, call: tuple[str, str]) -> Json:
-    """`QuestionV2.Request {id: que_…, sessionID, questions: [{question, header, options}], tool?:
-    {messageID, callID}}` (`schema/src/question.ts` @29df7523e2e4)."""
-    asked = {
-        "question": question,
-        "header": "Question",
-        "options": [{"label": "Yes", "description": "Go on."}],
-    }
-    tool = {"messageID": call[0], "callID": call[1]}
-    return {"id": ascending("que"), "sessionID": session_id, "questions": [asked], "tool": tool}
+def question_form(session_id: str, call: tuple[str, str]) -> Json:
+    """The form 2.1.2's `question` tool asks through (read from the JavaScript bundled in its binary,
+    `opencode.tool.question`: `ask({sessionID, title: "Questions", metadata: {kind: "question", tool:
+    {messageID, id}}, fields})`): 2.1.2 lists what the tool asks among the session's forms."""
+    metadata = {"kind": "question", "tool": {"messageID": call[0], "id": call[1]}}
+    return form_request(session_id, "Questions", metadata)

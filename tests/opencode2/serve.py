@@ -7,7 +7,7 @@ else a new random one printed as `server password <pw>`; then `server listening 
 `--port` it takes the first free port from 4096 up (`packages/server/src/process.ts` `listen`
 @02ce4a330f33). The database file keeps sessions and messages across kills; nothing is settled at
 start. `--from-source` answers as the `v2` branch built from source @2092350c does (version
-`local`, only `/api/health`); `--compress` gzips what a client accepts gzipped, `/api/event` too.
+`local`, only `/api/health`, no `/form`); `--compress` gzips what a client accepts gzipped, `/api/event` too.
 `--boot-seconds` answers 503 that long first; `--seed FILE` adds, on a fresh database, one
 session with a running `shell` call, writes its ids to FILE as JSON, and shows its execution to
 the first `/api/event` subscriber (as the live server that ran it would have); with `--run-tool`
@@ -130,6 +130,7 @@ async def serve(options: argparse.Namespace) -> None:
         version,
         password=password,
         health_route=route,
+        form_route=not options.from_source,
         web_fallback=options.web_fallback,
         compress=options.compress,
         booting=options.boot_seconds > 0,

@@ -8,9 +8,12 @@ marker `{type, aggregateID, seq?}`: `log.synced` (`EventLog.Synced`, `packages/s
 absent when the log holds nothing at or before the read position. An unknown session is 404
 `SessionNotFoundError` (measured on @2092350cf).
 
-Variants (`Process.session_log`): `Log.MARKER`, what the `v2` build @2092350cf answers (measured: its
-`event` table stays empty, so the marker alone, with no `seq`); `Log.EVENTS`, the durable events the
-stand-in published, then the marker; `Log.ABSENT`, no such route (the router's empty 404).
+Variants (`Process.session_log`): `Log.HEAD`, what 2.1.2 answers (measured: its `event` table stays
+empty while `event_sequence` counts, so even `after=0` gives back only the marker, with the head's
+`seq`: `{"type":"log.synced","aggregateID":"ses_…","seq":11}`); `Log.MARKER`, what the `v2` build
+@2092350cf answers (measured: the marker alone, with no `seq`); `Log.EVENTS`, the durable events the
+stand-in published, then the marker, as the source says a log answers (no build measured did);
+`Log.ABSENT`, no such route (the router's empty 404), as a build older than the route would.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from tests.opencode2.shapes import Json, dumps, session_not_found
 
 
 class Log(enum.Enum):
+    HEAD = "head"
     MARKER = "marker"
     EVENTS = "events"
     ABSENT = "absent"
@@ -44,9 +48,14 @@ def durable_after(published: list[Json], session_id: str, after: int) -> list[Js
 
 
 async def serve(
-    request: web.Request, variant: Log, sessions: dict[str, Json], published: list[Json]
+    request: web.Request,
+    variant: Log,
+    sessions: dict[str, Json],
+    published: list[Json],
+    sequences: dict[str, int],
 ) -> web.StreamResponse:
-    """One finite read (`follow=false`): the events after `after`, then the marker."""
+    """One finite read (`follow=false`): the events after `after`, then the marker; `sequences` is
+    each session's head, kept across restarts as 2.1.2's `event_sequence` is."""
     session_id = request.match_info["session"]
     if session_id not in sessions:
         return web.json_response(dumps=dumps, data=session_not_found(session_id), status=404)
@@ -62,6 +71,8 @@ async def serve(
     marker: Json = {"type": MARKER, "aggregateID": session_id}
     if variant is Log.EVENTS and (held := durable_after(published, session_id, -1)):
         marker["seq"] = held[-1]["durable"]["seq"]
+    if variant is Log.HEAD and session_id in sequences:
+        marker["seq"] = sequences[session_id]
     await response.write(frame(marker))
     await response.write_eof()
     return response

@@ -40,10 +40,12 @@ def user(message_id: str, text: str, created: int) -> Json:
 
 
 def synthetic(message_id: str, text: str, created: int, description: str | None = None) -> Json:
-    """`Session.Message.Synthetic` (`session-message.ts` `Synthetic` @0ceb3dd56f35)."""
-    message: Json = {"id": message_id, "type": "synthetic", "text": text, "time": {"created": created}}
+    """`Session.Message.Synthetic`: 2.1.2 (measured: `{"id","time":{"created"},"text","description",
+    "type":"synthetic"}`, `description` only when given)."""
+    message: Json = {"id": message_id, "time": {"created": created}, "text": text}
     if description is not None:
         message["description"] = description
+    message["type"] = "synthetic"
     return message
 
 
@@ -153,24 +155,26 @@ def message_not_found(session_id: str, message_id: str) -> Json:
     )
 
 
-def conflict(message_id: str) -> Json:
-    """A reused input id (`server/src/handlers/session.ts` `Session.PromptConflictError` @01f42103c20d)."""
-    return error_body(
-        "ConflictError",
-        f"Prompt message ID conflicts with an existing durable record: {message_id}",
-        resource=message_id,
-    )
+def conflict(message_id: str, held_as: str = "Prompt message ID") -> Json:
+    """An input id another input holds: 2.1.2 (measured: `{"_tag":"ConflictError","message":"Prompt
+    message ID conflicts with an existing durable record: <id>","resource":"<id>"}`, and "Synthetic
+    input ID conflicts …" for a synthetic input)."""
+    return {
+        "_tag": "ConflictError",
+        "message": f"{held_as} conflicts with an existing durable record: {message_id}",
+        "resource": message_id,
+    }
 
 
 def inbox_item(
     kind: str, message_id: str, session_id: str, created: int, payload: Json, *, delivery: str = "steer"
 ) -> Json:
-    """`Session.Inbox.User | Synthetic`: `{id, sessionID, timeCreated, type, payload, delivery}`
-    (`schema/src/session-inbox.ts` @1d23a169e0fb; `steer` is the default delivery)."""
+    """`Session.Inbox.User | Synthetic`: `{id, sessionID, time: {created}, type, payload, delivery}`,
+    `steer` by default (2.1.2, measured; `schema/src/session-inbox.ts` @1d23a169e0fb had `timeCreated`)."""
     return {
         "id": message_id,
         "sessionID": session_id,
-        "timeCreated": created,
+        "time": {"created": created},
         "type": kind,
         "payload": payload,
         "delivery": delivery,

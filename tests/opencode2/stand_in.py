@@ -1,7 +1,11 @@
 """A stand-in for `opencode serve` 2.x, in process on 127.0.0.1, for the proxy's tests.
 
-opencode 2.x does not install here; this is built from its source (`anomalyco/opencode`; every route and
-shape names its file, identifier and commit, here and in /work/notes/opencode2x-facts.md). Use it as
+The 2.x scenes run against the real opencode 2.1.2 (`tests/opencode2/conftest.py` `server_2x`); the
+stand-in stays for what no real server can be made to do on cue: a release past the range, a fault,
+a from-source build (the `v2` branch @2092350c, which cannot be committed), and the proxy's unit
+tests. Every route it serves is one 2.1.2 serves, named with what was measured on 2.1.2 or the source
+commit it is read from (`tests.opencode2.routes`); `/api/health` answers only as the from-source
+build. Use it as
 
     async with StandIn() as server:            # 2.1.2, `/api/info`, a random password
         session = server.add_session()
@@ -11,7 +15,7 @@ shape names its file, identifier and commit, here and in /work/notes/opencode2x-
         ...                                    # a resume settles the call as 2.x does
 
 Plain `serve` settles nothing at boot: stale calls stay `running` in every view until a drain starts
-(a prompt, a synthetic input or `/resume`), exactly what the proxy is there to cover.
+(a prompt or a synthetic input; 2.1.2 has no `/resume`), exactly what the proxy is there to cover.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from aiohttp import web
 from tests.opencode2.auth import Auth, basic
 from tests.opencode2.database import load, save
 from tests.opencode2.events import HEARTBEAT_SECONDS, EventHub
-from tests.opencode2.routes import Api, form_request, permission_request, question_request
+from tests.opencode2.routes import Api, form_request, permission_request, question_form
 from tests.opencode2.session_log import Log
 from tests.opencode2.settle import Settle
 from tests.opencode2.shapes import (
@@ -51,8 +55,13 @@ branch @2092350c: /work/shared/OPENCODE.md, "opencode v2 measured")."""
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "2.1.2": {},
-    "from source": {"version": FROM_SOURCE, "health_route": "health"},
-    "from source, compressing": {"version": FROM_SOURCE, "health_route": "health", "compress": True},
+    "from source": {"version": FROM_SOURCE, "health_route": "health", "form_route": False},
+    "from source, compressing": {
+        "version": FROM_SOURCE,
+        "health_route": "health",
+        "form_route": False,
+        "compress": True,
+    },
 }
 """The servers a test of the proxy in front of 2.x runs against, by name: a release; the `v2`
 branch built from source @2092350c (`StandIn.from_source`); and it compressing what a client
@@ -89,9 +98,10 @@ class StandIn:
         *,
         password: str | None = None,
         health_route: str = "info",
+        form_route: bool = True,
         web_fallback: bool = False,
         compress: bool = False,
-        session_log: Log = Log.ABSENT,
+        session_log: Log = Log.HEAD,
         booting: bool = False,
         settle: Settle = Settle.CHILD,
         call_key: str = "id",
@@ -107,6 +117,7 @@ class StandIn:
             auth,
             booting=booting,
             health_route=health_route,
+            form_route=form_route,
             web_fallback=web_fallback,
             compress=compress,
             session_log=session_log,
@@ -124,9 +135,11 @@ class StandIn:
     def from_source(cls, **more: Any) -> StandIn:
         """The server as the `v2` branch built from source @2092350c answers: version `local`,
         `GET /api/health` `{healthy, version, pid}`, `/api/info` and `/global/health` 404
-        (/work/shared/OPENCODE.md, "opencode v2 measured"), and a durable session log that gives back
-        only its marker (measured there: its `event` table stays empty)."""
-        return cls(FROM_SOURCE, health_route="health", **({"session_log": Log.MARKER} | more))
+        (/work/shared/OPENCODE.md, "opencode v2 measured"), no form route (not seen there), and a
+        durable session log that gives back only its marker (measured there: its `event` table
+        stays empty)."""
+        fixed: dict[str, Any] = {"health_route": "health", "form_route": False, "session_log": Log.MARKER}
+        return cls(FROM_SOURCE, **(fixed | more))
 
     async def __aenter__(self) -> StandIn:
         await self.start()
@@ -286,8 +299,9 @@ class StandIn:
         self.store.forms.setdefault(session_id, []).append(request)
         return request
 
-    def add_question(self, call: RunningCall, question: str = "Go on?") -> Json:
-        """A pending question asked by `call` (listed by `GET /api/session/{id}/question`)."""
-        request = question_request(call.session_id, question, (call.message_id, call.call_id))
-        self.store.questions.setdefault(call.session_id, []).append(request)
+    def add_question(self, call: RunningCall) -> Json:
+        """A question `call` (the `question` tool) asks: on 2.1.2 a pending form of the session
+        (`routes.question_form`), listed by `GET /api/session/{id}/form`."""
+        request = question_form(call.session_id, (call.message_id, call.call_id))
+        self.store.forms.setdefault(call.session_id, []).append(request)
         return request

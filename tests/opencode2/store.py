@@ -1,5 +1,5 @@
 """What a 2.x stand-in holds: the database a crash keeps (`Store`) and the process it does not (`Process`),
-and the drain every prompt, synthetic input and resume ends in.
+and the drain every prompt and synthetic input ends in.
 
 `SessionRunner.drain` (`packages/core/src/session/runner/llm.ts` @008d57153952) settles stale
 compactions, then stale tool calls, then runs steps. The stand-in's step is canned: one assistant
@@ -54,6 +54,9 @@ class Process:
     health_route: str = "info"
     """`info` (`GET /api/info`, `protocol/src/groups/server.ts` @51819a10a412) or `health` (early
     2.0's `GET /api/health`, `protocol/src/groups/health.ts` @7c3c912ea4ff)."""
+    form_route: bool = True
+    """Whether `GET /api/session/{id}/form` is served: 2.1.2 serves it (measured); the from-source
+    build @2092350c was not seen to (/work/shared/OPENCODE.md: the route is "from newer source")."""
     web_fallback: bool = False
     """Answer every unknown GET with 200 text/html, as a server bundling its web app may."""
     compress: bool = False
@@ -61,7 +64,7 @@ class Process:
     compress responses (issue 36 item 15, /work/shared/OPENCODE.md's last section, "From newer
     source"); the file that does it was not found in the code index, so the stand-in takes the
     worst case, every stream compressed as soon as a client accepts it."""
-    session_log: Log = Log.ABSENT
+    session_log: Log = Log.HEAD
     """Which durable session log it answers (`tests.opencode2.session_log`)."""
     before_log: Callable[[], Awaitable[None]] | None = None
     """Awaited before a read of the log is answered (a test's hook: publish meanwhile, or hang)."""
@@ -83,11 +86,12 @@ class Store:
     messages: dict[str, list[Json]] = field(default_factory=dict)
     active: set[str] = field(default_factory=set)
     permissions: dict[str, list[Json]] = field(default_factory=dict)
-    questions: dict[str, list[Json]] = field(default_factory=dict)
     forms: dict[str, list[Json]] = field(default_factory=dict)
     inbox: dict[str, list[Json]] = field(default_factory=dict)
     """Admitted inputs not yet delivered: what the drain turns into messages after it settles
     (`session.inbox.enqueued` → `session.inbox.delivered`, `specs/v2/session.md` per idx:70823202177)."""
+    admitted: dict[str, dict[str, Json]] = field(default_factory=dict)
+    """Every inbox item admitted, by session and id: what a send under a used id is answered with."""
     calls: list[Call] = field(default_factory=list)
 
     def settle_stale(self, session_id: str) -> None:

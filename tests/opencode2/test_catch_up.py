@@ -100,13 +100,14 @@ async def test_a_frame_the_log_delivered_is_not_handed_on_twice(aiohttp_client: 
 @pytest.mark.parametrize(
     ("server", "why"),
     [
+        (lambda: StandIn(password=PASSWORD), "gave back no event, only its head, seq 1, though the stream"),
         (lambda: StandIn.from_source(password=PASSWORD), "holds nothing but the stream showed seq 1"),
         (
             lambda: StandIn(password=PASSWORD, session_log=Log.ABSENT),
             "HTTP 404 on /api/experimental/session/",
         ),
     ],
-    ids=["marker-only", "no-route"],
+    ids=["2.1.2-head-only", "marker-only", "no-route"],
 )
 async def test_a_log_that_gives_nothing_back_is_said_once_and_the_stream_followed(
     aiohttp_client: Client, caplog: pytest.LogCaptureFixture, server: Any, why: str

@@ -73,9 +73,10 @@ async def test_a_killed_stand_in_restarts_with_its_messages_and_a_new_password(t
         await _get(path, first_password, lambda status: status == 401)
         assert await _get(path, password) == running
         async with aiohttp.ClientSession() as http:
-            resume = f"{_url(lines)}/api/session/{call['session_id']}/resume"
-            async with http.post(resume, headers={"Authorization": basic(password)}) as answer:
-                assert answer.status == 204
+            synthetic = f"{_url(lines)}/api/session/{call['session_id']}/synthetic"
+            go_on = {"text": "Go on."}
+            async with http.post(synthetic, json=go_on, headers={"Authorization": basic(password)}) as answer:
+                assert answer.status == 200
         settled = await _get(path, password)
         assert isinstance(settled, dict)
         assert settled["data"]["content"][0]["state"]["status"] == "error"

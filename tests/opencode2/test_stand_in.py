@@ -71,7 +71,8 @@ async def test_info_names_the_version_and_follows_set_version(
         "version": "2.1.2",
         "pid": stand_in.process.pid,
         "urls": [stand_in.url],
-        "paths": {"tmp": "/tmp/opencode", "home": "/home/user"},
+        "paths": {"tmp": "/tmp/opencode"},
+        "capabilities": {"persistentPty": True},
     }
     stand_in.set_version("3.0.0")
     assert (await _get(http, stand_in, "/api/info"))[1]["version"] == "3.0.0"
@@ -89,14 +90,6 @@ async def test_a_booting_server_answers_503_with_retry_after_once_authenticated(
     assert (await _get(http, stand_in, "/api/info", headers={}))[0] == 401
     stand_in.set_booting(False)
     assert (await _get(http, stand_in, "/api/info"))[0] == 200
-
-
-async def test_early_2_0_answers_api_health_and_not_api_info(http: aiohttp.ClientSession) -> None:
-    async with StandIn("2.0.3", health_route="health") as server:
-        status, health = await _get(http, server, "/api/health")
-        assert (status, health) == (200, {"healthy": True, "version": "2.0.3", "pid": server.process.pid})
-        assert (await _get(http, server, "/api/info"))[0] == 404
-        assert (await _get(http, server, "/api/health", headers={}))[0] == 401
 
 
 async def test_the_from_source_build_answers_api_health_with_local_and_nothing_else(
@@ -165,7 +158,21 @@ async def test_the_message_list_refuses_what_2x_refuses(
         {"_tag": "InvalidCursorError", "message": "Cursor cannot be combined with order"},
     )
     assert (await _get(http, stand_in, f"/api/session/{session}/message?cursor=garbage"))[0] == 400
-    assert (await _get(http, stand_in, f"/api/session/{session}/message?limit=201"))[0] == 400
+    for limit, said in [
+        ("201", "Expected a value less than or equal to 200"),
+        ("0", "Expected a value greater than or equal to 1"),
+        ("abc", "Expected an integer"),
+    ]:
+        status, body = await _get(http, stand_in, f"/api/session/{session}/message?limit={limit}")
+        assert (status, body) == (
+            400,
+            {"_tag": "InvalidRequestError", "message": f'{said}\n  at ["limit"]', "kind": "Query"},
+        )
+    empty = stand_in.add_session()
+    assert await _get(http, stand_in, f"/api/session/{empty}/message") == (
+        200,
+        {"data": [], "cursor": {"previous": None, "next": None}},
+    )
     status, body = await _get(http, stand_in, "/api/session/ses_missing/message")
     assert status == 404
     assert body == {
@@ -208,15 +215,39 @@ async def test_active_lists_the_sessions_the_process_runs(
     )
 
 
-async def test_pending_permissions_are_listed_per_session(
+async def test_pending_permissions_and_forms_are_listed_per_session_and_no_question_route(
     stand_in: StandIn, http: aiohttp.ClientSession
 ) -> None:
     session = stand_in.add_session()
     call = stand_in.add_running_call(session)
+    assert await _get(http, stand_in, f"/api/session/{session}/form") == (200, {"data": []})
     request = stand_in.add_permission(call)
     assert await _get(http, stand_in, f"/api/session/{session}/permission") == (200, {"data": [request]})
-    assert request["source"] == {"type": "tool", "messageID": call.message_id, "callID": call.call_id}
-    assert await _get(http, stand_in, f"/api/session/{session}/question") == (200, {"data": []})
+    assert request["source"] == {"type": "tool", "messageID": call.message_id, "id": call.call_id}
     question = stand_in.add_question(call)
-    assert await _get(http, stand_in, f"/api/session/{session}/question") == (200, {"data": [question]})
-    assert question["tool"] == {"messageID": call.message_id, "callID": call.call_id}
+    assert await _get(http, stand_in, f"/api/session/{session}/form") == (200, {"data": [question]})
+    assert question["metadata"] == {
+        "kind": "question",
+        "tool": {"messageID": call.message_id, "id": call.call_id},
+    }
+    for kind in ("permission", "form"):
+        assert (await _get(http, stand_in, f"/api/session/ses_missing/{kind}"))[1] == {
+            "_tag": "SessionNotFoundError",
+            "sessionID": "ses_missing",
+            "message": "Session not found: ses_missing",
+        }
+
+
+@pytest.mark.parametrize(
+    ("method", "route"),
+    [("GET", "/api/session/{}/question"), ("POST", "/api/session/{}/resume"), ("GET", "/api/health")],
+)
+async def test_routes_2_1_2_has_not_answer_an_empty_404(
+    stand_in: StandIn, http: aiohttp.ClientSession, method: str, route: str
+) -> None:
+    """As 2.1.2 answers them (measured): 404, no content-type, no body."""
+    session = stand_in.add_session()
+    url = stand_in.url + route.format(session)
+    async with http.request(method, url, headers=stand_in.headers) as response:
+        assert (response.status, await response.read()) == (404, b"")
+        assert "Content-Type" not in response.headers

@@ -89,14 +89,20 @@ async def test_a_fixed_password_survives_a_restart_and_a_restart_may_boot_first(
             assert booting.status == 503
 
 
-async def test_resume_settles_the_stale_call_as_2x_does_then_continues(
+async def _drain(http: aiohttp.ClientSession, server: StandIn, session: str) -> None:
+    """Start the session's drain as a client of 2.1.2 does: a synthetic input (2.1.2 has no `/resume`)."""
+    status, _ = await _post(http, server, f"/api/session/{session}/synthetic", {"text": "Go on."})
+    assert status == 200
+
+
+async def test_a_synthetic_input_settles_the_stale_call_as_2x_does_then_continues(
     stand_in: StandIn, http: aiohttp.ClientSession
 ) -> None:
     session = stand_in.add_session()
     call = stand_in.add_running_call(session)
     await stand_in.crash()
     await stand_in.restart()
-    assert await _post(http, stand_in, f"/api/session/{session}/resume") == (204, None)
+    await _drain(http, stand_in, session)
     failed = stand_in.published[0]
     assert failed["type"] == "session.tool.failed"
     error = {"type": "aborted", "message": "Tool execution interrupted: shell"}
@@ -114,9 +120,10 @@ async def test_resume_settles_the_stale_call_as_2x_does_then_continues(
     assert part["executed"] is False
     step = next(event for event in stand_in.published if event["type"] == "session.step.started")
     assert interrupted["time"]["completed"] == step["created"]
-    assert [m["type"] for m in stand_in.messages(session)] == ["user", "assistant", "assistant", "idle"]
+    types = [m["type"] for m in stand_in.messages(session)]
+    assert types == ["user", "assistant", "synthetic", "assistant", "idle"]
     assert stand_in.messages(session)[-1]["outcome"] == "succeeded"
-    assert [call.route for call in stand_in.calls] == ["session.resume"]
+    assert [call.route for call in stand_in.calls] == ["session.synthetic"]
 
 
 async def test_a_streamed_input_becomes_an_empty_object(
@@ -124,7 +131,7 @@ async def test_a_streamed_input_becomes_an_empty_object(
 ) -> None:
     session = stand_in.add_session()
     stand_in.add_running_call(session, streaming='{"comm', active=False)
-    await _post(http, stand_in, f"/api/session/{session}/resume")
+    await _drain(http, stand_in, session)
     assert stand_in.messages(session)[1]["content"][0]["state"]["input"] == {}
 
 
@@ -133,7 +140,7 @@ async def test_a_subagent_call_names_its_child_and_keeps_its_metadata(
 ) -> None:
     session = stand_in.add_session()
     stand_in.add_subagent_call(session, "ses_child", active=False)
-    await _post(http, stand_in, f"/api/session/{session}/resume")
+    await _drain(http, stand_in, session)
     data = stand_in.published[0]["data"]
     assert data["error"]["message"] == "Tool execution interrupted: subagent (sessionID: ses_child)"
     assert data["metadata"] == {"sessionID": "ses_child"}
@@ -146,7 +153,7 @@ async def test_the_early_settle_names_no_child_and_drops_metadata_and_may_say_ca
     async with StandIn("2.0.3", settle=Settle.EARLY, call_key="callID") as server:
         session = server.add_session()
         call = server.add_subagent_call(session, "ses_child", active=False)
-        await _post(http, server, f"/api/session/{session}/resume")
+        await _drain(http, server, session)
         data = server.published[0]["data"]
         assert data["error"]["message"] == "Tool execution interrupted: subagent"
         assert "metadata" not in data
@@ -160,7 +167,7 @@ async def test_a_running_compaction_fails_before_the_calls_are_settled(
     session = stand_in.add_session()
     stand_in.add_running_call(session, active=False)
     compaction = stand_in.add_running_compaction(session)
-    await _post(http, stand_in, f"/api/session/{session}/resume")
+    await _drain(http, stand_in, session)
     assert [event["type"] for event in stand_in.published[:2]] == [
         "session.compaction.failed",
         "session.tool.failed",
@@ -180,24 +187,32 @@ async def test_a_running_compaction_fails_before_the_calls_are_settled(
     }
 
 
-async def test_synthetic_settles_first_delivers_then_refuses_the_same_id(
+async def test_synthetic_settles_first_delivers_then_answers_the_same_id_with_the_first_item(
     stand_in: StandIn, http: aiohttp.ClientSession
 ) -> None:
+    """As 2.1.2 does (measured): a synthetic input sent again under its id is answered with the
+    item first admitted, and admitted no more; a prompt under that id is refused."""
     session = stand_in.add_session()
     stand_in.add_running_call(session, active=False)
-    body = {"id": "msg_resume_1", "text": "The call `shell` was interrupted; its outcome is unknown."}
+    text = "The call `shell` was interrupted; its outcome is unknown."
+    body: dict[str, Any] = {"id": "msg_resume_1", "text": text, "description": "settle-proxy", "resume": True}
     status, admitted = await _post(http, stand_in, f"/api/session/{session}/synthetic", body)
     assert status == 200
     assert admitted["data"]["type"] == "synthetic"
-    assert admitted["data"]["payload"] == {"text": body["text"]}
+    assert admitted["data"]["payload"] == {"text": text, "description": "settle-proxy"}
     assert admitted["data"]["delivery"] == "steer"
+    assert set(admitted["data"]["time"]) == {"created"}
     types = [m["type"] for m in stand_in.messages(session)]
     assert types == ["user", "assistant", "synthetic", "assistant", "idle"]
     assert stand_in.messages(session)[1]["content"][0]["state"]["status"] == "error"
-    status, refused = await _post(http, stand_in, f"/api/session/{session}/synthetic", body)
-    assert (status, refused["_tag"], refused["resource"]) == (409, "ConflictError", "msg_resume_1")
+    again = body | {"text": "other"}
+    assert await _post(http, stand_in, f"/api/session/{session}/synthetic", again) == (200, admitted)
     assert len(stand_in.messages(session)) == 5
-    assert [call.route for call in stand_in.calls] == ["session.synthetic", "session.synthetic"]
+    status, refused = await _post(http, stand_in, f"/api/session/{session}/prompt", again)
+    assert (status, refused["_tag"], refused["resource"]) == (409, "ConflictError", "msg_resume_1")
+    assert refused["message"].startswith("Prompt message ID conflicts")
+    routes = [call.route for call in stand_in.calls]
+    assert routes == ["session.synthetic", "session.synthetic", "session.prompt"]
 
 
 async def test_prompt_takes_a_flat_body_and_resume_false_only_admits(
@@ -228,4 +243,36 @@ async def test_interrupt_stops_a_running_session_and_is_a_no_op_when_idle(
     assert stand_in.published[-1]["data"] == {"sessionID": session, "reason": "user"}
     assert stand_in.messages(session)[-1]["outcome"] == "interrupted"
     assert await _post(http, stand_in, f"/api/session/{session}/interrupt") == (200, {"interrupted": False})
-    assert (await _post(http, stand_in, "/api/session/ses_missing/resume"))[0] == 404
+    for resume in ("true", "false"):
+        idle = await _post(http, stand_in, f"/api/session/{session}/interrupt?resume={resume}")
+        assert idle == (200, {"interrupted": False})
+    assert (await _post(http, stand_in, "/api/session/ses_missing/interrupt"))[0] == 404
+    assert await _post(http, stand_in, f"/api/session/{session}/interrupt?resume=maybe") == (
+        400,
+        {
+            "_tag": "InvalidRequestError",
+            "message": 'Expected "true" | "false"\n  at ["resume"]',
+            "kind": "Query",
+        },
+    )
+
+
+@pytest.mark.parametrize("resume", [None, "false", "true"])
+async def test_interrupt_resumes_with_the_input_it_holds_only_when_asked(
+    stand_in: StandIn, http: aiohttp.ClientSession, resume: str | None
+) -> None:
+    session = stand_in.add_session()
+    stand_in.add_running_call(session)
+    steer = {"id": "msg_steer_1", "text": "Do this instead."}
+    assert (await _post(http, stand_in, f"/api/session/{session}/synthetic", steer))[0] == 200
+    assert "msg_steer_1" not in [m["id"] for m in stand_in.messages(session)], "held while it runs"
+    query = "" if resume is None else f"?resume={resume}"
+    answer = await _post(http, stand_in, f"/api/session/{session}/interrupt{query}")
+    assert answer == (200, {"interrupted": True})
+    types = [m["type"] for m in stand_in.messages(session)]
+    if resume == "true":
+        assert types == ["user", "assistant", "idle", "synthetic", "assistant", "idle"]
+        assert stand_in.messages(session)[-1]["outcome"] == "succeeded"
+    else:
+        assert types == ["user", "assistant", "idle"]
+        assert stand_in.store.inbox[session][0]["id"] == "msg_steer_1"

@@ -1,10 +1,12 @@
 """`--resume` in front of 2.x (the stand-in): one continuation through 2.x's own settle-then-continue
 (`POST /api/session/{id}/synthetic` under one id, naming the call), and none over a newer message,
-a pending permission, question or form, or for a child session; an unsafe call, or one the server
-itself failed as ambiguous after a restart, waits for a person's Continue."""
+a pending permission or form (2.1.2's `question` tool asks through a form), or for a child session;
+an unsafe call, or one the server itself failed as ambiguous after a restart, waits for a person's
+Continue."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from proxy.opencode.client import Credentials, UpstreamApi
+from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
 from proxy.opencode.liveness import LivenessProbe
 from proxy.resume import sending
 from proxy.resume.continuing import Continuation
@@ -74,7 +76,7 @@ async def test_a_crashed_turn_is_continued_once_through_synthetic_naming_the_cal
 async def test_a_call_2x_settled_itself_is_read_settled_and_named(
     aiohttp_client: Client, tmp_path: Path
 ) -> None:
-    """A drain that settled the call (`POST …/resume` by another client) and died before the model
+    """A drain that settled the call (a prompt by another client) and died before the model
     wrote: the view holds the call in 2.x's settled shape, read as 2.x's dialect reads it."""
     async with StandIn(password=PASSWORD) as server:
         session = server.add_session()
@@ -100,9 +102,14 @@ def _later(server: StandIn, session: str, message: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("person", ["newer message", "permission", "question", "form"])
 async def test_never_over_a_person(aiohttp_client: Client, tmp_path: Path, person: str) -> None:
+    """A question is 2.1.2's: its `question` tool's call, asking through a form (no build known to
+    the project served `GET /api/session/{id}/question`)."""
     async with StandIn(password=PASSWORD) as server:
         session = server.add_session()
-        call = server.add_running_call(session)
+        if person == "question":
+            call = server.add_running_call(session, "question", {"questions": [{"question": "Go on?"}]})
+        else:
+            call = server.add_running_call(session)
 
         def a_person() -> None:
             if person == "permission":
@@ -124,9 +131,56 @@ async def test_never_over_a_person(aiohttp_client: Client, tmp_path: Path, perso
         routes = [c.route for c in server.calls]
     assert line.startswith(f"resume skipped: session {session}")
     assert ("person" if person != "newer message" else "newer message") in line
-    if person == "form":
+    if person in ("form", "question"):
         assert "a form asked" in line
     assert routes == []
+
+
+NO_QUESTION_ROUTE = (
+    "the server has no GET /api/session/{id}/question (an empty 404): no question can wait there"
+)
+
+
+async def test_a_server_without_a_question_route_is_resumed_and_says_the_route_is_absent(
+    aiohttp_client: Client, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """2.1.2 has no `GET …/question` (an empty 404, measured): the turn is continued all the same,
+    and the log says the route is absent, not that the server could not be read."""
+    caplog.set_level(logging.INFO, "proxy")
+    async with StandIn(password=PASSWORD) as server:
+        session = server.add_session()
+        call = server.add_running_call(session, "shell", {"command": "make test"})
+        decided = await crashed_mid_call(server, aiohttp_client, tmp_path, call, resume_unsafe=True)
+        routes = [c.route for c in server.calls]
+    assert decided.line.startswith(f"resume resumed: session {session}")
+    assert routes == ["session.synthetic"]
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "/question" in r.getMessage()]
+    assert said == [(logging.INFO, NO_QUESTION_ROUTE)]
+
+
+async def test_a_person_list_the_server_has_not_is_said_once_and_asked_no_more(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The from-source build has neither `/question` nor `/form`: each absent route is said once,
+    a session found wanting no person; a session it does not know is still an error."""
+    caplog.set_level(logging.INFO, "proxy")
+    async with StandIn.from_source(password=PASSWORD) as server, aiohttp.ClientSession() as http:
+        first, second = server.add_session(), server.add_session()
+        api = UpstreamApi(http, URL(server.url))
+        own = Credentials.configured(basic_authorization("opencode", PASSWORD))
+        continuation = Continuation(http, api, LivenessProbe(api), URL(server.url), own)
+        assert await continuation.waiting_on_person(first) is None
+        assert await continuation.waiting_on_person(second) is None
+        server.add_permission(server.add_running_call(second))
+        assert await continuation.waiting_on_person(second) == "a permission asked"
+        with pytest.raises(UpstreamRefused) as unknown:
+            await continuation.waiting_on_person("ses_missing")
+    assert (unknown.value.status, unknown.value.no_route) == (404, False)
+    said = sorted(r.getMessage() for r in caplog.records if "an empty 404" in r.getMessage())
+    assert said == [
+        "the server has no GET /api/session/{id}/form (an empty 404): no form can wait there",
+        NO_QUESTION_ROUTE,
+    ]
 
 
 async def test_never_for_a_child_session(aiohttp_client: Client, tmp_path: Path) -> None:
