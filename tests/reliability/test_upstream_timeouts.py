@@ -178,9 +178,11 @@ async def test_a_get_the_booting_server_took_and_never_answers_is_a_504_and_a_po
     monkeypatch.setattr("proxy.opencode.routes.STREAM_START_TIMEOUT_S", TIMEOUT_S)
     async with proxy_in_front(_booting_server) as proxy:
         status, _, body = await get(proxy.with_path("/api/session/active"))
-        async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session:
-            async with session.post(proxy.with_path("/session"), json={}) as answer:
-                posted = answer.status, await answer.json()
+        async with (
+            aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session,
+            session.post(proxy.with_path("/session"), json={}) as answer,
+        ):
+            posted = answer.status, await answer.json()
     assert status == 504
     assert f"did not answer within {TIMEOUT_S:g}s".encode() in body
     assert posted == (200, {"id": "ses_1"}), "a POST is never cut short: its client cannot safely ask again"
