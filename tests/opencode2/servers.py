@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import signal
 import sys
 from abc import ABC, abstractmethod
@@ -35,6 +36,7 @@ PASSWORD = "pw"
 PROMPT = "run the long command"
 """The prompt the mock model answers with one `shell` call."""
 SERVE = str(Path(__file__).parent / "serve.py")
+REPO = Path(__file__).resolve().parents[2]
 _BOOT_S = 120.0
 """A real server from source boots in 10 to 30 s on a loaded machine."""
 _ASK_S = 10.0
@@ -198,9 +200,21 @@ class RealServer(Server2x):
 
     kind = "real 2.x server"
 
-    def __init__(self, root: Path, command: str, model: MockModel, *, service: bool = False) -> None:
+    def __init__(
+        self,
+        root: Path,
+        command: str,
+        model: MockModel,
+        *,
+        service: bool = False,
+        supervised: tuple[str, ...] | None = None,
+    ) -> None:
         super().__init__(root)
         self.command, self.project = command + (" --service" if service else ""), root / "project"
+        if supervised is not None:
+            # `settle-proxy run OPTIONS -- <server>`: the proxy takes the port, and `url` is its.
+            proxy = shlex.join([sys.executable, "-m", "proxy", "run", *supervised, "--"])
+            self.command = f"{proxy} {self.command}"
         if service:
             # `serve --service` takes its password from the service's settings, not the environment
             # (2.1.2, measured: it writes a random one there when there is none).
@@ -227,7 +241,8 @@ class RealServer(Server2x):
             for name in ("CONFIG", "DATA", "STATE", "CACHE")
         }
         inherited = {k: v for k, v in os.environ.items() if "OPENCODE" not in k and not k.startswith("XDG_")}
-        return inherited | xdg | {"OPENCODE_PASSWORD": self.password, "OPENCODE_DISABLE_AUTOUPDATE": "1"}
+        own = {"OPENCODE_PASSWORD": self.password, "OPENCODE_DISABLE_AUTOUPDATE": "1", "PYTHONPATH": str(REPO)}
+        return inherited | xdg | own
 
     async def start(self) -> None:
         with (self.root / "serve.log").open("ab") as log:

@@ -80,7 +80,7 @@ class LiveSettle(Addon, StreamListener):
         self._parts = OpenParts(ctx, self._memory, self._clients)
         self._turns = DeadTurns(ctx, self._memory, self._clients)
         ctx.views.listeners.append(self._view_settled)
-        self._calls = OpenCalls(ctx, self._clients, server)
+        self._calls = OpenCalls(ctx, self._memory, self._clients, server)
         self.notices = Notices(ctx, self._clients)
         """What a resume announces a turn that waits for a person with (`notices`), an
         addon of its own (the assembly wires it)."""
@@ -100,10 +100,11 @@ class LiveSettle(Addon, StreamListener):
             counts = Counter(thing.kind for thing in kept)
             log.info(
                 "kept by the proxy that ran before: %d open parts, %d busy sessions, %d unfinished "
-                "messages; each confirmed once the server's stream is followed",
+                "messages, %d open calls; each confirmed once the server's stream is followed",
                 counts["part"],
                 counts["session"],
                 counts["message"],
+                counts["call"],
                 extra={"fields": dict(counts) | {"decision": "confirm what was kept"}},
             )
 

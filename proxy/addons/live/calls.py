@@ -26,7 +26,7 @@ from proxy.addons.live.after_grace import confirmed
 from proxy.addons.live.clients import ClientStreams, Telling
 from proxy.addons.live.confirmations import Confirmations, Ticket
 from proxy.addons.live.held import HeldBack, Holds
-from proxy.addons.live.memory import REMEMBERED, Place
+from proxy.addons.live.memory import OpenCall, Place, StreamMemory
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.events_2x import api_execution_interrupted, api_tool_failed
 from proxy.opencode.liveness import LivenessUnknown
@@ -34,22 +34,10 @@ from proxy.opencode.server_line import ServerLine
 from proxy.opencode.sessions import CallClosed, CallOpened, SessionIdle
 from proxy.opencode.tracker import FollowedEvent
 from proxy.opencode.vocabulary import is_open_tool
-from proxy.relay.bounded import Bounded
 from proxy.relay.tasks import Together
 from rules import Api, Liveness, Runtime, settle_view
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class OpenCall:
-    """A call the stream showed open: where it lives, and the key the server named it under."""
-
-    session_id: str
-    message_id: str
-    call_id: str
-    key: str
-    directory: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +53,13 @@ class OpenCalls:
     """One confirmation at a time per session, of the 2.x calls the stream last showed open;
     read and settled as the dialect of the server `server` says it is."""
 
-    def __init__(self, ctx: SettleContext, clients: ClientStreams, server: ServerLine) -> None:
+    def __init__(
+        self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams, server: ServerLine
+    ) -> None:
         self._ctx = ctx
         self._clients = clients
         self._server = server
-        self._open: Bounded[str, OpenCall] = Bounded(REMEMBERED)
+        self._open = memory.calls
         self._confirmations = Confirmations("live-settle", "open calls", ctx.metrics.withdrawn_confirmations)
         self._held = HeldBack(ctx.probe, "open calls")
         self.tasks = Together(self._confirmations.tasks, self._held)

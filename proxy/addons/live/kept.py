@@ -28,12 +28,13 @@ from pathlib import Path
 import aiosqlite
 import orjson
 
-from proxy.addons.live.memory import REMEMBERED, Kind, Place
+from proxy.addons.live.memory import REMEMBERED, Kind, OpenCall, Place
+from proxy.addons.live.memory import Remembered
 from rules import V1, OpenTool
 
 log = logging.getLogger(__name__)
 
-KINDS: tuple[Kind, ...] = ("part", "session", "message")
+KINDS: tuple[Kind, ...] = ("part", "session", "message", "call")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS stream_memory (
     address TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, place TEXT NOT NULL,
@@ -49,7 +50,7 @@ class Kept:
 
     kind: Kind
     key: str
-    place: OpenTool | Place
+    place: Remembered
 
 
 class KeptMemory:
@@ -59,7 +60,7 @@ class KeptMemory:
     def __init__(self, connection: aiosqlite.Connection, address: str) -> None:
         self._db = connection
         self.address = address
-        self._pending: dict[tuple[Kind, str], OpenTool | Place | None] = {}
+        self._pending: dict[tuple[Kind, str], Remembered | None] = {}
         self._writing: asyncio.Task[None] | None = None
         self._failed = False
 
@@ -100,7 +101,7 @@ class KeptMemory:
             ]
         return found
 
-    def keep(self, kind: Kind, key: str, place: OpenTool | Place) -> None:
+    def keep(self, kind: Kind, key: str, place: Remembered) -> None:
         self._change(kind, key, place)
 
     def drop(self, kind: Kind, key: str) -> None:
@@ -118,7 +119,7 @@ class KeptMemory:
     async def close(self) -> None:
         await self.idle()
 
-    def _change(self, kind: Kind, key: str, place: OpenTool | Place | None) -> None:
+    def _change(self, kind: Kind, key: str, place: Remembered | None) -> None:
         if self._failed:
             return
         self._pending[kind, key] = place
@@ -133,7 +134,7 @@ class KeptMemory:
         finally:
             self._writing = None
 
-    async def _written(self, pending: dict[tuple[Kind, str], OpenTool | Place | None]) -> None:
+    async def _written(self, pending: dict[tuple[Kind, str], Remembered | None]) -> None:
         kept = [(self.address, kind, key, _json(place)) for (kind, key), place in pending.items() if place]
         dropped = [(self.address, kind, key) for (kind, key), place in pending.items() if place is None]
         try:
@@ -155,13 +156,16 @@ class KeptMemory:
             )
 
 
-def _json(place: OpenTool | Place) -> str:
+def _json(place: Remembered) -> str:
     fields: dict[str, str | None] = {
         "session": place.session_id,
         "message": place.message_id,
         "directory": place.directory,
-        "project": place.project,
     }
+    if isinstance(place, OpenCall):
+        fields |= {"key": place.key}
+    else:
+        fields |= {"project": place.project}
     if isinstance(place, OpenTool):
         fields |= {"part": place.part, "tool": place.tool}
     return orjson.dumps(fields).decode()
@@ -175,6 +179,8 @@ def _read(kind: Kind, key: str, text: str) -> Kept | None:
         directory, project = fields.get("directory"), fields.get("project")
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return None
+    if kind == "call":
+        return Kept(kind, key, OpenCall(session, message, key, str(fields.get("key") or "id"), directory))
     if kind == "part":
         tool = fields.get("tool")
         part = OpenTool(V1.api, session, message, key, tool, directory=directory, project=project)

@@ -25,8 +25,8 @@ from proxy.relay.bounded import Bounded
 from rules import OpenTool
 
 REMEMBERED = 10_000
-Kind = Literal["part", "session", "message"]
-"""An open part, a session shown busy, an assistant message shown unfinished."""
+Kind = Literal["part", "session", "message", "call"]
+"""An open part, a session shown busy, an assistant message shown unfinished, an open 2.x call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,13 +40,27 @@ class Place:
     project: str | None
 
 
-V = TypeVar("V", bound=OpenTool | Place)
+@dataclass(frozen=True, slots=True)
+class OpenCall:
+    """A call 2.x's `/api/event` showed open: where it lives, and the key the server named it under
+    (`id`, or `callID` on earlier builds)."""
+
+    session_id: str
+    message_id: str
+    call_id: str
+    key: str
+    directory: str | None
+
+
+Remembered = OpenTool | Place | OpenCall
+"""Anything the memory holds open."""
+V = TypeVar("V", bound=Remembered)
 
 
 class Keeper(Protocol):
     """Where the memory's changes are kept beyond this process."""
 
-    def keep(self, kind: Kind, key: str, place: OpenTool | Place) -> None: ...
+    def keep(self, kind: Kind, key: str, place: Remembered) -> None: ...
 
     def drop(self, kind: Kind, key: str) -> None: ...
 
@@ -81,7 +95,8 @@ class _Kept(Bounded[str, V]):
 
 
 class StreamMemory:
-    """Open parts, busy sessions and unfinished messages, as the stream last showed them."""
+    """Open parts, busy sessions, unfinished messages and open 2.x calls, as the stream last
+    showed them."""
 
     def __init__(self) -> None:
         self.parts: _Kept[OpenTool] = _Kept("part")
@@ -90,16 +105,20 @@ class StreamMemory:
         """Sessions the stream last showed busy (`message_id` empty), by session id."""
         self.unfinished: _Kept[Place] = _Kept("message")
         """Assistant messages the stream last showed without `time.completed`, by message id."""
+        self.calls: _Kept[OpenCall] = _Kept("call")
+        """Calls 2.x's `/api/event` showed open (`calls` reads and changes them), by call id."""
 
     def kept_by(self, keeper: Keeper) -> None:
         """Hand every change from now on to `keeper` too."""
-        for kept in (self.parts, self.busy, self.unfinished):
+        for kept in (self.parts, self.busy, self.unfinished, self.calls):
             kept.kept_by(keeper)
 
-    def restore(self, kind: Kind, key: str, place: OpenTool | Place) -> None:
+    def restore(self, kind: Kind, key: str, place: Remembered) -> None:
         """Hold what the keeper kept of a proxy before (not told to it again)."""
         if isinstance(place, OpenTool):
             self.parts.restore(key, place)
+        elif isinstance(place, OpenCall):
+            self.calls.restore(key, place)
         else:
             (self.busy if kind == "session" else self.unfinished).restore(key, place)
 

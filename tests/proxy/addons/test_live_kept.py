@@ -16,7 +16,7 @@ from yarl import URL
 from proxy.addons.live import kept as live_kept
 from proxy.addons.live.addon import LiveSettle
 from proxy.addons.live.kept import Kept, KeptMemory
-from proxy.addons.live.memory import Kind, Place, StreamMemory
+from proxy.addons.live.memory import Kind, OpenCall, Place, Remembered, StreamMemory
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.testing import idle
@@ -38,7 +38,7 @@ class Keeper:
     def __init__(self) -> None:
         self.changes: list[tuple[str, Kind, str]] = []
 
-    def keep(self, kind: Kind, key: str, place: OpenTool | Place) -> None:
+    def keep(self, kind: Kind, key: str, place: Remembered) -> None:
         del place
         self.changes.append(("keep", kind, key))
 
@@ -88,6 +88,20 @@ async def test_the_next_proxy_on_the_address_reads_what_is_left_open(tmp_path: P
         assert await again.load() == [Kept("part", "prt_1", OPEN), Kept("session", "ses_a", BUSY)]
     async with KeptMemory.open(path, "127.0.0.1:4097") as elsewhere:
         assert await elsewhere.load() == []
+
+
+async def test_an_open_2x_call_is_read_back_with_the_key_it_was_named_under(tmp_path: Path) -> None:
+    """A proxy killed with its 2.1.2 server: the next one on the address tells the clients that saw
+    the call open (the soak's proxy rounds), so it must know the call, and under which key."""
+    call = OpenCall("ses_a", "msg_1", "call_1", "callID", "/cwd")
+    memory = StreamMemory()
+    async with KeptMemory.open(tmp_path / "state.db", ADDRESS) as kept:
+        memory.kept_by(kept)
+        memory.calls["call_1"] = call
+        memory.calls["call_2"] = OpenCall("ses_a", "msg_1", "call_2", "id", None)
+        del memory.calls["call_2"]
+    async with KeptMemory.open(tmp_path / "state.db", ADDRESS) as again:
+        assert await again.load() == [Kept("call", "call_1", call)]
 
 
 async def test_only_the_newest_of_a_kind_are_read_back_and_the_rest_deleted(
