@@ -25,7 +25,7 @@ from yarl import URL
 
 from proxy import Settings
 from proxy.cli import run as run_command
-from proxy.cli.main import PARSERS
+from proxy.cli.commands import PARSERS
 from proxy.service.app import create_app
 from proxy.supervision.server_command import free_loopback_port
 from tests.fixtures import load

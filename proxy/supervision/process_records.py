@@ -8,7 +8,7 @@ to (`/proc/sys/kernel/random/boot_id`); rows of an earlier boot name nothing tha
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +29,6 @@ CREATE TABLE IF NOT EXISTS tool_process (
 )
 """
 _BUSY_TIMEOUT_MS = 5000
-
-
-def default_path(environ: Mapping[str, str]) -> Path:
-    """Where tool processes are recorded in `environ`: `$XDG_STATE_HOME/settle-proxy/processes.db`."""
-    state_home = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state_home) / "settle-proxy" / "processes.db"
 
 
 def boot_id() -> str:
