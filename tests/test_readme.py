@@ -36,7 +36,7 @@ README = (ROOT / "README.md").read_text()
 PAGES = {"README.md": README} | {
     f"docs/{page.name}": page.read_text() for page in sorted((ROOT / "docs").glob("*.md"))
 }
-"""Every page a user reads: the README and the docs (`docs/_incoming/` holds notes, not pages)."""
+"""Every page a user reads: the README and the docs."""
 
 _BLOCK = re.compile(r"```(\w*)\n(.*?)```\n?", flags=re.DOTALL)
 EXTERNAL = {"opencode", "caddy", "tailscale", "cp", "systemctl", "mkdocs"}
