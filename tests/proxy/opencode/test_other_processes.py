@@ -76,7 +76,12 @@ def test_an_upstream_nothing_listens_on_yet_is_starting_not_elsewhere(proc: Fake
     proc.process(100, "socket:[111]", DB)
     asked: list[URL] = []
     upstream = URL(f"http://127.0.0.1:{PORT + 7}")
-    found = survey(upstream, proc=proc.root, own_pid=1, accepts=lambda url: asked.append(url) or False)
+
+    def refuses(url: URL) -> bool:
+        asked.append(url)
+        return False
+
+    found = survey(upstream, proc=proc.root, own_pid=1, accepts=refuses)
     assert asked == [upstream]
     assert (found.bound, found.unknown, found.passing) == (
         None,
