@@ -82,8 +82,19 @@ class ProcessRecords:
         await self._db.commit()
 
     async def ended(self, call: str) -> None:
-        """The call finished: its processes, should they outlive the server, were left on purpose."""
-        await self._db.execute("UPDATE tool_process SET running = 0 WHERE call = ?", (call,))
+        """The call finished: its processes, should they outlive the server, were left on purpose.
+        Only those of a server that still runs: one a crash left behind stays named as running at
+        that crash, however the call ends in a later server's life (a settlement, a restart's)."""
+        query = "SELECT DISTINCT server_pid, server_started FROM tool_process WHERE boot = ? AND call = ?"
+        async with self._db.execute(query, (self._boot, call)) as rows:
+            servers = [Identity(pid, started) for pid, started in await rows.fetchall()]
+        for server in servers:
+            if Identity.of(server.pid) == server:
+                await self._db.execute(
+                    "UPDATE tool_process SET running = 0 "
+                    "WHERE boot = ? AND call = ? AND server_pid = ? AND server_started = ?",
+                    (self._boot, call, server.pid, server.started),
+                )
         await self._db.commit()
 
     async def of_this_boot(self) -> list[Recorded]:
