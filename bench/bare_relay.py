@@ -19,7 +19,7 @@ import uvloop
 from aiohttp import web
 from yarl import URL
 
-from proxy.cli.main import app_runner
+from proxy.cli.serving import app_runner
 from proxy.relay.departures import Departures
 from proxy.relay.forward import Around, Forwarder
 from proxy.relay.headers import drop_invented_headers

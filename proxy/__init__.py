@@ -5,7 +5,8 @@ prefix, settings)` to embed it in an existing aiohttp application, and `Settings
 parsed body in any other framework, use `rules.settle_view` (no I/O).
 
 The names are imported on first use, so importing one layer (`proxy.relay`, `proxy.opencode`)
-does not build the whole application.
+does not build the whole application (nor `import proxy` read even the version: the command
+line makes Ctrl-C quiet first).
 """
 
 from __future__ import annotations
@@ -13,23 +14,25 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from proxy.version import VERSION as __version__
-
 if TYPE_CHECKING:
     from proxy.service.app import create_app, mount
     from proxy.service.config import Settings
-    from proxy.writeback.scheduler import WriteBackMode
+    from proxy.version import VERSION as __version__
+    from proxy.writeback.modes import WriteBackMode
 
 _PUBLIC = {
-    "create_app": "proxy.service.app",
-    "mount": "proxy.service.app",
-    "Settings": "proxy.service.config",
-    "WriteBackMode": "proxy.writeback.scheduler",
+    "create_app": ("proxy.service.app", "create_app"),
+    "mount": ("proxy.service.app", "mount"),
+    "Settings": ("proxy.service.config", "Settings"),
+    "WriteBackMode": ("proxy.writeback.modes", "WriteBackMode"),
+    "__version__": ("proxy.version", "VERSION"),
 }
+"""Each public name: the module it is imported from on first use, and its name there."""
 __all__ = ["Settings", "WriteBackMode", "__version__", "create_app", "mount"]
 
 
 def __getattr__(name: str) -> Any:
     if name in _PUBLIC:
-        return getattr(import_module(_PUBLIC[name]), name)
+        module, attribute = _PUBLIC[name]
+        return getattr(import_module(module), attribute)
     raise AttributeError(f"module 'proxy' has no attribute {name!r}")

@@ -173,6 +173,17 @@ def test_every_page_is_in_the_site() -> None:
     assert nav == {page.name for page in DOCS.glob("*.md")}
 
 
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_the_proxys_routes_are_named_with_their_prefix(page: str) -> None:
+    """`/metrics` is no route of the proxy's (nor of opencode's): `/_settle/metrics` is."""
+    assert re.findall(r"`(?:GET |POST )?(/(?:metrics|orphans|up)\b[^`]*)`", PAGES[page]) == []
+
+
+def test_the_docs_folder_holds_only_pages() -> None:
+    """Notes about how the pages get written are not shipped beside them."""
+    assert sorted(path.name for path in DOCS.iterdir() if path.is_dir()) == []
+
+
 def test_the_map_is_architecture_md() -> None:
     assert (DOCS / "map.md").resolve() == (ROOT / "ARCHITECTURE.md").resolve()
 

@@ -25,7 +25,7 @@ from yarl import URL
 
 from proxy import Settings
 from proxy.cli import run as run_command
-from proxy.cli.main import PARSERS
+from proxy.cli.commands import PARSERS
 from proxy.service.app import create_app
 from proxy.supervision.server_command import free_loopback_port
 from tests.fixtures import load
@@ -36,7 +36,7 @@ README = (ROOT / "README.md").read_text()
 PAGES = {"README.md": README} | {
     f"docs/{page.name}": page.read_text() for page in sorted((ROOT / "docs").glob("*.md"))
 }
-"""Every page a user reads: the README and the docs (`docs/_incoming/` holds notes, not pages)."""
+"""Every page a user reads: the README and the docs."""
 
 _BLOCK = re.compile(r"```(\w*)\n(.*?)```\n?", flags=re.DOTALL)
 EXTERNAL = {"opencode", "caddy", "tailscale", "cp", "systemctl", "mkdocs"}

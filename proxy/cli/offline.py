@@ -275,7 +275,10 @@ def main(argv: Sequence[str]) -> None:
     except Refused as refusal:
         print(f"settle-proxy settle: refused: {refusal}", file=sys.stderr)
         code = Exit.REFUSED
-    except (FileNotFoundError, NotOpencodeDatabase) as error:
+    except FileNotFoundError as error:
+        print(f"settle-proxy settle: error: {error} (--db, or SETTLE_DB, names where it is)", file=sys.stderr)
+        code = Exit.BAD_USAGE
+    except NotOpencodeDatabase as error:
         print(f"settle-proxy settle: error: {error}", file=sys.stderr)
         code = Exit.BAD_USAGE
     except KeyboardInterrupt:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from proxy.cli.arguments import UPSTREAM, OneLineParser, at_least_one, port, seconds, seconds_range, typed
-from proxy.service.auth import parse_credentials
 from proxy.service.config import (
     DEFAULT_HOST,
     DEFAULT_MAX_BODY,
@@ -25,12 +24,12 @@ from proxy.service.config import (
     DEFAULT_USERNAME,
     Settings,
     basic_authorization,
+    parse_credentials,
 )
-from proxy.supervision import process_records
 from proxy.version import VERSION
-from proxy.writeback.database import default_path as opencode_database_path
+from proxy.writeback.locations import default_path as opencode_database_path
 from proxy.writeback.locations import locations
-from proxy.writeback.scheduler import WriteBackMode
+from proxy.writeback.modes import WriteBackMode
 
 DESCRIPTION = """\
 A reverse proxy for `opencode serve`. Everything is forwarded unchanged, except that in
@@ -77,8 +76,10 @@ def with_password(password: str, environ: Environ = os.environ) -> dict[str, str
 
 
 def state_path(environ: Environ = os.environ) -> Path:
-    """Where `settle-proxy run` and a proxy record tool processes, and `orphans` reads them."""
-    return process_records.default_path(environ)
+    """Where `settle-proxy run` and a proxy record tool processes, and `orphans` reads them:
+    `$XDG_STATE_HOME/settle-proxy/processes.db`."""
+    state_home = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state_home) / "settle-proxy" / "processes.db"
 
 
 def add_database_option(parser: argparse.ArgumentParser, help: str, environ: Environ = os.environ) -> None:

@@ -99,6 +99,8 @@ def parse(arguments: Sequence[str]) -> tuple[argparse.Namespace, Settings, Super
     except ValueError as error:
         parser.error(f"server command: {error}")
     _refuse_an_address_that_does_nothing(parser, own, command)
+    if (why := command.not_serving()) is not None:
+        print(f"settle-proxy run: warning: {why}", file=sys.stderr)
     server_port = free_loopback_port()
     settings = replace(
         settings_from(args),

@@ -26,7 +26,9 @@ import contextlib
 import ipaddress
 import logging
 import os
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,9 @@ class Survey:
     """Inodes of the sockets listening on the upstream's port, for the next survey."""
     final: bool = False
     """Whether no later survey can say otherwise (no `/proc`, an upstream off this host's loopback)."""
+    passing: bool = False
+    """Whether `unknown` is of the moment: nothing listens on the upstream's port yet (a server
+    starting, or restarting under `run`). Shown in health, never warned about: the next survey knows."""
 
     @property
     def bound(self) -> int | None:
@@ -126,12 +131,14 @@ def survey(
     own_pid: int | None = None,
     now_ms: int | None = None,
     listeners: tuple[str, ...] = (),
+    accepts: Callable[[URL], bool] | None = None,
 ) -> Survey:
     """Survey the processes around `upstream`'s database (blocking; run it in a thread).
 
     `database` names the file when the caller already knows it (the offline command); the
     upstream's process is then optional: unidentified, every holder counts as another.
-    `listeners` are the socket inodes an earlier survey found listening on the upstream's port.
+    `listeners` are the socket inodes an earlier survey found listening on the upstream's port;
+    `accepts` says whether something accepts connections there (default: `accepting`).
     """
     scanned_at = int(time.time() * 1000) if now_ms is None else now_ms
     proc = PROC if proc is None else proc
@@ -154,10 +161,7 @@ def survey(
     # its socket is still open.
     listening = set(listeners) & held or _listening(proc, upstream)
     if database is None and not listening:
-        return Survey(
-            scanned_at,
-            unknown=f"the upstream {upstream.origin()} listens in no socket seen here (another container?)",
-        )
+        return _listening_nowhere(scanned_at, proc, upstream, accepts)
     upstream_pids = tuple(sorted(pid for pid, process in seen.items() if process.sockets & listening))
     found = _databases(upstream, database, seen, upstream_pids, not_inspected)
     if isinstance(found, str):
@@ -219,6 +223,39 @@ def _databases(
 
 def _on_loopback(upstream: URL) -> bool:
     return is_loopback(upstream.host or "") and upstream.port is not None
+
+
+ACCEPT_TIMEOUT_S = 0.5
+"""How long a survey waits for the upstream's port to accept a connection (loopback: at once)."""
+
+
+def accepting(upstream: URL) -> bool:
+    """Whether something accepts a connection on the upstream's address; only connected, never
+    asked anything (opencode can hang on a request sent the instant its port opens)."""
+    try:
+        with socket.create_connection((upstream.host or "", upstream.port or 0), timeout=ACCEPT_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
+
+
+def _listening_nowhere(
+    scanned_at: int, proc: Path, upstream: URL, accepts: Callable[[URL], bool] | None
+) -> Survey:
+    """No socket seen here listens on the upstream's port. That is another network namespace only
+    if something accepts there all the same; when nothing does, the server is not listening yet
+    (it is starting), which the next survey will see. Asked after the tables were read, so one
+    that began listening in between is read again rather than called another container's."""
+    origin = upstream.origin()
+    if not (accepts or accepting)(upstream):
+        return Survey(scanned_at, unknown=f"nothing listens on the upstream {origin} yet", passing=True)
+    if _listening(proc, upstream):
+        return Survey(
+            scanned_at, unknown=f"the upstream {origin} began listening during the survey", passing=True
+        )
+    return Survey(
+        scanned_at, unknown=f"the upstream {origin} listens in no socket seen here (another container?)"
+    )
 
 
 def _listening(proc: Path, upstream: URL) -> set[str]:

@@ -109,7 +109,7 @@ class OtherProcesses:
             self._surveying = None
 
     def _tell(self, found: Survey) -> None:
-        if found.unknown is not None:
+        if found.unknown is not None and not found.passing:
             self._once(
                 "unknown",
                 "cannot tell whether another opencode process shares the upstream's database: "

@@ -174,20 +174,11 @@ def _presented_matches(request: web.Request, expected: bytes) -> bool:
     return credentials is not None and hmac.compare_digest(credentials, expected)
 
 
-def parse_credentials(text: str) -> tuple[str, str]:
-    """`user:password` → (user, password); the password may contain colons."""
-    username, colon, password = text.partition(":")
-    if not colon or not username or not password:
-        raise ValueError("expected USER:PASSWORD")
-    return username, password
-
-
 __all__ = [
     "REALM",
     "DetailsGuard",
     "Handler",
     "UpstreamCheck",
     "basic_credentials",
-    "parse_credentials",
     "require_basic_auth",
 ]

@@ -9,7 +9,7 @@ from pathlib import Path
 from yarl import URL
 
 from proxy.relay.options import DEFAULT_MAX_BODY
-from proxy.writeback.scheduler import WriteBackMode
+from proxy.writeback.modes import WriteBackMode
 
 __all__ = [
     "DEFAULT_HOST",
@@ -20,6 +20,7 @@ __all__ = [
     "Settings",
     "WriteBackMode",
     "basic_authorization",
+    "parse_credentials",
 ]
 
 DEFAULT_UPSTREAM = "http://127.0.0.1:4096"
@@ -104,3 +105,11 @@ class Settings:
 def basic_authorization(username: str, password: str) -> str:
     """The `Authorization` header value opencode's HTTP Basic auth expects."""
     return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode("ascii")
+
+
+def parse_credentials(text: str) -> tuple[str, str]:
+    """`user:password` → (user, password); the password may contain colons."""
+    username, colon, password = text.partition(":")
+    if not colon or not username or not password:
+        raise ValueError("expected USER:PASSWORD")
+    return username, password

@@ -43,7 +43,8 @@ from proxy.writeback.database import OpencodeDatabase
 from proxy.writeback.db_writer import DbWriter
 from proxy.writeback.locations import Locations
 from proxy.writeback.locks import SessionLocks
-from proxy.writeback.scheduler import CountingWriter, ServersWrittenInto, WriteBack, WriteBackMode, Writer
+from proxy.writeback.modes import WriteBackMode
+from proxy.writeback.scheduler import CountingWriter, ServersWrittenInto, WriteBack, Writer
 
 __all__ = ["kept_memory", "modes_said", "resume_ledger", "resuming", "tool_processes", "write_back", "writer"]
 

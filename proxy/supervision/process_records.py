@@ -8,7 +8,7 @@ to (`/proc/sys/kernel/random/boot_id`); rows of an earlier boot name nothing tha
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +29,6 @@ CREATE TABLE IF NOT EXISTS tool_process (
 )
 """
 _BUSY_TIMEOUT_MS = 5000
-
-
-def default_path(environ: Mapping[str, str]) -> Path:
-    """Where tool processes are recorded in `environ`: `$XDG_STATE_HOME/settle-proxy/processes.db`."""
-    state_home = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state_home) / "settle-proxy" / "processes.db"
 
 
 def boot_id() -> str:
@@ -88,8 +82,19 @@ class ProcessRecords:
         await self._db.commit()
 
     async def ended(self, call: str) -> None:
-        """The call finished: its processes, should they outlive the server, were left on purpose."""
-        await self._db.execute("UPDATE tool_process SET running = 0 WHERE call = ?", (call,))
+        """The call finished: its processes, should they outlive the server, were left on purpose.
+        Only those of a server that still runs: one a crash left behind stays named as running at
+        that crash, however the call ends in a later server's life (a settlement, a restart's)."""
+        query = "SELECT DISTINCT server_pid, server_started FROM tool_process WHERE boot = ? AND call = ?"
+        async with self._db.execute(query, (self._boot, call)) as rows:
+            servers = [Identity(pid, started) for pid, started in await rows.fetchall()]
+        for server in servers:
+            if Identity.of(server.pid) == server:
+                await self._db.execute(
+                    "UPDATE tool_process SET running = 0 "
+                    "WHERE boot = ? AND call = ? AND server_pid = ? AND server_started = ?",
+                    (self._boot, call, server.pid, server.started),
+                )
         await self._db.commit()
 
     async def of_this_boot(self) -> list[Recorded]:

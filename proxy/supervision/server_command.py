@@ -51,6 +51,15 @@ class ServerCommand:
             raise ValueError(f"{_PORT} must be a port number, got {port!r}")
         return cls(tuple(rest), int(port) if port is not None else None, found.get(_HOSTNAME))
 
+    def not_serving(self) -> str | None:
+        """Why this command, an `opencode` one, may start no server, with the fix; None when it
+        names `serve` or `web`, or is not opencode's. `opencode --port N` is accepted by opencode
+        1.x, but it starts the TUI, not a server."""
+        if not Path(self.argv[0]).name.startswith("opencode") or {"serve", "web"} & set(self.argv[1:]):
+            return None
+        shown = " ".join(self.argv)
+        return f"`{shown}` names no `serve`: on opencode 1.x it is the TUI, not a server (`{shown} serve`?)"
+
     def listening_on(self, port: int) -> list[str]:
         """The command, told to listen on `port` of the loopback interface only."""
         return [*self.argv, _PORT, str(port), _HOSTNAME, LOOPBACK]

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from proxy.opencode.events_2x import api_call_id
@@ -135,6 +135,9 @@ class ToolProcesses:
         """2.x's tool of each call whose input began: `session.tool.called` names none."""
         self._awaiting: set[str] = set()
         self._processes: Bounded[Identity, str] = Bounded(_REMEMBERED)
+        self._at_crash: Bounded[Identity, ToolCall] = Bounded(_REMEMBERED)
+        """The call of each process a dead server left, as it was at that crash: the call may end
+        in a later server's life, but the process was left by a crash all the same."""
 
     def following(self) -> None:
         """The stream is back, perhaps after a crash: say which recorded processes outlived their server."""
@@ -173,14 +176,17 @@ class ToolProcesses:
             self._api_call(event)
 
     def orphans(self, pids: list[int]) -> list[Orphan]:
-        """What `pids` (processes adopted from the dead server) were started for."""
+        """What `pids` (processes adopted from dead servers) were started for, each call as it was
+        when the process was first found orphaned."""
         found = []
         for pid in pids:
             identity = Identity.of(pid)
             if identity is None:
                 continue
-            key = self._processes.get(identity)
-            found.append(Orphan(pid, command_line(pid), self._calls.get(key) if key else None))
+            call = self._at_crash.get(identity)
+            if call is None and (key := self._processes.get(identity)) and (known := self._calls.get(key)):
+                call = self._at_crash[identity] = replace(known)
+            found.append(Orphan(pid, command_line(pid), call))
         return found
 
     def tied(self, call: str) -> bool:

@@ -51,7 +51,8 @@ from proxy.opencode.event_log import call_left_open
 from proxy.opencode.runtimes import V1_HTTP, V2_HTTP
 from proxy.opencode.vocabulary import PROMPT_ADMITTED, event_name, for_replay, tool_failed
 from proxy.writeback.locks import SessionLocks
-from proxy.writeback.scheduler import Confirm, WriteBackMode, Written, targeted
+from proxy.writeback.modes import WriteBackMode
+from proxy.writeback.scheduler import Confirm, Written, targeted
 from proxy.writeback.session_logs import LogEvent, SessionLogs
 from rules import REGISTRY, Api, Change, JSONObject, Liveness, OrphanedTool, Target, settle
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -42,12 +42,6 @@ KNOWN_TABLES = frozenset({*TABLES, "session_v2"})
 
 class NotOpencodeDatabase(ValueError):
     """The path is no SQLite file with opencode's tables; nothing was written to it."""
-
-
-def default_path(environ: Mapping[str, str]) -> Path:
-    """Where opencode keeps its database in `environ`: `$XDG_DATA_HOME/opencode/opencode.db`."""
-    data_home = environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data_home) / "opencode" / "opencode.db"
 
 
 class OpencodeDatabase:

@@ -7,7 +7,8 @@ from collections.abc import Collection
 
 from proxy.opencode.client import Credentials
 from proxy.writeback.database import OpencodeDatabase
-from proxy.writeback.scheduler import Confirm, WriteBackMode, Written
+from proxy.writeback.modes import WriteBackMode
+from proxy.writeback.scheduler import Confirm, Written
 from rules import Api
 
 

@@ -13,10 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.writeback.database import default_path
 from proxy.writeback.locks import default_lock_dir
 
-__all__ = ["Locations", "locations"]
+__all__ = ["Locations", "default_path", "locations"]
+
+
+def default_path(environ: Mapping[str, str]) -> Path:
+    """Where opencode keeps its database in `environ`: `$XDG_DATA_HOME/opencode/opencode.db`."""
+    data_home = environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "opencode" / "opencode.db"
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,6 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Protocol
 
 from prometheus_client import Counter
@@ -40,6 +39,7 @@ from proxy.writeback.decisions import (
     Written,
     is_message,
 )
+from proxy.writeback.modes import WriteBackMode
 from rules import Api, Change, Liveness
 
 log = logging.getLogger(__name__)
@@ -49,20 +49,11 @@ __all__ = [
     "CountingWriter",
     "ServersWrittenInto",
     "WriteBack",
-    "WriteBackMode",
     "WriteBackOutcome",
     "Writer",
     "Written",
     "targeted",
 ]
-
-
-class WriteBackMode(StrEnum):
-    """Where settlements are made durable: nowhere, through the server's API, or in its database."""
-
-    OFF = "off"
-    API = "api"
-    DB = "db"
 
 
 Confirm = Callable[[], Awaitable[Liveness]]

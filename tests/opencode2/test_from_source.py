@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from proxy.service.app import ASSEMBLY
-from proxy.writeback.scheduler import WriteBackMode
+from proxy.writeback.modes import WriteBackMode
 from tests.opencode2.database import opencode_sqlite
 from tests.opencode2.proxied import PASSWORD, Client, proxied
 from tests.opencode2.stand_in import StandIn

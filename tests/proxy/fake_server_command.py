@@ -3,7 +3,8 @@
 `--orphan PIDFILE` starts `sleep 600` in a process group of its own first (as opencode's bash
 tool runs a command) and writes its pid there; `--exit CODE` exits at once with CODE instead of
 serving, or with `--answer-for S` after it listened for S seconds; `--signals FILE` writes the
-name of each SIGINT or SIGTERM it gets into FILE, then exits (with `--stay`, it goes on). It prints `listening on URL` once it
+name of each SIGINT or SIGTERM it gets into FILE, then exits (with `--stay`, it goes on); `--pid-file
+FILE` writes its own pid there as it starts. It prints `listening on URL` once it
 listens, as opencode does. `--port` and `--hostname` come from the proxy, as they would for the
 real server.
 """
@@ -11,6 +12,7 @@ real server.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -42,7 +44,10 @@ def main() -> None:
     parser.add_argument("--answer-for", type=float)
     parser.add_argument("--signals", type=Path)
     parser.add_argument("--stay", action="store_true")
+    parser.add_argument("--pid-file", type=Path)
     args = parser.parse_args()
+    if args.pid_file is not None:
+        args.pid_file.write_text(str(os.getpid()))
     if args.exit is not None and args.answer_for is None:
         sys.exit(args.exit)
     if args.signals is not None:

@@ -23,8 +23,9 @@ from yarl import URL
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.service.app import create_app
-from proxy.service.config import Settings, WriteBackMode
+from proxy.service.config import Settings
 from proxy.testing import hearing, idle
+from proxy.writeback.modes import WriteBackMode
 from rules import Api, Liveness
 from tests.fixtures import compact, load, raw
 from tests.proxy.addons.live_streams import WRITING_INFO, crash_with_part_open

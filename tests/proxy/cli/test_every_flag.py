@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from proxy.cli.arguments import OneLineParser
-from proxy.cli.main import PARSERS
+from proxy.cli.commands import PARSERS
 from proxy.cli.options import DESCRIPTION
 
 NOT_FLAGS = (argparse._HelpAction, argparse._VersionAction)

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from proxy.cli import main
+from proxy.cli import serving
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from tests.reliability.servers import serve
@@ -40,12 +40,12 @@ async def _quiet_stream(request: web.Request) -> web.StreamResponse:
 
 @asynccontextmanager
 async def proxy(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[str, int]]:
-    monkeypatch.setattr(main, "KEEPALIVE_TIMEOUT_S", KEEPALIVE_S)
+    monkeypatch.setattr(serving, "KEEPALIVE_TIMEOUT_S", KEEPALIVE_S)
     upstream = web.Application()
     upstream.router.add_get("/slow", _slow)
     upstream.router.add_get("/event", _quiet_stream)
     async with serve(upstream) as url:
-        runner = main.app_runner(create_app(Settings(upstream=url)))
+        runner = serving.app_runner(create_app(Settings(upstream=url)))
         await runner.setup()
         try:
             await web.TCPSite(runner, "127.0.0.1", 0).start()

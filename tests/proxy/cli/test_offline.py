@@ -170,9 +170,19 @@ async def test_upstream_in_doubt_is_a_refusal(
 def test_missing_database(tmp_path: Path) -> None:
     result = settle_proxy("settle", "--db", str(tmp_path / "none.db"))
     assert result.returncode == Exit.BAD_USAGE
-    assert (
-        result.stderr.strip() == f"settle-proxy settle: error: no opencode database at {tmp_path / 'none.db'}"
-    )
+    assert result.stderr.splitlines() == [
+        f"settle-proxy settle: error: no opencode database at {tmp_path / 'none.db'} "
+        "(--db, or SETTLE_DB, names where it is)"
+    ]
+
+
+def test_no_database_at_the_default_place_names_the_flag(tmp_path: Path) -> None:
+    result = settle_proxy("settle", env={"XDG_DATA_HOME": str(tmp_path)})
+    assert result.returncode == Exit.BAD_USAGE
+    assert result.stderr.splitlines() == [
+        f"settle-proxy settle: error: no opencode database at {tmp_path / 'opencode' / 'opencode.db'} "
+        "(--db, or SETTLE_DB, names where it is)"
+    ]
 
 
 async def test_upstream_reading_is_taken_per_session_after_its_re_read(

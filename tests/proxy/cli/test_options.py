@@ -9,7 +9,7 @@ from yarl import URL
 
 from proxy.cli.options import build_parser, opencode_authorization, settings_from, state_path
 from proxy.service.config import basic_authorization
-from proxy.writeback.scheduler import WriteBackMode
+from proxy.writeback.modes import WriteBackMode
 
 HOME = Path.home()
 SERVICE = Path(__file__).resolve().parents[3] / "proxy" / "service"

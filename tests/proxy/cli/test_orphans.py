@@ -107,3 +107,37 @@ def test_ctrl_c_while_groups_end_is_one_line(tmp_path: Path, processes: Processe
         "run it again to see what still runs"
     ]
     assert stubborn.poll() is None  # it ignores SIGTERM, and got no SIGKILL
+
+
+def test_a_process_left_by_an_earlier_crash_stays_named_as_running_and_is_ended(
+    tmp_path: Path, processes: Processes
+) -> None:
+    """Two crashes: the first one's tool runs on, its call ends in the second server's life (it is
+    settled there), then that server dies too. The tool is still named as running at its crash,
+    and `--terminate` ends it; a call that ends while its own server lives is completed."""
+    state = tmp_path / "processes.db"
+    first_server, second_server = processes.start("sleep", "910"), processes.start("sleep", "911")
+    left, done = processes.start("sleep", "912"), processes.start("sleep", "913")
+    asyncio.run(record(state, identity(first_server), (left, "prt_left", True)))
+    asyncio.run(record(state, identity(second_server), (done, "prt_done", True)))
+    first_server.kill()
+    first_server.wait()
+
+    async def both_calls_end() -> None:
+        async with ProcessRecords.open(state) as records:
+            await records.ended("prt_left")
+            await records.ended("prt_done")
+
+    asyncio.run(both_calls_end())
+    second_server.kill()
+    second_server.wait()
+    listed = settle_proxy("orphans", "--state", str(state))
+    (left_row,) = [line for line in listed.stdout.splitlines() if "prt_left" in line]
+    (done_row,) = [line for line in listed.stdout.splitlines() if "prt_done" in line]
+    assert (left_row.split("│")[-2].strip(), done_row.split("│")[-2].strip()) == ("running", "completed")
+
+    ended = settle_proxy("orphans", "--state", str(state), "--terminate")
+    assert ended.returncode == 10, ended.stderr
+    assert "ending the process groups of 1 running call(s)" in ended.stdout
+    assert left.wait(timeout=15) is not None
+    assert done.poll() is None

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from proxy.cli.arguments import variable_of
-from proxy.cli.main import PARSERS
+from proxy.cli.commands import PARSERS
 from tests.proxy.cli.test_every_flag import every_flag, find
 
 ZERO_MEANS = {

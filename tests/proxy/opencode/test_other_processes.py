@@ -10,7 +10,7 @@ import pytest
 from yarl import URL
 
 from proxy.opencode import other_processes as processes
-from proxy.opencode.other_processes import START_MARGIN_MS, OtherProcess, Survey, survey
+from proxy.opencode.other_processes import START_MARGIN_MS, OtherProcess, Survey, accepting, survey
 from tests.proxy.system.fake_proc import BOOT_S, DB, PORT, FakeProc
 
 UPSTREAM = URL(f"http://127.0.0.1:{PORT}")
@@ -63,10 +63,52 @@ def test_a_listener_on_another_port_or_a_connected_socket_is_not_the_upstream(pr
 )
 def test_an_upstream_that_cannot_be_found_gives_no_bound(proc: FakeProc, upstream: str, why: str) -> None:
     proc.process(100, "socket:[111]", DB)
-    found = survey(URL(upstream), proc=proc.root, own_pid=1)
+    found = survey(URL(upstream), proc=proc.root, own_pid=1, accepts=lambda _: True)
     assert found.bound is None
     assert found.unknown is not None
     assert why in found.unknown
+    assert not found.passing
+
+
+def test_an_upstream_nothing_listens_on_yet_is_starting_not_elsewhere(proc: FakeProc) -> None:
+    """A reading taken while the server starts (or restarts under `run`): nothing accepts on its
+    port, so it is no other container's; the next survey knows."""
+    proc.process(100, "socket:[111]", DB)
+    asked: list[URL] = []
+    upstream = URL(f"http://127.0.0.1:{PORT + 7}")
+
+    def refuses(url: URL) -> bool:
+        asked.append(url)
+        return False
+
+    found = survey(upstream, proc=proc.root, own_pid=1, accepts=refuses)
+    assert asked == [upstream]
+    assert (found.bound, found.unknown, found.passing) == (
+        None,
+        f"nothing listens on the upstream http://127.0.0.1:{PORT + 7} yet",
+        True,
+    )
+
+
+def test_an_upstream_that_began_listening_during_the_survey_is_read_again(proc: FakeProc) -> None:
+    proc.process(100, "socket:[111]", DB)
+    upstream = URL(f"http://127.0.0.1:{PORT + 7}")
+
+    def begins_listening(_: URL) -> bool:
+        proc.listen(PORT + 7, "777")
+        return True
+
+    found = survey(upstream, proc=proc.root, own_pid=1, accepts=begins_listening)
+    assert found.passing
+    assert found.unknown is not None
+    assert "began listening during the survey" in found.unknown
+
+
+def test_accepting_is_whether_a_connection_is_accepted() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        assert accepting(URL(f"http://127.0.0.1:{port}"))
+    assert not accepting(URL(f"http://127.0.0.1:{port}"))
 
 
 def test_a_listener_still_open_is_not_looked_up_again(proc: FakeProc) -> None:

@@ -120,3 +120,21 @@ async def test_a_clock_stepped_back_since_the_survey_makes_it_be_taken_again(
     clock.now -= 60
     assert await around.bound(vouching_past(0)) == clock.now * 1000
     assert clock.surveys == 2
+
+
+async def test_an_upstream_not_listening_yet_is_not_warned_about(
+    proc: FakeProc, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each start of a server under `run` is surveyed before it listens: no warning of another
+    container, and the survey after it listens knows."""
+    monkeypatch.setattr(processes, "PROC", proc.root)
+    monkeypatch.setattr(processes, "accepting", lambda _: False)
+    monkeypatch.setattr(surveys, "MAX_AGE_S", 0.0)
+    around = surveys.OtherProcesses(URL(f"http://127.0.0.1:{PORT + 7}"))
+    starting = await around.current()
+    assert starting.passing
+    monkeypatch.setattr(processes, "accepting", lambda _: True)
+    assert "another container?" in ((await around.current()).unknown or "")
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert "another container?" in warnings[0]

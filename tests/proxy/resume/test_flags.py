@@ -6,7 +6,7 @@ import pytest
 
 from proxy.cli.options import build_parser, settings_from
 from proxy.cli.run import parse
-from proxy.writeback.scheduler import WriteBackMode
+from proxy.writeback.modes import WriteBackMode
 
 
 def test_resume_is_off_by_default() -> None:

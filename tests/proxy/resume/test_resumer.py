@@ -20,7 +20,8 @@ from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import SETTLE_ATTEMPTS, Known, Records, ResumeOptions, Resumer
 from proxy.resume.turns import InterruptedTurn
-from proxy.writeback.scheduler import Confirm, WriteBackMode, Written
+from proxy.writeback.modes import WriteBackMode
+from proxy.writeback.scheduler import Confirm, Written
 from rules import Api, Liveness, Runtime
 from tests.proxy.resume.views import v1_settled, v1_tool, v1_user, v1_view
 

@@ -14,7 +14,7 @@ from proxy.resume.turns import InterruptedTurn
 from proxy.resume.waiting import Waiting
 from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.config import Settings
-from proxy.writeback.scheduler import WriteBackMode
+from proxy.writeback.modes import WriteBackMode
 from rules import Api
 
 Client = Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]]

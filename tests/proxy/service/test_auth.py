@@ -12,8 +12,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
 from proxy.service.app import create_app
-from proxy.service.auth import REALM, basic_credentials, parse_credentials, require_basic_auth
-from proxy.service.config import Settings, basic_authorization
+from proxy.service.auth import REALM, basic_credentials, require_basic_auth
+from proxy.service.config import Settings, basic_authorization, parse_credentials
 
 Client = TestClient[web.Request, web.Application]
 

@@ -12,9 +12,9 @@ from yarl import URL
 
 from proxy import Settings, mount
 from proxy.service.app import ASSEMBLY, create_app
-from proxy.service.config import WriteBackMode
 from proxy.testing import WAIT_S
 from proxy.writeback.locations import Locations
+from proxy.writeback.modes import WriteBackMode
 from rules import Api
 from tests.fixtures import compact
 from tests.proxy.fake_opencode import FakeOpencode

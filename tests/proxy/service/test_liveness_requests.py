@@ -11,8 +11,9 @@ from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from proxy.service.app import create_app
-from proxy.service.config import Settings, WriteBackMode
+from proxy.service.config import Settings
 from proxy.testing import idle
+from proxy.writeback.modes import WriteBackMode
 from tests.fixtures import compact, load, raw
 from tests.proxy.conftest import ProxyClient, following, publish
 from tests.proxy.fake_opencode import FakeOpencode

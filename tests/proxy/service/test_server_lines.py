@@ -23,7 +23,7 @@ from proxy.opencode.server_line import KnownServer
 from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.config import Settings
 from proxy.testing import WAIT_S, hearing, idle, refollowing
-from proxy.writeback.scheduler import WriteBackMode
+from proxy.writeback.modes import WriteBackMode
 from tests.proxy.conftest import ProxyClient, following
 from tests.proxy.fake_opencode import FakeOpencode
 from tests.reliability.processes import eventually

@@ -17,7 +17,7 @@ from yarl import URL
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.testing import idle
-from proxy.writeback.scheduler import WriteBackMode
+from proxy.writeback.modes import WriteBackMode
 from tests.opencode2.auth import basic
 from tests.opencode2.stand_in import StandIn
 from tests.opencode2.store import now_ms

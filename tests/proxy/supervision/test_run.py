@@ -178,6 +178,36 @@ def test_server_command_listening_flags(argv: list[str], expected: ServerCommand
 
 
 @pytest.mark.parametrize(
+    ("argv", "serving"),
+    [
+        (["opencode", "serve"], True),
+        (["/opt/bin/opencode", "--log-level", "DEBUG", "web"], True),
+        (["python3", "fake_server.py"], True),
+        (["opencode"], False),
+        (["node_modules/opencode-ai/bin/opencode.exe", "--print-logs"], False),
+    ],
+)
+def test_an_opencode_command_without_serve_is_named(argv: list[str], serving: bool) -> None:
+    why = ServerCommand.parse([*argv, "--port", "4096"]).not_serving()
+    assert (why is None) == serving
+    if why is not None:
+        assert why.startswith(f"`{' '.join(argv)}` names no `serve`: on opencode 1.x it is the TUI")
+
+
+def test_run_warns_of_an_opencode_command_without_serve(tmp_path: Path) -> None:
+    opencode = tmp_path / "opencode"
+    opencode.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_SERVER} "$@"\n')
+    opencode.chmod(0o755)
+    with running("--", str(opencode)) as (proxy, port):
+        serving(port)
+        warnings = [line for line in proxy.log().splitlines() if line.startswith("settle-proxy run: warning")]
+    assert warnings == [
+        f"settle-proxy run: warning: `{opencode}` names no `serve`: on opencode 1.x it is the TUI, "
+        f"not a server (`{opencode} serve`?)"
+    ]
+
+
+@pytest.mark.parametrize(
     ("arguments", "complaint"),
     [
         ([], "the server command goes after `--`"),

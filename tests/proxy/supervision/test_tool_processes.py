@@ -82,6 +82,21 @@ async def test_each_process_is_tied_to_the_call_whose_command_it_runs(
     assert (unknown["part"], unknown["call_was_running"]) == (None, False)
 
 
+async def test_a_process_found_orphaned_stays_named_as_running_when_its_call_ends_later(
+    tools: Tools, watcher: ToolProcesses
+) -> None:
+    """A crash left it with its call running; the restarted server then shows the call ended (its
+    settlement): the process was left by the crash all the same, and may still be ended for it."""
+    watcher.event(v1_part("prt_1", "running", "sleep 630"))
+    tools.start("sleep", "630")
+    await watcher.flush()  # its look for the process (soon after the call started)
+    (at_the_crash,) = watcher.orphans([tools[0].pid])
+    assert at_the_crash.call_was_running
+    watcher.event(v1_part("prt_1", "error", "sleep 630"))  # settled in the next server's life
+    (after,) = watcher.orphans([tools[0].pid])
+    assert (after.call_was_running, after.as_json()["part"]) == (True, "prt_1")
+
+
 async def test_a_process_two_calls_could_run_is_tied_to_neither(tools: Tools, watcher: ToolProcesses) -> None:
     watcher.event(v1_part("prt_1", "running", "sleep 604"))
     watcher.event(v1_part("prt_2", "running", "true && sleep 604"))

@@ -13,9 +13,10 @@ from proxy.addons.settle import Settle
 from proxy.opencode.client import UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.service.app import create_app
-from proxy.service.config import Settings, WriteBackMode
+from proxy.service.config import Settings
 from proxy.writeback.api_writer import ApiWriter
 from proxy.writeback.locks import SessionLocks
+from proxy.writeback.modes import WriteBackMode
 from proxy.writeback.scheduler import WriteBack
 from tests.proxy.conftest import ProxyClient, asking_settle
 from tests.proxy.fake_opencode import FakeOpencode

@@ -8,7 +8,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from proxy.opencode.client import Credentials
-from proxy.writeback.scheduler import Confirm, CountingWriter, WriteBackMode, Written
+from proxy.writeback.modes import WriteBackMode
+from proxy.writeback.scheduler import Confirm, CountingWriter, Written
 from rules import Api, Liveness
 
 

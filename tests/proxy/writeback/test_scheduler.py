@@ -9,7 +9,8 @@ import pytest
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.writeback import decisions
-from proxy.writeback.scheduler import Confirm, WriteBack, WriteBackMode, WriteBackOutcome, Written
+from proxy.writeback.modes import WriteBackMode
+from proxy.writeback.scheduler import Confirm, WriteBack, WriteBackOutcome, Written
 from rules import Api, Liveness
 from tests.proxy.fake_opencode import FakeOpencode
 

@@ -11,7 +11,8 @@ import pytest
 from proxy.opencode.client import Credentials
 from proxy.opencode.dialects import LINE_1_18
 from proxy.opencode.server_line import TOLD_1_18, KnownServer, ServerLine
-from proxy.writeback.scheduler import Confirm, ServersWrittenInto, WriteBackMode, Written
+from proxy.writeback.modes import WriteBackMode
+from proxy.writeback.scheduler import Confirm, ServersWrittenInto, Written
 from rules import Api, Liveness
 
 
