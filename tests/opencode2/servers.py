@@ -241,7 +241,11 @@ class RealServer(Server2x):
             for name in ("CONFIG", "DATA", "STATE", "CACHE")
         }
         inherited = {k: v for k, v in os.environ.items() if "OPENCODE" not in k and not k.startswith("XDG_")}
-        own = {"OPENCODE_PASSWORD": self.password, "OPENCODE_DISABLE_AUTOUPDATE": "1", "PYTHONPATH": str(REPO)}
+        own = {
+            "OPENCODE_PASSWORD": self.password,
+            "OPENCODE_DISABLE_AUTOUPDATE": "1",
+            "PYTHONPATH": str(REPO),
+        }
         return inherited | xdg | own
 
     async def start(self) -> None:

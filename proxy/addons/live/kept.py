@@ -28,8 +28,7 @@ from pathlib import Path
 import aiosqlite
 import orjson
 
-from proxy.addons.live.memory import REMEMBERED, Kind, OpenCall, Place
-from proxy.addons.live.memory import Remembered
+from proxy.addons.live.memory import REMEMBERED, Kind, OpenCall, Place, Remembered
 from rules import V1, OpenTool
 
 log = logging.getLogger(__name__)
