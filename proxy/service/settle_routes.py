@@ -23,11 +23,11 @@ from proxy.opencode.dialects import HEALTH_PATHS, route_line
 from proxy.opencode.server_line import ServerLine
 from proxy.opencode.surveys import OtherProcesses
 from proxy.opencode.tracker import LivenessTracker, StreamState
-from proxy.relay.errors import reason_of
+from proxy.relay.errors import NAMELESS, reason_of
 from proxy.resume.journal import Journal
 from proxy.resume.resuming import Resuming
 from proxy.resume.waiting import Continued, NotWaiting
-from proxy.service.auth import DetailsGuard, Handler
+from proxy.service.auth import DetailsGuard, Handler, Lookup
 from proxy.service.config import Settings
 from proxy.service.metrics import CONTENT_TYPE_LATEST, Metrics
 from proxy.supervision.supervisor import Supervisor
@@ -59,9 +59,13 @@ class Running(Protocol):
 PREFIX = "/_settle"
 Answer = dict[str, object]
 ANSWER_WITHIN_S = 2.5
-"""How long `up` and `health` wait on the upstream, whatever it does (one that accepts connections
-and never answers included): a health checker's own timeout is seldom longer than 3 s."""
-_SILENT = f"it did not answer within {ANSWER_WITHIN_S:g} s (busy, hung, or not an HTTP server)"
+"""How long `up` and `health` take at most to answer, whatever the upstream does (one that accepts
+connections and never answers included): a health checker's own timeout is seldom longer than 3 s."""
+WAIT_S = 2.0
+"""How long a reading waits on the upstream: one reading per request (the guard's is the one the
+route answers from), so the rest of `ANSWER_WITHIN_S` is left for what the proxy knows itself."""
+_SILENT = f"it did not answer within {WAIT_S:g} s (busy, hung, or not an HTTP server)"
+_READING = web.RequestKey("upstream reading", dict[str, object])
 
 
 class SettleRoutes:
@@ -82,7 +86,7 @@ class SettleRoutes:
         self.reading = UpstreamHealth(self._ask, server=self._server_now)
         self.guard = DetailsGuard(
             settings.authorization,
-            self._status_without_credentials,
+            self._status_of_own_lookup,
             behind_own_auth=settings.auth is not None,
             user=self._line_user,
         )
@@ -116,7 +120,7 @@ class SettleRoutes:
         state, with its program's name only: the rest of a command line may hold a secret.
         """
         settings, running = self._settings, self._running()
-        upstream = {"url": str(settings.upstream_origin)} | await self.reading.answer()
+        upstream = {"url": str(settings.upstream_origin)} | await self._reading(request)
         body = {
             "status": _status(upstream),
             "version": VERSION,
@@ -134,10 +138,10 @@ class SettleRoutes:
             body["server"] = server
         return web.json_response(body, status=200 if upstream["reachable"] else 503)
 
-    async def up(self, _: web.Request) -> web.Response:
+    async def up(self, request: web.Request) -> web.Response:
         """Up or down, and nothing else: open to anyone who reaches the port (health checkers that
         hold no password); 503 while the upstream cannot be reached."""
-        reachable = (await self.reading.answer())["reachable"]
+        reachable = (await self._reading(request))["reachable"]
         return web.json_response({"status": "up" if reachable else "down"}, status=200 if reachable else 503)
 
     async def metrics(self, _: web.Request) -> web.Response:
@@ -193,7 +197,7 @@ class SettleRoutes:
         route of the newest line is asked, for whether the upstream answers at all."""
         settings, running = self._settings, self._running()
         line = running.line
-        deadline = asyncio.get_running_loop().time() + ANSWER_WITHIN_S
+        deadline = asyncio.get_running_loop().time() + WAIT_S
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(deadline):  # the line goes on asking, for the next reading
                 await asyncio.shield(line.known())
@@ -227,10 +231,23 @@ class SettleRoutes:
             supervisor.restarts if supervisor is not None else 0,
         )
 
-    async def _status_without_credentials(self, _: web.Request) -> int | None:
-        """The guard's check; asked only when the proxy has no credentials, so its own look-up has none."""
-        status = (await self.reading.answer()).get("status")
-        return status if isinstance(status, int) else None
+    async def _reading(self, request: web.Request) -> Answer:
+        """The upstream's health for this request: taken once, by the guard or the route, so that
+        a request waits on the upstream once at most (a reading the guard waited for the whole of
+        `WAIT_S` is too old for the next asker, and the route would wait as long again)."""
+        if (answer := request.get(_READING)) is None:
+            answer = request[_READING] = await self.reading.answer()
+        return answer
+
+    async def _status_of_own_lookup(self, request: web.Request) -> Lookup:
+        """The guard's check: how the upstream answered the proxy's own look-up, made with the
+        proxy's credentials if it has any."""
+        reading = await self._reading(request)
+        status, error = reading.get("status"), reading.get("error")
+        nameless = error if error in NAMELESS or error == _SILENT else None
+        return Lookup(
+            status if isinstance(status, int) else None, nameless if isinstance(nameless, str) else None
+        )
 
 
 class UpstreamHealth:
