@@ -20,7 +20,7 @@ from aiohttp import hdrs, web
 
 from proxy.opencode.client import basic_as
 from proxy.opencode.dialects import HEALTH_PATHS, route_line
-from proxy.opencode.server_line import ServerLine
+from proxy.opencode.server_line import KnownServer, ServerLine
 from proxy.opencode.surveys import OtherProcesses
 from proxy.opencode.tracker import LivenessTracker, StreamState
 from proxy.relay.errors import NAMELESS, reason_of
@@ -161,30 +161,49 @@ class SettleRoutes:
         return web.json_response({"tracked": False, "reason": reason, "orphans": []})
 
     async def resume(self, _: web.Request) -> web.Response:
-        """`GET /_settle/resume`: whether resume is on, the sessions it would consider should the
-        server die now (`running`), and its recent decisions, oldest first."""
+        """`GET /_settle/resume`: whether resume is on for the server behind the proxy (and, when
+        it is not, or no turn can wait for a Continue, why), the sessions it would consider should
+        the server die now (`running`), and its recent decisions, oldest first."""
         running = self._running()
         journal, resuming = running.journal, running.resuming
-        return web.json_response(
-            {
-                "enabled": journal.enabled,
-                "dry_run": journal.dry_run,
-                "continue": resuming is not None,
-                "running": resuming.running() if resuming is not None else [],
-                "waiting": resuming.waiting.listed() if resuming is not None else [],
-                "decisions": journal.recent(),
-            }
-        )
+        known = running.line.latest
+        refused = resuming.refusal(known.dialect.name) if resuming is not None and known is not None else None
+        body: Answer = {
+            "enabled": journal.enabled and refused is None,
+            "dry_run": journal.dry_run,
+            "continue": resuming is not None and refused is None,
+            "running": resuming.running() if resuming is not None else [],
+            "waiting": resuming.waiting.listed() if resuming is not None else [],
+            "decisions": journal.recent(),
+        }
+        if (reason := self._resume_off(resuming, refused, known)) is not None:
+            body["reason"] = reason
+        return web.json_response(body)
+
+    def _resume_off(
+        self, resuming: Resuming | None, refused: str | None, known: KnownServer | None
+    ) -> str | None:
+        """Why resume is not on, or no turn waits for a Continue; None when both are so."""
+        if resuming is None:
+            return "nothing is resumed and no turn waits: there is no state database to keep resumes in"
+        if refused is not None and known is not None:
+            return f"nothing is resumed and no turn waits on opencode {known.version}: {refused}"
+        if not self._settings.resume:
+            return "--resume is off: every interrupted turn waits for a Continue"
+        return None
 
     async def proceed(self, request: web.Request) -> web.Response:
         """`POST /_settle/resume/{session_id}`: continue the session's waiting turn, once (202); 404
-        when none waits (or the wait ended), 409 when it was continued already; each with why."""
+        when none waits (or the wait ended, or none can wait on this server), 409 when it was
+        continued already; each with why."""
         session_id = request.match_info["session_id"]
-        if (resuming := self._running().resuming) is None:
+        running = self._running()
+        if (resuming := running.resuming) is None:
             why = "no turn waits here: there is no state database to keep resumes in"
             return _refusal(404, "not_waiting", why)
+        known = running.line.latest
         try:
-            waiting = await resuming.proceed(session_id)
+            waiting = await resuming.proceed(session_id, known.dialect.name if known is not None else None)
         except NotWaiting as error:
             return _refusal(404, "not_waiting", str(error))
         except Continued as error:
