@@ -93,8 +93,8 @@ async def silent_server() -> AsyncIterator[URL]:
 
 
 async def test_up_and_health_answer_within_3_s_for_an_upstream_that_never_answers(tmp_path: Path) -> None:
-    """The proxy waits 2 s at most on the upstream, to answer within 2.5 s (it was 16 to 19 s); the bound here only keeps a regression
-    from hanging the test, with room for a loaded machine."""
+    """The proxy waits 2 s at most on the upstream, to answer within 2.5 s (it was 16 to 19 s); the
+    bound here only keeps a regression from hanging the test, with room for a loaded machine."""
     async with (
         silent_server() as silent,
         proxy_process(silent, tmp_path / "proxy.log", env=PASSWORD) as proxy,
