@@ -274,10 +274,10 @@ class UpstreamHealth:
     credentials, if any), and which server it is (`_asking`), shared by every asker: a reading at
     most `max_age_s` old is answered from, and askers that come while one is taken wait for it.
     So a health checker polling `/_settle/up` (or any `/_settle` route, which the guard checks by
-    it when the proxy has no password) as hard as it likes costs the server one request a second
-    at most. A reading is of one server: once `server()` names another (the line forgot the one
-    it knew when its stream was lost, or knows a new one), it is taken afresh, so a server that
-    has just died or restarted is never answered for from a reading of the one before."""
+    it) as hard as it likes costs the server one request a second at most. A reading is of one
+    server: once `server()` names another (the line forgot the one it knew when its stream was
+    lost, or knows a new one), it is taken afresh, so a server that has just died or restarted is
+    never answered for from a reading of the one before."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""The upstream's health, read for `/_settle/up` and for the guard of a proxy without a password:
+"""The upstream's health, read for `/_settle/up`, `/_settle/health` and the details guard:
 one shared reading at most a second old, askers meanwhile waiting on the one under way, so a
 health checker polling hard never multiplies load on the server."""
 
