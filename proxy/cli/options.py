@@ -203,7 +203,7 @@ def _connection_flags(flags: _Flags) -> None:
         "seconds a plain request may wait on the upstream (headers, then each piece of the body) "
         "before a 504; 0 for no limit, the default: opencode 1.x's POST /session/{id}/message answers "
         "only when the turn ends, which can take many minutes. Never applied to event streams or PTYs "
-        "(/_settle/up and /_settle/health wait 2.5 s at most)",
+        "(/_settle/up and /_settle/health answer within 2.5 s)",
         DAY_S,
         zero=True,
     )

@@ -128,14 +128,15 @@ class Dialect:
 
     def resume_refusal(self, writer: str | None) -> str | None:
         """Why `--resume` does nothing on this line with the write-back mode `writer` (None: off),
-        or None when it resumes: a turn is resumed only after a durable settlement."""
+        and no turn waits for a Continue either, or None when it resumes: a turn is resumed, or
+        left for a person to continue, only after a durable settlement."""
         if not self.resumes:
             return f"resuming is not done on the {self.name} line yet"
         if self.settles_before_resume is None and writer not in self.writers:
             modes = " or ".join(f"`--write-back {mode}`" for mode in sorted(self.writers))
             return (
                 f"on the {self.name} line a settlement is durable only through a write-back, and a turn is "
-                f"resumed only after a durable settlement: add {modes}"
+                f"resumed, or waits for a Continue, only after a durable settlement: add {modes}"
             )
         return None
 

@@ -155,10 +155,15 @@ class ServerLine:
         """Why the server is not known, when it is not (for health)."""
         self.listeners: list[Callable[[KnownServer], None]] = []
 
+    @property
+    def latest(self) -> KnownServer | None:
+        """The server known now, else the one known last: while a restarted server is asked again,
+        its line is still the likeliest."""
+        return self.current or self._last
+
     def user(self) -> str | None:
-        """The user the line of the server known last always takes (2.x: `opencode`), if it fixes
-        one: while a restarted server is asked again, its line is still the likeliest."""
-        known = self.current or self._last
+        """The user the line of the server known last always takes (2.x: `opencode`), if it fixes one."""
+        known = self.latest
         return known.dialect.username if known is not None else None
 
     def health_route(self, dialect: Dialect) -> str:

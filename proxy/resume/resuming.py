@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import logging
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,27 +104,32 @@ def resuming(
     running = [resumer for resumer in by_line.values() if isinstance(resumer, Resumer)]
     for resumer in running:
         stack.push_async_callback(resumer.tasks.close)
-    _said(options)
+    _said(options, [way.why for way in by_line.values() if isinstance(way, _Refused)])
     watch = Watch(lambda candidate: by_line[candidate.dialect.name].consider(candidate))
     ends: KeyedTasks[str] = KeyedTasks("resume-waits")
     stack.push_async_callback(ends.close)
     return Resuming(watch, Together(ends, *(resumer.tasks for resumer in running)), waiting, by_line, ends)
 
 
-def _said(options: ResumeOptions) -> None:
+def _said(options: ResumeOptions, refused: Iterable[str]) -> None:
+    """What resume does, said once as it starts, before the server is known: so for each line on
+    which it does nothing (1.18 without a write-back), that too."""
+    nowhere = "".join(f"; but {why}" for why in refused)
     if not options.auto:
         log.info(
-            "resume detects interrupted turns: each waits for a Continue (POST /_settle/resume/<session>)"
+            "resume detects interrupted turns: each waits for a Continue (POST /_settle/resume/<session>)%s",
+            nowhere,
         )
         return
     log.info(
-        "resume is on%s: at most %d prompt(s) per interrupted turn, within %g s; %s",
+        "resume is on%s: at most %d prompt(s) per interrupted turn, within %g s; %s%s",
         " (dry run: nothing is sent)" if options.dry_run else "",
         options.policy.attempts,
         options.policy.within_s,
         "every turn continued (--resume-unsafe)"
         if options.safety.unsafe_ok
         else "a turn with an unsafe call waits for a person",
+        nowhere,
     )
 
 
@@ -164,10 +169,18 @@ class Resuming(StreamListener, Working):
     def running(self) -> list[str]:
         return self._watch.running()
 
-    async def proceed(self, session_id: str) -> Waiting:
+    def refusal(self, line: str) -> str | None:
+        """Why nothing is resumed, and no turn waits, on `line` (a dialect's name); None if they do."""
+        way = self._by_line.get(line)
+        return way.why if isinstance(way, _Refused) else None
+
+    async def proceed(self, session_id: str, line: str | None = None) -> Waiting:
         """Continue the session's waiting turn once (`POST /_settle/resume/{session}`): raises
-        `NotWaiting` when none waits, `Continued` when it was continued already."""
+        `NotWaiting` when none waits (saying so of `line`, the server's, when no turn waits on it),
+        `Continued` when it was continued already."""
         found = self.waiting.get(session_id)
+        if found is None and line is not None and (why := self.refusal(line)) is not None:
+            raise NotWaiting(f"no turn waits for a person here: {why}")
         resumer = self._by_line.get(found.line) if found is not None else None
         if found is not None and not isinstance(resumer, Resumer):
             raise NotWaiting(f"the {found.line} line resumes nothing here")

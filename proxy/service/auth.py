@@ -17,6 +17,7 @@ import binascii
 import hmac
 import re
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
@@ -24,9 +25,18 @@ from aiohttp.typedefs import Middleware
 from proxy.opencode.client import AUTH_TOKEN_PARAM, basic_as
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-UpstreamCheck = Callable[[web.Request], Awaitable[int | None]]
-"""The status the upstream answers the proxy's look-up without credentials with; None when it
-cannot be reached."""
+
+
+class Lookup(NamedTuple):
+    """How the upstream answered the proxy's own look-up, made with the proxy's credentials if it
+    has any: its status, or (None) why it could not be reached, when that names nothing of the
+    upstream (neither its address nor its bytes), so that a refusal may say it."""
+
+    status: int | None
+    unreachable: str | None = None
+
+
+UpstreamCheck = Callable[[web.Request], Awaitable[Lookup]]
 REALM = 'Basic realm="settle-proxy"'
 
 
@@ -51,12 +61,16 @@ class DetailsGuard:
     """Keeps what the proxy knows about itself and the server (health, metrics, orphans) from
     anyone the server itself would refuse.
 
-    With the upstream's credentials configured (`OPENCODE_SERVER_PASSWORD`), a request must
-    present them, as Basic or as `?auth_token=`; they are checked here, in constant time, and
-    never sent upstream. Without them the proxy cannot check anything: it shows its details
-    only while the upstream answers a request without credentials (a reading at most a second old,
-    the last answer standing in while the upstream cannot be reached, nothing shown before
-    its first answer). Behind `--auth` the proxy's own login, checked on every route, suffices.
+    Whom the server lets through is learnt from its answer to the proxy's own look-up (a reading at
+    most a second old, made with the proxy's credentials if it has any) or its event stream; the
+    last answer stands while the upstream cannot be reached. With the upstream's credentials
+    configured (`OPENCODE_SERVER_PASSWORD`), a request must present them, as Basic or as
+    `?auth_token=`; they are checked here, in constant time, and never sent upstream. Once the
+    server refuses them they admit no one, until it lets them through again: whoever presents them
+    would be shown what the server refuses them, and without them the server's own cannot be
+    checked. Without them the proxy cannot check anything: it shows its details only while the
+    upstream lets a request without credentials through (nothing before its first answer). Behind
+    `--auth` the proxy's own login, checked on every route, suffices.
     """
 
     def __init__(
@@ -76,15 +90,15 @@ class DetailsGuard:
         clients present, whatever user the proxy was configured with."""
         self._check = check
         self._behind_own_auth = behind_own_auth
-        self._upstream_is_open: bool | None = None
-        """Whether the upstream's last answer to a request without credentials let it through."""
+        self._lets_through: bool | None = None
+        """Whether the upstream's last answer to the proxy's own look-up (with its credentials, if
+        it has any) let it through."""
 
     def following(self) -> None:
-        """The proxy's own event stream, asked with its own credentials, was let through: without
-        credentials of its own, that is an answer of the upstream to a request without any, which
-        stands while the upstream cannot be reached (a crash before anyone asked for details)."""
-        if self._expected is None:
-            self._upstream_is_open = True
+        """The proxy's own event stream, asked with its own credentials (or none), was let through:
+        an answer of the upstream that stands while it cannot be reached (a crash before anyone
+        asked for details)."""
+        self._lets_through = True
 
     def event(self, event: object) -> None:
         """Events say nothing about who may see details."""
@@ -100,31 +114,39 @@ class DetailsGuard:
     async def _refusal(self, request: web.Request) -> web.Response | None:
         if self._behind_own_auth:
             return None
-        if self._expected is not None and self._authorization is not None:
-            expected = basic_credentials(basic_as(self._authorization, self._user())) or self._expected
-            if _presented_matches(request, expected):
-                return None
-            return _refuse(401, "unauthorized", _OTHERS if _presents_any(request) else _NONE_PRESENTED)
-        if (status := await self._check(request)) is not None:
-            self._upstream_is_open = status != web.HTTPUnauthorized.status_code
-        if self._upstream_is_open:
+        if (lookup := await self._check(request)).status is not None:
+            self._lets_through = lookup.status != web.HTTPUnauthorized.status_code
+        expected, authorization = self._expected, self._authorization
+        if self._lets_through is False:
+            return _refuse(403, "forbidden", _NOTHING_TO_CHECK if expected is None else _OWN_REFUSED)
+        if expected is None or authorization is None:
+            return None if self._lets_through else _refuse(503, "unknown", _unknown(lookup))
+        expected = basic_credentials(basic_as(authorization, self._user())) or expected
+        if _presented_matches(request, expected):
             return None
-        if self._upstream_is_open is None:
-            return _refuse(
-                503,
-                "unknown",
-                "the upstream has not answered yet: whether it requires credentials is unknown",
-            )
-        return _refuse(
-            403,
-            "forbidden",
-            "the upstream requires credentials and the proxy has none to check them against: "
-            "give it the server's in OPENCODE_SERVER_PASSWORD (on 2.x OPENCODE_PASSWORD) and "
-            "OPENCODE_SERVER_USERNAME, or log in to it with --auth",
-        )
+        if not _presents_any(request):
+            return _refuse(401, "unauthorized", _NONE_PRESENTED)
+        return _refuse(401, "unauthorized", _NOT_THE_SERVERS if self._lets_through else _OTHERS)
 
 
+def _unknown(lookup: Lookup) -> str:
+    said = "the upstream has not answered yet: whether it requires credentials is unknown"
+    return f"{said}; {lookup.unreachable}" if lookup.unreachable else said
+
+
+_NOTHING_TO_CHECK = (
+    "the upstream requires credentials and the proxy has none to check them against: give it the "
+    "server's in OPENCODE_SERVER_PASSWORD (on 2.x OPENCODE_PASSWORD) and OPENCODE_SERVER_USERNAME, "
+    "or log in to it with --auth"
+)
+_OWN_REFUSED = (
+    "the server refuses the proxy's credentials, so none are admitted here (whoever presents them "
+    "would be shown what the server refuses them, and the server's own cannot be checked): set "
+    "OPENCODE_SERVER_PASSWORD (on 2.x OPENCODE_PASSWORD) to the server's, and OPENCODE_SERVER_USERNAME "
+    "if its user is not opencode; or log in to the proxy with --auth"
+)
 _NONE_PRESENTED = "the upstream requires credentials: present the server's, as Basic or as ?auth_token="
+_NOT_THE_SERVERS = "these are not the server's credentials: present the server's, as Basic or as ?auth_token="
 _OTHERS = (
     "these are not the credentials the proxy was given for the server; if they are the server's, the "
     "proxy's are wrong: set OPENCODE_SERVER_PASSWORD (on 2.x OPENCODE_PASSWORD) and OPENCODE_SERVER_USERNAME "
@@ -178,6 +200,7 @@ __all__ = [
     "REALM",
     "DetailsGuard",
     "Handler",
+    "Lookup",
     "UpstreamCheck",
     "basic_credentials",
     "require_basic_auth",

@@ -20,14 +20,14 @@ from aiohttp import hdrs, web
 
 from proxy.opencode.client import basic_as
 from proxy.opencode.dialects import HEALTH_PATHS, route_line
-from proxy.opencode.server_line import ServerLine
+from proxy.opencode.server_line import KnownServer, ServerLine
 from proxy.opencode.surveys import OtherProcesses
 from proxy.opencode.tracker import LivenessTracker, StreamState
-from proxy.relay.errors import reason_of
+from proxy.relay.errors import NAMELESS, reason_of
 from proxy.resume.journal import Journal
 from proxy.resume.resuming import Resuming
 from proxy.resume.waiting import Continued, NotWaiting
-from proxy.service.auth import DetailsGuard, Handler
+from proxy.service.auth import DetailsGuard, Handler, Lookup
 from proxy.service.config import Settings
 from proxy.service.metrics import CONTENT_TYPE_LATEST, Metrics
 from proxy.supervision.supervisor import Supervisor
@@ -59,9 +59,13 @@ class Running(Protocol):
 PREFIX = "/_settle"
 Answer = dict[str, object]
 ANSWER_WITHIN_S = 2.5
-"""How long `up` and `health` wait on the upstream, whatever it does (one that accepts connections
-and never answers included): a health checker's own timeout is seldom longer than 3 s."""
-_SILENT = f"it did not answer within {ANSWER_WITHIN_S:g} s (busy, hung, or not an HTTP server)"
+"""How long `up` and `health` take at most to answer, whatever the upstream does (one that accepts
+connections and never answers included): a health checker's own timeout is seldom longer than 3 s."""
+WAIT_S = 2.0
+"""How long a reading waits on the upstream: one reading per request (the guard's is the one the
+route answers from), so the rest of `ANSWER_WITHIN_S` is left for what the proxy knows itself."""
+_SILENT = f"it did not answer within {WAIT_S:g} s (busy, hung, or not an HTTP server)"
+_READING = web.RequestKey("upstream reading", dict[str, object])
 
 
 class SettleRoutes:
@@ -82,7 +86,7 @@ class SettleRoutes:
         self.reading = UpstreamHealth(self._ask, server=self._server_now)
         self.guard = DetailsGuard(
             settings.authorization,
-            self._status_without_credentials,
+            self._status_of_own_lookup,
             behind_own_auth=settings.auth is not None,
             user=self._line_user,
         )
@@ -116,7 +120,7 @@ class SettleRoutes:
         state, with its program's name only: the rest of a command line may hold a secret.
         """
         settings, running = self._settings, self._running()
-        upstream = {"url": str(settings.upstream_origin)} | await self.reading.answer()
+        upstream = {"url": str(settings.upstream_origin)} | await self._reading(request)
         body = {
             "status": _status(upstream),
             "version": VERSION,
@@ -134,10 +138,10 @@ class SettleRoutes:
             body["server"] = server
         return web.json_response(body, status=200 if upstream["reachable"] else 503)
 
-    async def up(self, _: web.Request) -> web.Response:
+    async def up(self, request: web.Request) -> web.Response:
         """Up or down, and nothing else: open to anyone who reaches the port (health checkers that
         hold no password); 503 while the upstream cannot be reached."""
-        reachable = (await self.reading.answer())["reachable"]
+        reachable = (await self._reading(request))["reachable"]
         return web.json_response({"status": "up" if reachable else "down"}, status=200 if reachable else 503)
 
     async def metrics(self, _: web.Request) -> web.Response:
@@ -157,30 +161,49 @@ class SettleRoutes:
         return web.json_response({"tracked": False, "reason": reason, "orphans": []})
 
     async def resume(self, _: web.Request) -> web.Response:
-        """`GET /_settle/resume`: whether resume is on, the sessions it would consider should the
-        server die now (`running`), and its recent decisions, oldest first."""
+        """`GET /_settle/resume`: whether resume is on for the server behind the proxy (and, when
+        it is not, or no turn can wait for a Continue, why), the sessions it would consider should
+        the server die now (`running`), and its recent decisions, oldest first."""
         running = self._running()
         journal, resuming = running.journal, running.resuming
-        return web.json_response(
-            {
-                "enabled": journal.enabled,
-                "dry_run": journal.dry_run,
-                "continue": resuming is not None,
-                "running": resuming.running() if resuming is not None else [],
-                "waiting": resuming.waiting.listed() if resuming is not None else [],
-                "decisions": journal.recent(),
-            }
-        )
+        known = running.line.latest
+        refused = resuming.refusal(known.dialect.name) if resuming is not None and known is not None else None
+        body: Answer = {
+            "enabled": journal.enabled and refused is None,
+            "dry_run": journal.dry_run,
+            "continue": resuming is not None and refused is None,
+            "running": resuming.running() if resuming is not None else [],
+            "waiting": resuming.waiting.listed() if resuming is not None else [],
+            "decisions": journal.recent(),
+        }
+        if (reason := self._resume_off(resuming, refused, known)) is not None:
+            body["reason"] = reason
+        return web.json_response(body)
+
+    def _resume_off(
+        self, resuming: Resuming | None, refused: str | None, known: KnownServer | None
+    ) -> str | None:
+        """Why resume is not on, or no turn waits for a Continue; None when both are so."""
+        if resuming is None:
+            return "nothing is resumed and no turn waits: there is no state database to keep resumes in"
+        if refused is not None and known is not None:
+            return f"nothing is resumed and no turn waits on opencode {known.version}: {refused}"
+        if not self._settings.resume:
+            return "--resume is off: every interrupted turn waits for a Continue"
+        return None
 
     async def proceed(self, request: web.Request) -> web.Response:
         """`POST /_settle/resume/{session_id}`: continue the session's waiting turn, once (202); 404
-        when none waits (or the wait ended), 409 when it was continued already; each with why."""
+        when none waits (or the wait ended, or none can wait on this server), 409 when it was
+        continued already; each with why."""
         session_id = request.match_info["session_id"]
-        if (resuming := self._running().resuming) is None:
+        running = self._running()
+        if (resuming := running.resuming) is None:
             why = "no turn waits here: there is no state database to keep resumes in"
             return _refusal(404, "not_waiting", why)
+        known = running.line.latest
         try:
-            waiting = await resuming.proceed(session_id)
+            waiting = await resuming.proceed(session_id, known.dialect.name if known is not None else None)
         except NotWaiting as error:
             return _refusal(404, "not_waiting", str(error))
         except Continued as error:
@@ -193,7 +216,7 @@ class SettleRoutes:
         route of the newest line is asked, for whether the upstream answers at all."""
         settings, running = self._settings, self._running()
         line = running.line
-        deadline = asyncio.get_running_loop().time() + ANSWER_WITHIN_S
+        deadline = asyncio.get_running_loop().time() + WAIT_S
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(deadline):  # the line goes on asking, for the next reading
                 await asyncio.shield(line.known())
@@ -227,10 +250,23 @@ class SettleRoutes:
             supervisor.restarts if supervisor is not None else 0,
         )
 
-    async def _status_without_credentials(self, _: web.Request) -> int | None:
-        """The guard's check; asked only when the proxy has no credentials, so its own look-up has none."""
-        status = (await self.reading.answer()).get("status")
-        return status if isinstance(status, int) else None
+    async def _reading(self, request: web.Request) -> Answer:
+        """The upstream's health for this request: taken once, by the guard or the route, so that
+        a request waits on the upstream once at most (a reading the guard waited for the whole of
+        `WAIT_S` is too old for the next asker, and the route would wait as long again)."""
+        if (answer := request.get(_READING)) is None:
+            answer = request[_READING] = await self.reading.answer()
+        return answer
+
+    async def _status_of_own_lookup(self, request: web.Request) -> Lookup:
+        """The guard's check: how the upstream answered the proxy's own look-up, made with the
+        proxy's credentials if it has any."""
+        reading = await self._reading(request)
+        status, error = reading.get("status"), reading.get("error")
+        nameless = error if error in NAMELESS or error == _SILENT else None
+        return Lookup(
+            status if isinstance(status, int) else None, nameless if isinstance(nameless, str) else None
+        )
 
 
 class UpstreamHealth:
@@ -238,10 +274,10 @@ class UpstreamHealth:
     credentials, if any), and which server it is (`_asking`), shared by every asker: a reading at
     most `max_age_s` old is answered from, and askers that come while one is taken wait for it.
     So a health checker polling `/_settle/up` (or any `/_settle` route, which the guard checks by
-    it when the proxy has no password) as hard as it likes costs the server one request a second
-    at most. A reading is of one server: once `server()` names another (the line forgot the one
-    it knew when its stream was lost, or knows a new one), it is taken afresh, so a server that
-    has just died or restarted is never answered for from a reading of the one before."""
+    it) as hard as it likes costs the server one request a second at most. A reading is of one
+    server: once `server()` names another (the line forgot the one it knew when its stream was
+    lost, or knows a new one), it is taken afresh, so a server that has just died or restarted is
+    never answered for from a reading of the one before."""
 
     def __init__(
         self,

@@ -206,3 +206,48 @@ def test_a_proxy_without_the_password_names_the_fix_once(guarded: Guarded, tmp_p
         process.stop()
     assert len(said) == 1, said
     assert " WARNING " in said[0]
+
+
+def test_a_proxy_given_a_wrong_password_admits_no_one_to_its_details(
+    guarded: Guarded, tmp_path: Path
+) -> None:
+    """1.18.33 refuses the proxy's credentials: whoever presents them is refused what the server
+    refuses them, and the server's own cannot be checked without them, so no one is admitted, and
+    every refusal says it is the proxy's password that is wrong."""
+    process = ProxyProcess(
+        guarded.server.origin, tmp_path / "proxy.log", environment={"OPENCODE_SERVER_PASSWORD": "wrong"}
+    )
+    routes = (*SETTLE_ROUTES, "/_settle/resume")
+    try:
+        process.start()
+        poll(
+            lambda: True if "the server refused the password presented" in process.log() else None,
+            what="the proxy learnt that the server refuses its password",
+            timeout=_EVENTS_TIMEOUT_S,
+        )
+        direct = request(
+            "GET", with_credentials(guarded.server.origin, "opencode", "wrong") + "/global/health"
+        )
+        replies = [
+            request("GET", base + route)
+            for route in routes
+            for base in (
+                with_credentials(process.url, "opencode", "wrong"),
+                with_credentials(process.url, "opencode", PASSWORD),
+                process.url,
+            )
+        ]
+        replies.append(request("GET", f"{process.url}/_settle/health?auth_token={_WRONG_TOKEN}"))
+        replies.append(
+            request("POST", with_credentials(process.url, "opencode", "wrong") + "/_settle/resume/ses_x")
+        )
+        probe = request("GET", process.url + "/_settle/up")
+    finally:
+        process.stop()
+    assert direct.status == 401, "premise: the server refuses the proxy's password"
+    assert [reply.status for reply in replies] == [403] * len(replies)
+    for reply in replies:
+        said = reply.json()
+        assert set(said) == {"error", "message"}, reply.body[:300]
+        assert said["message"].startswith("the server refuses the proxy's credentials"), said
+    assert (probe.status, probe.json()) == (200, {"status": "up"})

@@ -229,6 +229,32 @@ async def test_health_names_the_2x_server_and_its_stream_is_followed(
         assert proxy_health(proxy, server_2x)["liveness"]["source"] == "events"
 
 
+async def test_a_proxy_given_a_wrong_password_admits_no_one_to_its_details(
+    server_2x: Server2x, tmp_path: Path
+) -> None:
+    """The server refuses the proxy's credentials: no one is shown the details, neither whoever
+    presents the proxy's (the server refuses them) nor whoever presents the server's (the proxy
+    cannot check them), and each refusal says the proxy's password is the wrong one."""
+    proxy = ProxyProcess(server_2x.url, tmp_path / "proxy.log", environment={"OPENCODE_PASSWORD": "wrong"})
+    await asyncio.to_thread(proxy.start)
+    try:
+        await until_logged(proxy, "the server refused the password presented")
+        bases = [with_credentials(proxy.url, "opencode", p) for p in ("wrong", server_2x.password)] + [
+            proxy.url
+        ]
+        replies = [
+            await asyncio.to_thread(request, "GET", base + route)
+            for base in bases
+            for route in ("/_settle/health", "/_settle/orphans", "/_settle/resume", "/_settle/metrics")
+        ]
+    finally:
+        await asyncio.to_thread(proxy.stop)
+    assert [reply.status for reply in replies] == [403] * len(replies)
+    assert all(
+        reply.json()["message"].startswith("the server refuses the proxy's credentials") for reply in replies
+    )
+
+
 def proxy_health(proxy: ProxyProcess, server: Server2x) -> dict[str, Any]:
     """The proxy's `/_settle/health` (200 or 503: either says what it knows)."""
     reply = request("GET", f"{proxy.url}/_settle/health", headers=server.headers, timeout=10)

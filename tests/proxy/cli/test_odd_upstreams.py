@@ -1,5 +1,5 @@
-"""Upstreams that are not opencode, as users meet them: a port that speaks another protocol (SSH)
-and one that accepts and never answers. The proxy says what it is, within a bound, and never
+"""Upstreams that are not opencode, as users meet them: a port that speaks another protocol (SSH),
+one that accepts and never answers, and opencode's plain HTTP at an https:// address. The proxy says what it is, within a bound, and never
 repeats the stranger's bytes."""
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp.test_utils import TestServer
 from yarl import URL
 
+from proxy.relay.errors import PLAIN_HTTP
 from proxy.service.config import basic_authorization
 from tests.fixtures.stale_db import build_stale_db
 from tests.proxy.conftest import proxy_process
+from tests.proxy.fake_opencode import FakeOpencode
 
 BANNER = b"SSH-2.0-OpenSSH_9.2\r\n"
 PASSWORD = {**os.environ, "OPENCODE_SERVER_PASSWORD": "pw"}
@@ -90,8 +93,8 @@ async def silent_server() -> AsyncIterator[URL]:
 
 
 async def test_up_and_health_answer_within_3_s_for_an_upstream_that_never_answers(tmp_path: Path) -> None:
-    """The proxy waits 2.5 s at most (it was 16 to 19 s); the bound here only keeps a regression
-    from hanging the test, with room for a loaded machine."""
+    """The proxy waits 2 s at most on the upstream, to answer within 2.5 s (it was 16 to 19 s); the
+    bound here only keeps a regression from hanging the test, with room for a loaded machine."""
     async with (
         silent_server() as silent,
         proxy_process(silent, tmp_path / "proxy.log", env=PASSWORD) as proxy,
@@ -106,7 +109,7 @@ async def test_up_and_health_answer_within_3_s_for_an_upstream_that_never_answer
             else:
                 assert said["status"] == "upstream unreachable"
                 assert said["upstream"]["error"] == (
-                    "it did not answer within 2.5 s (busy, hung, or not an HTTP server)"
+                    "it did not answer within 2 s (busy, hung, or not an HTTP server)"
                 )
 
 
@@ -166,3 +169,29 @@ async def test_settle_interrupted_while_it_waits_is_one_line_and_exit_130(tmp_pa
         "settle-proxy settle: interrupted: sessions settled stay so, the rest is as it was"
     ]
     assert database.read_bytes() == before
+
+
+@pytest.mark.parametrize("environment", [PASSWORD, None], ids=["password", "no-password"])
+async def test_an_https_upstream_that_speaks_plain_http_is_told_to_use_http(
+    fake: FakeOpencode, upstream: TestServer, tmp_path: Path, environment: dict[str, str] | None
+) -> None:
+    """OpenSSL reads the plain answer as a TLS record of an unknown version (`WRONG_VERSION_NUMBER`):
+    the log, a forwarded request's 502 and health name the fix, the same address with http://."""
+    https = URL(f"https://127.0.0.1:{upstream.port}")
+    env = environment or {k: v for k, v in os.environ.items() if not k.startswith("OPENCODE_")}
+    log_path = tmp_path / "proxy.log"
+    async with (
+        proxy_process(https, log_path, env=env) as proxy,
+        aiohttp.ClientSession(headers=LOGIN if environment else {}) as client,
+    ):
+        async with client.get(proxy.with_path("/session")) as response:
+            assert response.status == 502
+            forwarded = (await response.json())["message"]
+        async with client.get(proxy.with_path("/_settle/health")) as response:
+            assert response.status == 503
+            health = await response.json()
+    assert forwarded == f"upstream {https} is unreachable: {PLAIN_HTTP}"
+    said = health["upstream"]["error"] if environment else health["message"]
+    assert said.endswith(PLAIN_HTTP)
+    assert "same address with http://, not https://" in said
+    assert f"it cannot be reached: {PLAIN_HTTP}" in log_path.read_text()

@@ -4,6 +4,7 @@ server's password is not told to present it."""
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from tests.proxy.fake_opencode import FakeOpencode
 
 FIX = "OPENCODE_SERVER_PASSWORD (on 2.x OPENCODE_PASSWORD) to the server's"
 SERVERS = {"Authorization": basic_authorization("opencode", "s3cret")}
+WRONG = base64.b64encode(b"opencode:wrong").decode()
+ROUTES = ("/_settle/health", "/_settle/orphans", "/_settle/resume", "/_settle/metrics")
 
 
 async def health(proxy_health: str, headers: dict[str, str]) -> tuple[int, dict[str, object]]:
@@ -47,24 +50,27 @@ async def test_no_password_names_the_fix_once_in_the_log_and_in_health(
     assert "WARNING" in line
 
 
-async def test_a_wrong_password_names_the_fix_and_a_client_with_the_servers_is_told_the_proxys_is_wrong(
+async def test_a_wrong_password_names_the_fix_and_admits_no_one_to_the_details(
     fake: FakeOpencode, upstream: TestServer, tmp_path: Path
 ) -> None:
+    """The server refuses the proxy's credentials: a client presenting them would be shown what
+    the server refuses it, and the server's own cannot be checked, so all are refused, with why."""
     fake.password = "s3cret"
     log = tmp_path / "proxy.log"
     env = {**os.environ, "OPENCODE_SERVER_PASSWORD": "wrong"}
+    presented = [SERVERS, {"Authorization": basic_authorization("opencode", "wrong")}, {}]
     async with proxy_process(upstream, log, env=env) as proxy:
-        for _ in range(3):
-            status, said = await health(str(proxy.with_path("/_settle/health")), SERVERS)
-        assert status == 401
-        message = str(said["message"])
-        assert "present" not in message
-        assert "if they are the server's, the proxy's are wrong: set OPENCODE_SERVER_PASSWORD" in message
-        status, said = await health(str(proxy.with_path("/_settle/health")), {})
-        assert (status, said["message"]) == (
-            401,
-            "the upstream requires credentials: present the server's, as Basic or as ?auth_token=",
+        answers = [
+            await health(str(proxy.with_path(route)), headers) for headers in presented for route in ROUTES
+        ]
+        orphans_token = await health(
+            str(proxy.with_path("/_settle/orphans").with_query(auth_token=WRONG)), {}
         )
+    for status, said in [*answers, orphans_token]:
+        assert status == 403, said
+        assert set(said) == {"error", "message"}
+        assert str(said["message"]).startswith("the server refuses the proxy's credentials")
+        assert "set " + FIX in str(said["message"])
     (line,) = fix_lines(log)
     assert "the server refused the password presented: set " + FIX in line
 

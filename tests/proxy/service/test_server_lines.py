@@ -203,8 +203,8 @@ async def test_resume_on_1_18_without_write_back_says_what_to_add_and_skips_each
     server (not again for the same server after a restart), and each turn the crash interrupted
     gets one decision line, never a prompt."""
     add_a_writer = (
-        "on the 1.18 line a settlement is durable only through a write-back, and a turn is resumed only "
-        "after a durable settlement: add `--write-back api` or `--write-back db`"
+        "on the 1.18 line a settlement is durable only through a write-back, and a turn is resumed, or "
+        "waits for a Continue, only after a durable settlement: add `--write-back api` or `--write-back db`"
     )
     proxy = await start(resume=True, state_db=tmp_path / "s.db")
     await following(proxy)

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer, make_mocked_request
 from yarl import URL
 
 from proxy.service.app import ASSEMBLY, create_app
-from proxy.service.auth import DetailsGuard
+from proxy.service.auth import DetailsGuard, Lookup
 from proxy.service.config import Settings, basic_authorization
 from proxy.supervision.server_command import free_loopback_port
 from tests.proxy.conftest import ProxyClient
@@ -208,8 +208,8 @@ async def test_an_upstream_that_let_the_proxys_own_stream_through_keeps_details_
     """The proxy followed the upstream's events without credentials, then the upstream went away
     before anyone asked for details (a crash): that answer stands, as an answer to a look-up would."""
 
-    async def unreachable(_: web.Request) -> int | None:
-        return None
+    async def unreachable(_: web.Request) -> Lookup:
+        return Lookup(None, "it cannot be reached")
 
     async def details(_: web.Request) -> web.Response:
         return web.json_response({"upstream": {"reachable": False}}, status=503)
@@ -225,8 +225,8 @@ async def test_an_upstream_that_let_the_proxys_own_stream_through_keeps_details_
 
 
 async def test_a_proxy_given_the_password_still_checks_it_after_following() -> None:
-    async def unreachable(_: web.Request) -> int | None:
-        return None
+    async def unreachable(_: web.Request) -> Lookup:
+        return Lookup(None, "it cannot be reached")
 
     guard = DetailsGuard(GOOD, unreachable, behind_own_auth=False)
     guard.following()
@@ -237,3 +237,90 @@ async def test_a_proxy_given_the_password_still_checks_it_after_following() -> N
 
 async def _never_called(_: web.Request) -> web.StreamResponse:
     raise AssertionError("a refused request reached its handler")
+
+
+@pytest.fixture
+async def mistaken(fake: FakeOpencode, upstream: TestServer, aiohttp_client: ClientFactory) -> ProxyClient:
+    """The upstream wants a password, and the proxy was given a wrong one."""
+    fake.password = PASSWORD
+    return await aiohttp_client(
+        create_app(_proxy_settings(upstream, basic_authorization("opencode", "wrong")))
+    )
+
+
+async def _refused_for_the_proxys_credentials(
+    proxy: ProxyClient, method: str, path: str, presented: Presented
+) -> None:
+    headers, params = presented
+    response = await proxy.request(method, path, headers=headers, params=params)
+    assert response.status == 403, (method, path, presented)
+    if method == "HEAD":
+        return
+    said = await response.json()
+    assert said["error"] == "forbidden"
+    assert said["message"].startswith("the server refuses the proxy's credentials, so none are admitted here")
+    assert "OPENCODE_SERVER_PASSWORD (on 2.x OPENCODE_PASSWORD) to the server's" in said["message"]
+
+
+async def test_a_wrong_password_of_the_proxys_admits_no_one_to_any_route(mistaken: ProxyClient) -> None:
+    """Whoever presents the proxy's credentials would be shown what the server refuses them, and
+    without the server's own password the proxy cannot check anyone's: every route but the probe
+    refuses everyone, saying why."""
+    wrong_token = base64.b64encode(b"opencode:wrong").decode()
+    proxys: list[Presented] = [
+        ({"Authorization": basic_authorization("opencode", "wrong")}, {}),
+        ({}, {"auth_token": wrong_token}),
+    ]
+    for method, path in _settle_routes(mistaken.app):
+        if path == "/_settle/up":
+            continue
+        for presented in [*proxys, *RIGHT, NONE]:
+            await _refused_for_the_proxys_credentials(mistaken, method, path, presented)
+    await _probe_says_up(mistaken)
+
+
+async def test_the_proxys_credentials_admit_again_once_the_server_lets_them_through(
+    fake: FakeOpencode, knowing: ProxyClient
+) -> None:
+    """The server's password changed under the proxy (a restart with another), and back."""
+    right = {"Authorization": GOOD}
+    assert (await knowing.get("/_settle/metrics", headers=right)).status == 200
+    fake.password = "another"
+    a_second_later(knowing.app)
+    await _refused_for_the_proxys_credentials(knowing, "GET", "/_settle/metrics", (right, {}))
+    fake.password = PASSWORD
+    a_second_later(knowing.app)
+    assert (await knowing.get("/_settle/metrics", headers=right)).status == 200
+
+
+async def test_credentials_other_than_those_the_server_let_through_are_not_the_servers(
+    knowing: ProxyClient,
+) -> None:
+    assert (await knowing.get("/_settle/health", headers={"Authorization": GOOD})).status == 200
+    response = await knowing.get("/_settle/health", headers=WRONG[0][0])
+    assert response.status == 401
+    assert (await response.json())["message"] == (
+        "these are not the server's credentials: present the server's, as Basic or as ?auth_token="
+    )
+
+
+async def test_a_proxy_given_a_password_checks_it_before_the_upstream_ever_answered() -> None:
+    """Not known yet whether the server takes them: the proxy's credentials admit (health then
+    says why the upstream cannot be reached), anything else is refused, saying the proxy's may be
+    the wrong ones."""
+
+    async def unreachable(_: web.Request) -> Lookup:
+        return Lookup(None)
+
+    async def details(_: web.Request) -> web.Response:
+        return web.json_response({"upstream": {"reachable": False}}, status=503)
+
+    guard = DetailsGuard(GOOD, unreachable, behind_own_auth=False)
+    admitted = await guard.guard(details)(
+        make_mocked_request("GET", "/_settle/health", headers={"Authorization": GOOD})
+    )
+    assert admitted.status == 503
+    wrong = make_mocked_request("GET", "/_settle/health", headers=WRONG[0][0])
+    refused = await guard.guard(_never_called)(wrong)
+    assert refused.status == 401
+    assert b"if they are the server's, the proxy's are wrong" in refused.body  # type: ignore[attr-defined]
