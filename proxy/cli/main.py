@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
+from proxy.cli import demo as demo_command
 from proxy.cli import offline
 from proxy.cli import orphans as orphans_command
 from proxy.cli import run as run_command
@@ -31,12 +32,13 @@ from proxy.writeback.database import NotOpencodeDatabase
 
 log = logging.getLogger("proxy")
 
-COMMANDS = ("serve", "run", "settle", "orphans")
+COMMANDS = ("serve", "run", "settle", "orphans", "demo")
 """The words that select a command; `serve`, the proxy itself, is also what none selects."""
 USAGE = """%(prog)s [serve] [options]
        %(prog)s run [options] -- opencode serve [server options]
        %(prog)s settle [options]
-       %(prog)s orphans [options]"""
+       %(prog)s orphans [options]
+       %(prog)s demo [--opencode PATH]"""
 
 
 def proxy_parser() -> argparse.ArgumentParser:
@@ -51,6 +53,7 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "run": run_command.build_run_parser,
     "settle": offline.build_parser,
     "orphans": orphans_command.build_parser,
+    "demo": demo_command.build_parser,
 }
 """The parser of each command, by the word that selects it (none for the proxy itself)."""
 
@@ -148,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if arguments[:1] == ["orphans"]:
         orphans_command.main(arguments[1:])
+        return
+    if arguments[:1] == ["demo"]:
+        demo_command.main(arguments[1:])
         return
     if arguments[:1] == ["run"]:
         args, settings, supervisor = run_command.parse(arguments[1:])
