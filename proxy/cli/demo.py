@@ -14,17 +14,16 @@ import argparse
 import asyncio
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from enum import IntEnum
-from pathlib import Path
 from typing import NoReturn
 
 from proxy.cli.arguments import OneLineParser
 from proxy.cli.options import Environ
 from proxy.demo.client import Failed
 from proxy.demo.lines import line_of
+from proxy.demo.processes import version_of
 from proxy.demo.report import report
 from proxy.demo.scene import Installed, play
 from proxy.supervision.server_command import unstartable
@@ -33,7 +32,6 @@ PROG = "settle-proxy demo"
 INSTALL = (
     "install it with `npm i -g opencode-ai` (1.x) or `npm i -g @opencode/cli` (2.x), or give --opencode PATH"
 )
-VERSION_WITHIN_S = 30.0
 
 
 class Exit(IntEnum):
@@ -83,23 +81,12 @@ def _installed(given: str | None) -> Installed:
         _refuse(f"opencode is not on PATH: {INSTALL}")
     if (why := unstartable(program)) is not None:
         _refuse(why)
-    program = shutil.which(program) or program if os.sep not in program else str(Path(program).resolve())
-    try:
-        answer = subprocess.run(
-            [program, "--version"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=VERSION_WITHIN_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        _refuse(f"{program} --version: {error}")
-    version = answer.stdout.strip().removeprefix("opencode").strip().removeprefix("v")
-    line = line_of(version) if answer.returncode == 0 else None
-    if line is None:
-        _refuse(f"{program} --version printed {answer.stdout.strip()[:80]!r}: not an opencode 1.x or 2.x")
-    return Installed(program, version, line)
+    program = shutil.which(program) or program if os.sep not in program else os.path.abspath(program)
+    printed = version_of(program) or ""
+    if (found := line_of(printed)) is None:
+        first = printed.splitlines()[0][:80] if printed else ""
+        _refuse(f"{program} --version printed {first!r}: not an opencode 1.x or 2.x")
+    return Installed(program, found[1], found[0])
 
 
 def _say(step: str) -> None:

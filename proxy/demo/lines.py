@@ -21,7 +21,7 @@ from proxy.opencode.vocabulary import API_CALL_STARTED, API_TOOL_FAILED, PART_UP
 COMMAND = "echo settle-proxy demo && sleep 600"
 """What the call runs: long enough to outlive the demo, which ends it."""
 PROMPT = "run the demo command"
-_VERSION = re.compile(r"\b(\d+)\.(\d+)\.(\d+)\b")
+_VERSION = re.compile(r"(?:opencode )?v?((\d+)\.\d+\.\d+\S*)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,11 +209,13 @@ class Line2x(Line):
         return Plan(tool=self.tool, arguments={"command": COMMAND, "timeout": 0})
 
 
-def line_of(version: str) -> Line | None:
-    """The line `opencode --version` names (`1.18.33`, `opencode v2.1.2`); None for another."""
-    found = _VERSION.search(version)
-    major = int(found.group(1)) if found else None
-    return Line1x() if major == 1 else Line2x() if major == 2 else None
+def line_of(printed: str) -> tuple[Line, str] | None:
+    """The line and version `opencode --version` printed (`1.18.33`, `opencode v2.1.2`); None for
+    anything else."""
+    found = _VERSION.fullmatch(printed.strip())
+    major = int(found.group(2)) if found else None
+    line = Line1x() if major == 1 else Line2x() if major == 2 else None
+    return None if line is None or found is None else (line, found.group(1))
 
 
 def _directory(project: Path) -> dict[str, str]:

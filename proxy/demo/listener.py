@@ -14,6 +14,9 @@ import orjson
 from proxy.demo.client import EVERY_S, Client
 from proxy.demo.lines import Call, Line
 
+ANSWER_S = 5.0
+_UNTIMED = aiohttp.ClientTimeout(total=None)
+
 
 class Listener:
     """One subscriber to `origin`'s event stream of `line`."""
@@ -50,9 +53,12 @@ class Listener:
             await asyncio.sleep(EVERY_S)
 
     async def _read(self) -> None:
+        """One stream, read to its end. Its answer is timed (a 1.18.33 that has just opened its port
+        can take a stream and answer nothing for 40 s), its events never: quiet is normal there."""
         headers = {"Accept": "text/event-stream"}
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0)
-        async with self._client.http.get(self._url, headers=headers, timeout=timeout) as stream:
+        async with asyncio.timeout(ANSWER_S):
+            stream = await self._client.http.get(self._url, headers=headers, timeout=_UNTIMED)
+        async with stream:
             if stream.status != 200:
                 return
             self.connections += 1

@@ -14,7 +14,9 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -26,22 +28,44 @@ from proxy.system.procfs import pids, stat
 READY_S = 180.0
 """A first 1.x start npm-installs its plugin (about 64 MB) before it answers."""
 STOP_S = 10.0
+VERSION_WITHIN_S = 30.0
 _PASSWORD = ("OPENCODE_PASSWORD", "OPENCODE_SERVER_PASSWORD")
 
 
 def environment(root: Path, password: str) -> dict[str, str]:
-    """This environment without opencode's or the proxy's own variables, with XDG directories under
-    `root` (no config, data or plugin of the user's is read or written), no auto-update, and the
-    password under both its names (2.x reads the first, 1.x the second)."""
+    """This environment without opencode's or the proxy's own variables, with XDG directories and a
+    temporary directory under `root` (nothing of the user's is read, nothing is left behind: opencode
+    writes a log and its runtime's files even for `--version`), no auto-update, and the password
+    under both its names (2.x reads the first, 1.x the second)."""
     kept = {
         name: value
         for name, value in os.environ.items()
-        if not name.startswith(("OPENCODE", "SETTLE_", "XDG_"))
+        if not name.startswith(("OPENCODE", "SETTLE_", "XDG_")) and name != "TMPDIR"
     }
     xdg = {
         f"XDG_{name}_HOME": str(root / "xdg" / name.lower()) for name in ("CONFIG", "DATA", "STATE", "CACHE")
     }
-    return kept | xdg | {"OPENCODE_DISABLE_AUTOUPDATE": "1"} | dict.fromkeys(_PASSWORD, password)
+    (root / "tmp").mkdir(parents=True, exist_ok=True)
+    own = {"TMPDIR": str(root / "tmp"), "OPENCODE_DISABLE_AUTOUPDATE": "1"}
+    return kept | xdg | own | dict.fromkeys(_PASSWORD, password)
+
+
+def version_of(program: str) -> str | None:
+    """What `program --version` prints, run in directories of its own; None when it fails."""
+    with tempfile.TemporaryDirectory(prefix="settle-proxy-demo-") as directory:
+        try:
+            answer = subprocess.run(
+                [program, "--version"],
+                env=environment(Path(directory), ""),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=VERSION_WITHIN_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+    return answer.stdout.strip() if answer.returncode == 0 else None
 
 
 class Child:
@@ -118,11 +142,15 @@ class Opencode:
         except Failed as error:
             raise Failed(f"{error}; its last lines:\n{self._child.tail()}") from None
 
+    def apart(self) -> list[tuple[int, int]]:
+        """(pid, start time) of each process below the server in a group of its own: its tools'."""
+        if (server := self._child.pid) is None:
+            return []
+        return [(pid, started) for pid, (group, started) in _below(server).items() if group != server]
+
     async def crash(self) -> None:
         """SIGKILL the server's process group; what runs in other groups below it lives on."""
-        if (server := self._child.pid) is not None:
-            below = _below(server)
-            self.left_behind += [(pid, started) for pid, (group, started) in below.items() if group != server]
+        self.left_behind += self.apart()
         await self._child.signal_group(signal.SIGKILL)
 
     async def stop(self) -> None:

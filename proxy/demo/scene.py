@@ -147,8 +147,8 @@ class Turn:
 async def _running_call(
     client: Client, opencode: Opencode, listeners: tuple[Listener, ...]
 ) -> tuple[Turn, Call]:
-    """Start the turn directly, and return its call once the server shows it running and the
-    proxy's stream has carried that (the proxy then knows the call open)."""
+    """Start the turn directly, and return its call once the server shows it running, the proxy's
+    stream has carried that (the proxy then knows the call open), and its process runs."""
     line, project = opencode.line, opencode.project
     session = line.session_id(await client.answered(opencode.origin, line.new_session(project)))
     turn = Turn(line, project, session)
@@ -156,8 +156,9 @@ async def _running_call(
 
     async def running() -> Call | None:
         call = await turn.call(client, opencode.origin)
-        heard = call is not None and listeners[1].last_word(call.id) is not None
-        return call if call is not None and call.status == TOOL_RUNNING and heard else None
+        if call is None or call.status != TOOL_RUNNING or listeners[1].last_word(call.id) is None:
+            return None
+        return call if opencode.apart() else None
 
     return turn, await until(running, what=f"the `{line.tool}` call running", within=RUN_S)
 
