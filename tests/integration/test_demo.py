@@ -8,6 +8,7 @@ neither the servers and the proxy nor the call's `sleep`, which the crash left r
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -77,5 +78,35 @@ def test_the_demo_shows_the_call_running_directly_and_interrupted_through_the_pr
     assert stream[proxied_at:] == INTERRUPTED[version]
     assert f"opencode {version}, its " in result.stdout
     assert "The crash left 1 process running" in " ".join(result.stdout.split())
+    assert _working_in(tmp_path) == []
+    assert list(temporary.iterdir()) == []
+
+
+@pytest.mark.parametrize("step", ["starting opencode", "the model calls", "starting opencode again"])
+def test_ctrl_c_at_any_step_stops_everything_it_started(step: str, tmp_path: Path) -> None:
+    """SIGINT once a step has begun (2.1.2, the faster to start): one line, exit 130, nothing left."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("OPENCODE")}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "demo", "--opencode", str(_binary("2.1.2"))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        env=environment | {"TMPDIR": str(temporary)},
+    )
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            if line.startswith(step):
+                break
+        demo.send_signal(signal.SIGINT)
+        out, err = demo.communicate(timeout=DEMO_S)
+    finally:
+        demo.kill()
+        demo.wait()
+    assert demo.returncode == 130, out + err
+    assert err.splitlines() == ["settle-proxy demo: interrupted; everything it started is stopped"]
     assert _working_in(tmp_path) == []
     assert list(temporary.iterdir()) == []
