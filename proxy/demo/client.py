@@ -43,20 +43,24 @@ class Client:
         await self._http.close()
 
     async def ask(self, origin: str, request: Request, *, within: float = ASK_S) -> tuple[int, Any]:
-        """The status and the parsed answer (None when it is not JSON) of one request."""
-        async with self._http.request(
-            request.method,
-            origin + request.path,
-            json=request.body,
-            params=request.params,
-            headers=request.headers,
-            timeout=aiohttp.ClientTimeout(total=within),
-        ) as answer:
-            body = await answer.read()
-            try:
-                return answer.status, orjson.loads(body) if body else None
-            except orjson.JSONDecodeError:
-                return answer.status, None
+        """The status and the parsed answer (None when it is not JSON) of one request; `Failed`
+        when none comes in time."""
+        try:
+            async with self._http.request(
+                request.method,
+                origin + request.path,
+                json=request.body,
+                params=request.params,
+                headers=request.headers,
+                timeout=aiohttp.ClientTimeout(total=within),
+            ) as answer:
+                status, body = answer.status, await answer.read()
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise Failed(f"{request.method} {request.path}: {error or type(error).__name__}") from None
+        try:
+            return status, orjson.loads(body) if body else None
+        except orjson.JSONDecodeError:
+            return status, None
 
     async def answered(self, origin: str, request: Request) -> Any:
         """The answer of a request that must succeed."""
@@ -69,7 +73,7 @@ class Client:
         """Whether the request is answered 200 in time (not yet, when the server is not up)."""
         try:
             status, _ = await self.ask(origin, request)
-        except (aiohttp.ClientError, TimeoutError):
+        except Failed:
             return False
         return status == 200
 

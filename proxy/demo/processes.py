@@ -192,7 +192,7 @@ class Proxy:
             raise Failed("the proxy exited")
         try:
             status, health = await client.ask(self.origin, Request("GET", "/_settle/health"), within=5.0)
-        except (OSError, TimeoutError):
+        except Failed:
             return None
         following = status == 200 and health["liveness"]["event_stream"] == "following"
         return True if following else None

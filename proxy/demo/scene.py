@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 
-from proxy.demo.client import Client, until
+from proxy.demo.client import Client, Failed, until
 from proxy.demo.lines import PROMPT, Call, Line
 from proxy.demo.listener import Listener
 from proxy.demo.model import MockModel
@@ -164,7 +164,11 @@ async def _running_call(
 
 
 async def _settled(client: Client, origin: str, turn: Turn) -> Call | None:
-    call = await turn.call(client, origin)
+    """The call once `origin` shows it settled (a proxy whose upstream is not back yet answers 502)."""
+    try:
+        call = await turn.call(client, origin)
+    except Failed:
+        return None
     return call if call is not None and call.status != TOOL_RUNNING else None
 
 
