@@ -44,7 +44,7 @@ from bench.targets import (
     start_proxy,
     start_relay,
 )
-from tests.integration.mock_model import MockModel
+from proxy.demo.model import MockModel
 from tests.integration.opencode_server import running_opencode
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.demo.model import MockModel, Plan
 from tests.integration.http_client import Reply, request
-from tests.integration.mock_model import MockModel, Plan
 from tests.integration.opencode_server import OpencodeServer
 from tests.integration.polling import poll
 from tests.integration.turns import (

@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 
 from bench.procs import status_kib
-from tests.integration.mock_model import MockModel
+from proxy.demo.model import MockModel
 from tests.integration.opencode_server import OpencodeServer, running_opencode
 from tests.integration.polling import poll
 from tests.integration.soak import OPTIONS, Killer, play, round_plan, start_turns

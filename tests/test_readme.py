@@ -26,6 +26,9 @@ from yarl import URL
 from proxy import Settings
 from proxy.cli import run as run_command
 from proxy.cli.commands import PARSERS
+from proxy.demo.lines import Call, Line1x
+from proxy.demo.report import report
+from proxy.demo.scene import Installed, Outcome, Seen
 from proxy.service.app import create_app
 from proxy.supervision.server_command import free_loopback_port
 from tests.fixtures import load
@@ -245,3 +248,27 @@ async def test_up_says_down_with_a_503_while_the_server_cannot_be_reached(
     answer = await proxy.get("/_settle/up")
     assert answer.status == 503
     assert await answer.json() == {"status": "down"}
+
+
+def test_the_demo_output_shown_is_what_the_demo_prints() -> None:
+    """Every ```console block of the demo's (the README's, the docs') is lines the demo's report
+    prints for a 1.18.33 call shown running directly and aborted through the proxy."""
+    running, aborted = Call("prt_1", "running"), Call("prt_1", "error", "Tool execution aborted")
+    printed = report(
+        Outcome(
+            Installed("opencode", "1.18.33", Line1x()),
+            directly=Seen(view=running, told=None, before=running),
+            proxied=Seen(view=aborted, told=aborted, before=running),
+            left_behind=1,
+        )
+    ).splitlines()
+    shown = [
+        (page, block.strip("\n").splitlines())
+        for page, text in PAGES.items()
+        for block in blocks("console", text)
+        if "through settle-proxy" in block
+    ]
+    assert {page for page, _ in shown} >= {"README.md", "docs/index.md"}
+    for page, lines in shown:
+        start = printed.index(lines[0])
+        assert printed[start : start + len(lines)] == lines, page

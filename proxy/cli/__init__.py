@@ -1,1 +1,1 @@
-"""The command line: `serve`, `run`, the offline `settle` and `orphans` commands."""
+"""The command line: `serve`, `run`, the offline `settle` and `orphans` commands, and `demo`."""

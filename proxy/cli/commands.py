@@ -1,4 +1,4 @@
-"""The command words and what each runs: `serve` (or none), `run`, `settle`, `orphans`.
+"""The command words and what each runs: `serve` (or none), `run`, `settle`, `orphans`, `demo`.
 
 A command's modules are imported when it runs, and a parser's when it parses: `--help`,
 `--version` and a usage error load no more than the parser they ask (`main` explains the
@@ -16,12 +16,13 @@ from proxy.cli.options import build_parser, settings_from
 
 # The imports inside functions below are each command's: loaded only when it runs (PLC0415).
 
-COMMANDS = ("serve", "run", "settle", "orphans")
+COMMANDS = ("serve", "run", "settle", "orphans", "demo")
 """The words that select a command; `serve`, the proxy itself, is also what none selects."""
 USAGE = """%(prog)s [serve] [options]
        %(prog)s run [options] -- opencode serve [server options]
        %(prog)s settle [options]
-       %(prog)s orphans [options]"""
+       %(prog)s orphans [options]
+       %(prog)s demo [--opencode PATH]"""
 
 
 def proxy_parser() -> argparse.ArgumentParser:
@@ -49,11 +50,18 @@ def orphans_parser() -> argparse.ArgumentParser:
     return orphans.build_parser()
 
 
+def demo_parser() -> argparse.ArgumentParser:
+    from proxy.cli import demo  # noqa: PLC0415
+
+    return demo.build_parser()
+
+
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "": proxy_parser,
     "run": run_parser,
     "settle": settle_parser,
     "orphans": orphans_parser,
+    "demo": demo_parser,
 }
 """The parser of each command, by the word that selects it (none for the proxy itself)."""
 
@@ -85,6 +93,12 @@ def run_command(arguments: list[str]) -> None:
 
         signal.signal(signal.SIGINT, signal.default_int_handler)
         orphans.main(arguments[1:])
+        return
+    if arguments[:1] == ["demo"]:
+        from proxy.cli import demo  # noqa: PLC0415
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        demo.main(arguments[1:])
         return
     if arguments[:1] == ["run"]:
         from proxy.cli import run  # noqa: PLC0415

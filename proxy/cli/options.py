@@ -46,7 +46,8 @@ upstream refused that client.
 `settle-proxy settle --help` describes the offline command, which settles opencode.db
 directly while no server runs on it; `settle-proxy run --help` the supervising form, which
 starts the server itself: `settle-proxy run [options] -- opencode serve [server options]`;
-`settle-proxy orphans --help` lists (or ends) the processes a dead server left running.
+`settle-proxy orphans --help` lists (or ends) the processes a dead server left running;
+`settle-proxy demo --help` shows the fix in a minute, with the opencode installed here.
 """
 
 

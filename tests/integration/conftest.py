@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from .mock_model import MockModel
+from proxy.demo.model import MockModel
+
 from .opencode_server import OpencodeServer, running_opencode
 from .proxy_process import ProxyProcess
 

@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from proxy.demo.model import MockModel, Plan
+
 from .event_tap import EventTap
-from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer
 from .polling import poll
 from .proxy_process import ProxyProcess

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from proxy.demo.model import MockModel, Plan
+
 from .http_client import request
-from .mock_model import MockModel, Plan
 from .opencode_server import directory_header
 from .polling import poll
 from .turns import Runtime, Turn, read_messages, start_turn

@@ -9,10 +9,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from proxy.demo.model import MockModel, Plan, RecordedRequest
 from proxy.resume.text import resume_text
 
 from .http_client import request as http_request
-from .mock_model import MockModel, Plan, RecordedRequest
 from .opencode_server import OpencodeServer, directory_header
 from .polling import poll
 from .proxy_process import ProxyProcess

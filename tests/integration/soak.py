@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, TypeVar
 
+from proxy.demo.model import MockModel, Plan
 from proxy.supervision.supervisor import RESTARTS_PER_WINDOW, WINDOW_S
 
 from .http_client import request
-from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer
 from .polling import poll
 from .resumes import WRITING_TEXT, answer_started

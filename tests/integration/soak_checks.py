@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from .mock_model import MockModel
+from proxy.demo.model import MockModel
+
 from .opencode_server import OpencodeServer
 from .polling import WaitTimeout, poll
 from .proxy_process import wait_all_decided

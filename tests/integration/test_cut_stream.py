@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from proxy.demo.model import MockModel, Plan
+
 from .http_client import request
-from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer, directory_header
 from .polling import poll
 from .turns import RUNTIMES, Runtime, Turn, read_messages, start_turn

@@ -19,7 +19,8 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from .mock_model import MockModel, Plan
+from proxy.demo.model import MockModel, Plan
+
 from .opencode_server import OpencodeServer, directory_header
 from .proxy_process import ProxyProcess
 from .turns import Turn, wait_tool_running

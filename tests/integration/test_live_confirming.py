@@ -22,6 +22,7 @@ from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 from yarl import URL
 
+from proxy.demo.model import MockModel, Plan
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.tracker import FollowedEvent
 from proxy.service.app import ASSEMBLY, create_app
@@ -29,7 +30,6 @@ from proxy.service.config import Settings
 from proxy.testing import idle
 
 from .http_client import request
-from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer
 from .races import interrupted
 from .turns import Turn, send_prompt, start_v1_turn, wait_tool_running

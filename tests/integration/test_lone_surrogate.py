@@ -17,9 +17,10 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.demo.model import MockModel, Plan
+
 from .http_client import Reply
 from .http_client import request as http_request
-from .mock_model import MockModel, Plan
 from .opencode_db import rows
 from .opencode_server import OpencodeServer
 from .polling import poll

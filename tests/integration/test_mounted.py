@@ -16,9 +16,9 @@ from aiohttp.test_utils import TestClient
 from yarl import URL
 
 from proxy import Settings, mount
+from proxy.demo.model import MockModel, Plan
 
 from .http_client import request as http_request
-from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer
 from .turns import read_messages, start_v1_turn, wait_turn_done
 

@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
+from proxy.demo.model import MockModel, Plan
+
 from .http_client import get_json, request, with_credentials
-from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer, directory_header, opencode_binary
 from .proxy_process import ProxyProcess, wait_all_decided
 from .races import Race, Urls, fetcher

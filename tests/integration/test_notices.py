@@ -23,11 +23,11 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.addons.live.notices import Notices
+from proxy.demo.model import DEFAULT_COMMAND
 from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.config import Settings
 
 from .browser import Chromium, Page
-from .mock_model import DEFAULT_COMMAND
 from .opencode_server import OpencodeServer, opencode_binary
 from .polling import WaitTimeout
 from .test_web_ui import session_path

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from proxy.demo.model import MockModel
+
 from .http_client import request
-from .mock_model import MockModel
 from .opencode_server import OpencodeServer, running_opencode
 from .polling import poll
 from .proctree import is_gone, kill_tree

@@ -29,6 +29,8 @@ from typing import Any
 
 import pytest
 
+from proxy.demo.model import MockModel, Plan
+
 from .event_tap import EventTap
 from .live_races import (
     DECISIONS,
@@ -42,7 +44,6 @@ from .live_races import (
     restart_and_time_the_return,
     stale_v1_sessions,
 )
-from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer
 from .polling import poll
 from .proxy_process import ProxyProcess, running, wait_all_decided, write_back_proxies

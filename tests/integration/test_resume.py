@@ -25,7 +25,8 @@ from functools import partial
 import orjson
 import pytest
 
-from .mock_model import MockModel, Plan
+from proxy.demo.model import MockModel, Plan
+
 from .opencode_config import project_config
 from .opencode_server import OpencodeServer, opencode_binary
 from .polling import poll

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from proxy.demo.model import MockModel, Plan
+
 from .http_client import request
-from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer
 from .polling import poll
 from .proxy_process import ProxyProcess

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from proxy.demo.model import MockModel
+
 from .http_client import request
-from .mock_model import MockModel
 from .opencode_server import OpencodeServer, opencode_binary
 from .polling import poll
 from .proxy_process import ProxyProcess, running

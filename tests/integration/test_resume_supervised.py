@@ -18,7 +18,8 @@ from functools import partial
 
 import pytest
 
-from .mock_model import MockModel, Plan
+from proxy.demo.model import MockModel, Plan
+
 from .opencode_server import OpencodeServer, running_opencode
 from .polling import poll
 from .resumes import NAMED_CALL, continuations, decided

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
+from proxy.demo.model import MockModel, Plan
+
 from .http_client import request
-from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer, opencode_binary
 from .polling import poll
 from .proxy_process import ProxyProcess, running

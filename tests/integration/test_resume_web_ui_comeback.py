@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 
+from proxy.demo.model import DEFAULT_COMMAND
+
 from .browser import Chromium
-from .mock_model import DEFAULT_COMMAND
 from .opencode_server import OpencodeServer, opencode_binary
 from .polling import WaitTimeout, poll
 from .proxy_process import ProxyProcess, running

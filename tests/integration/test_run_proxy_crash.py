@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
+from proxy.demo.model import MockModel
+
 from .event_tap import EventTap, part_status, session_status
-from .mock_model import MockModel
 from .opencode_server import opencode_binary, running_opencode
 from .polling import poll
 from .test_run_supervised import following, health, written

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from .mock_model import MockModel, Plan
+from proxy.demo.model import MockModel, Plan
+
 from .opencode_server import OpencodeServer, running_opencode
 from .polling import poll
 from .proctree import descendants, is_gone

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from proxy.demo.model import MockModel
+
 from .http_client import get_json
-from .mock_model import MockModel
 from .opencode_server import running_opencode
 from .polling import poll
 

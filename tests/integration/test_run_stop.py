@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from proxy.demo.model import MockModel
+
 from .http_client import get_json
-from .mock_model import MockModel
 from .opencode_server import OpencodeServer, running_opencode
 from .proctree import is_gone
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from proxy.demo.model import MockModel, Plan
 from proxy.system.procfs import command_line
 
 from .http_client import request
-from .mock_model import MockModel, Plan
 from .opencode_server import OpencodeServer, opencode_binary, running_opencode
 from .polling import poll
 from .proctree import descendants, is_gone

@@ -27,7 +27,8 @@ from typing import Any
 import orjson
 import pytest
 
-from .mock_model import MockModel
+from proxy.demo.model import MockModel
+
 from .opencode_server import REPO_ROOT, OpencodeServer
 from .polling import poll
 from .turns import RUNTIMES, start_turn, wait_tool_running

@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 
+from proxy.demo.model import MockModel
 from rules import Doubt
 
 from . import opencode_db
 from .http_client import get_json, request
-from .mock_model import MockModel
 from .opencode_server import OpencodeServer, opencode_binary
 from .polling import poll
 from .proxy_process import ProxyProcess, running, wait_all_decided, write_back_proxies

@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 
+from proxy.demo.model import MockModel
+
 from .event_tap import EventTap, part_status, session_status
-from .mock_model import MockModel
 from .opencode_server import running_opencode
 from .polling import poll
 from .proxy_process import ProxyProcess, running

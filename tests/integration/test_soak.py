@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from .mock_model import MockModel
+from proxy.demo.model import MockModel
+
 from .opencode_server import OpencodeServer, opencode_binary, running_opencode
 from .polling import poll
 from .resumes import sdk_subscriptions

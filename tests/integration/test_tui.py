@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 
+from proxy.demo.model import DEFAULT_COMMAND, MockModel, Plan
+
 from .crash_views import CrashViews
-from .mock_model import DEFAULT_COMMAND, MockModel, Plan
 from .opencode_server import OpencodeServer, opencode_binary
 from .polling import poll
 from .proxy_process import ProxyProcess, running

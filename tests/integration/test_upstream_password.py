@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from proxy.demo.model import MockModel
+
 from .expected import V1_PART_ERROR, V2_TOOL_ERROR
 from .http_client import Reply, get_json, request, with_credentials
-from .mock_model import MockModel
 from .opencode_server import OpencodeServer, running_opencode
 from .polling import poll
 from .proxy_process import ProxyProcess

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from .mock_model import MockModel
+from proxy.demo.model import MockModel
+
 from .opencode_server import running_opencode
 from .polling import poll
 from .proxy_process import ProxyProcess

@@ -54,6 +54,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from proxy.demo.model import MockModel
+
 from .faults import (
     Crashed,
     Key,
@@ -62,7 +64,6 @@ from .faults import (
 )
 from .freshness import wait_past_freshness
 from .kill_rounds import Killed, kill_rounds, report
-from .mock_model import MockModel
 from .opencode_server import OpencodeServer, running_opencode
 from .pairs import ForcedRace, Pairs, run_pairs
 from .turns import observe_running

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.mock_model import MockModel
+from proxy.demo.model import MockModel
 from tests.integration.opencode_server import REPO_ROOT
 from tests.opencode2.servers import REAL, REAL_2_1_2, RealServer, Server2x, StandInServer
 from tests.opencode2.stand_in import VARIANT_FLAGS, StandIn

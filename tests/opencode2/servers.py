@@ -4,7 +4,7 @@ command with `{port}`; it is given the password as `OPENCODE_PASSWORD`, fresh XD
 whose `opencode.json` points at the mock model). Either is started, SIGKILLed (its process group, as
 a crash ends it: the real server's tools run in groups of their own and outlive it, as they do) and
 restarted on the same port and data, and leaves a call running: the stand-in by its seed, the real
-server by a turn of the mock model (`tests/integration/mock_model.py`) that calls `shell`."""
+server by a turn of the mock model (`proxy/demo/model.py`) that calls `shell`."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 import aiohttp
 import orjson
 
+from proxy.demo.model import DEFAULT_COMMAND, MockModel, Plan
 from tests.integration.http_client import free_port
-from tests.integration.mock_model import DEFAULT_COMMAND, MockModel, Plan
 from tests.integration.proctree import descendants, kill_tree
 from tests.opencode2.auth import basic
 from tests.opencode2.stand_in import RunningCall

@@ -17,8 +17,8 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.demo.model import MockModel, RecordedRequest
 from tests.integration.http_client import request, with_credentials
-from tests.integration.mock_model import MockModel, RecordedRequest
 from tests.integration.polling import poll
 from tests.integration.proxy_process import ProxyProcess, wait_all_decided
 from tests.opencode2.conftest import real_2x_command

@@ -28,7 +28,7 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.integration.mock_model import MockModel
+from proxy.demo.model import MockModel
 from tests.opencode2.conftest import real_2x_command
 from tests.opencode2.servers import RealServer
 from tests.opencode2.stand_in import RunningCall

@@ -30,7 +30,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ..mock_model import MockModel, Plan
+from proxy.demo.model import MockModel, Plan
+
 from ..opencode_server import OpencodeServer, running_opencode
 from .restarts import Crashed, Restarted, crash, restart
 from .sessions import BUSY, LATE, NEXT_COMMAND, NEXT_PROMPT, SHORT_COMMAND, prompt_of

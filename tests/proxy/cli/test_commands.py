@@ -16,6 +16,7 @@ def test_the_usage_line_names_every_command() -> None:
         "       settle-proxy run [options] -- opencode serve [server options]",
         "       settle-proxy settle [options]",
         "       settle-proxy orphans [options]",
+        "       settle-proxy demo [--opencode PATH]",
     ]
 
 
@@ -31,7 +32,7 @@ def test_an_unknown_command_suggests_the_nearest(word: str, hint: str) -> None:
     result = settle_proxy(word, "--dry-run")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        f"settle-proxy: error: unknown command {word!r}{hint} (commands: serve, run, settle, orphans) "
+        f"settle-proxy: error: unknown command {word!r}{hint} (commands: serve, run, settle, orphans, demo) "
         "(see --help)"
     ]
 

@@ -1,13 +1,15 @@
 """A local OpenAI-compatible model that drives opencode into a long-running bash tool call.
 
+It is what `settle-proxy demo` shows the fix with, needing no account and no network, and what the
+integration suites drive the real servers with: one model, so the demo shows what the tests check.
 opencode talks to it through the `mock` provider (`@ai-sdk/openai-compatible`). Until the
 conversation holds a `tool` message, every completion is one streamed `bash` tool call, so a
 turn parks in a running tool; once the tool result (or opencode's interrupted-call stand-in) is
 in the history, the model answers with text and the turn ends. Requests without tools (title
 generation and other helper agents) get a short text answer, so they never start a tool.
 
-The server runs its own event loop in a daemon thread, so the synchronous test harness and any
-test's event loop stay independent of it.
+The server runs its own event loop in a daemon thread, so a synchronous caller and any caller's
+event loop stay independent of it.
 """
 
 from __future__ import annotations
