@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -15,10 +17,11 @@ import pytest
 
 from proxy.demo.model import MockModel, Plan
 
+from .http_client import request
 from .opencode_server import OpencodeServer, running_opencode
 from .polling import poll
 from .proctree import descendants, is_gone
-from .test_run_supervised import following, health, tied
+from .test_run_supervised import following, health, tied, written
 from .turns import start_turn, wait_tool_running
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -78,3 +81,51 @@ def answering(server: OpencodeServer) -> bool | None:
     except TimeoutError:
         return None
     return True if found["upstream"]["reachable"] and found["server"]["restarts"] == 2 else None
+
+
+def test_the_first_crashs_orphan_is_named_across_a_second_crash_and_terminate_ends_it(
+    mock_model: MockModel, tmp_path: Path
+) -> None:
+    """Issue 47.7: the first crash's tool, its call written back (settled) in the next server's
+    life, stays named as running at its crash after a second crash (it was labelled "completed"),
+    and `settle-proxy orphans --terminate` ends it (it said "0 running call(s)" and left it)."""
+    mock_model.plan("first", Plan(command="echo first && sleep 721"))
+    mock_model.plan("second", Plan(command="echo second && sleep 722"))
+    with running_opencode(tmp_path, mock_model.base_url, supervised=("--write-back", "api")) as server:
+        poll(partial(following, server), what="the proxy following the server's events", timeout=60)
+        records = server.state_home / "settle-proxy" / "processes.db"
+        cut = []
+        for count, prompt in enumerate(("first", "second"), start=1):
+            turn = start_turn("v1", server.url, server.project, prompt)
+            tool = wait_tool_running(server.url, turn)
+            poll(partial(tied, records, count), what=f"the {prompt} tool tied to its call", timeout=30)
+            pid = health(server)["server"]["pid"]
+            cut.append((turn, str(tool.tool["id"]), descendants(pid) - {pid}))
+            os.kill(pid, signal.SIGKILL)
+            poll(partial(restarted, server, count), what=f"restart {count}", timeout=60)
+            direct = health(server)["upstream"]["url"]
+            poll(partial(written, direct, turn), what=f"the {prompt} call written back", timeout=60)
+        (first, first_part, first_tools), (second, _, second_tools) = cut
+        named = {(o["part"], o["pid"], o["call_was_running"]) for o in orphans(server)}
+        alive = [pid for pid in first_tools if not is_gone(pid)]
+        assert alive, "a SIGKILL of the server leaves its tools running"
+        assert all((first_part, pid, True) in named for pid in alive), named
+        offline = subprocess.run(
+            [sys.executable, "-m", "proxy", "orphans", "--state", str(records), "--terminate"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert offline.returncode == 10, offline.stderr
+        assert first.session_id in offline.stdout
+        assert second.session_id in offline.stdout
+        everything = first_tools | second_tools
+        poll(lambda: True if all(map(is_gone, everything)) else None, what="both orphans ended", timeout=30)
+
+
+def orphans(server: OpencodeServer) -> list[dict[str, Any]]:
+    listed: list[dict[str, Any]] = request("GET", f"{server.url}/_settle/orphans", timeout=15).json()[
+        "orphans"
+    ]
+    return listed
