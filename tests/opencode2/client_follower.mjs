@@ -2,9 +2,10 @@
 // on it does: subscribe, read the session's messages each time the stream (re)connects (the stream
 // keeps nothing across a disconnect, so what happened meanwhile is read back), and subscribe again
 // after the stream fails. Prints JSON lines: {"connected": n} when a stream answers,
-// {"messages": [...]} for each read, {"event": ...} for each of the session's events, {"error": "..."}
-// each time a stream or a read fails, and {"ended": "interrupted"} once the session's execution is
-// said to be interrupted, or {"ended": "read"} after the first read with `once`.
+// {"messages": [...], "connection": n} for the read after it, {"event": ...} for each of the
+// session's events, {"error": "..."} each time a stream or a read fails, and
+// {"ended": "interrupted"} once the session's execution is said to be interrupted, or
+// {"ended": "read"} after the first read with `once`.
 //
 // usage: node client_follower.mjs <baseUrl> <sessionID> follow|once   (password in OPENCODE_PASSWORD)
 //
@@ -24,7 +25,7 @@ const say = (line) => process.stdout.write(JSON.stringify(line) + "\n")
 const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
 let connected = 0
-const read = async () => say({ messages: (await client.message.list({ sessionID })).data })
+const read = async () => say({ messages: (await client.message.list({ sessionID })).data, connection: connected })
 
 const follow = async () => {
   for await (const event of client.event.subscribe()) {

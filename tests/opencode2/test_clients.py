@@ -341,6 +341,7 @@ class Follower:
 
     lines: list[dict[str, Any]]
     process: asyncio.subprocess.Process
+    reader: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(cls, base_url: str, call: RunningCall, mode: str) -> Follower:
@@ -355,7 +356,7 @@ class Follower:
             stdout=asyncio.subprocess.PIPE,
         )
         follower = cls([], process)
-        asyncio.get_running_loop().create_task(follower._read())
+        follower.reader = asyncio.create_task(follower._read())
         return follower
 
     async def _read(self) -> None:
@@ -384,6 +385,8 @@ class Follower:
         if self.process.returncode is None:
             self.process.kill()
         await self.process.wait()
+        if self.reader is not None:
+            await self.reader
 
 
 def call_state(messages: list[dict[str, Any]], call: RunningCall) -> dict[str, Any]:
@@ -424,7 +427,7 @@ def follower_scene(tmp_path_factory: pytest.TempPathFactory) -> Followed:
         try:
             await followers["across_crash"].until(lambda line: "ended" in line, "the end of the execution")
             await followers["direct_across_crash"].until(
-                lambda line: line.get("connected") == 2, "its stream connected again"
+                lambda line: line.get("connection") == 2, "read of the messages on its second stream"
             )
             followers |= {
                 "proxied": await Follower.start(proxy.url, call, "once"),
