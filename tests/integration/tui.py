@@ -99,14 +99,15 @@ class Terminal:
 class Terminals:
     """A private tmux server for the TUIs of one test; use it as a context manager."""
 
-    def __init__(self, root: Path, binary: Path) -> None:
+    def __init__(self, root: Path, binary: Path, environment: dict[str, str] | None = None) -> None:
+        """`environment` is added to what every TUI inherits (a 2.x TUI's `OPENCODE_PASSWORD`)."""
         self._root = root
         self._binary = binary
         self._tmux = tmux_binary()
         self._socket = f"settle-tui-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._config = root / "tmux.conf"
         self._config.write_text(_TMUX_CONFIG)
-        self._env = self._environment()
+        self._env = self._environment() | (environment or {})
 
     def __enter__(self) -> Terminals:
         return self
@@ -124,8 +125,12 @@ class Terminals:
 
         `--session` opens the session directly, as a user picking it from the list would.
         """
+        return self.start(name, ("attach", url, "--session", session_id), cwd)
+
+    def start(self, name: str, args: Sequence[str], cwd: Path) -> Terminal:
+        """Start the binary with `args` in a new tmux session and copy its output to a file."""
         output = self._root / f"{name}.out"
-        command = shlex.join([str(self._binary), "attach", url, "--session", session_id])
+        command = shlex.join([str(self._binary), *args])
         self.tmux(
             "new-session", "-d", "-s", name, "-x", str(WIDTH), "-y", str(HEIGHT), "-c", str(cwd), command
         )
