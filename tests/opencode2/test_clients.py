@@ -33,8 +33,8 @@ from typing import Any, TypeVar
 import orjson
 import pytest
 
+from proxy.demo.model import DEFAULT_COMMAND, MockModel
 from tests.integration.browser import Chromium, Page
-from tests.integration.mock_model import DEFAULT_COMMAND, MockModel
 from tests.integration.opencode_server import REPO_ROOT
 from tests.integration.proxy_process import ProxyProcess
 from tests.integration.tui import Terminal, Terminals, idle_output, is_spinner, tool_mark
