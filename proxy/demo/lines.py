@@ -155,6 +155,15 @@ class Line2x(Line):
     told_by, stays = API_TOOL_FAILED, "until the session's next prompt"
 
     def config(self, model_base_url: str) -> dict[str, Any]:
+        """The project `opencode.json` a 2.x server reads: the `mock` provider, its one model `m`, and
+        every permission allowed. Its shape: `Info` (`providers`, `model`, `permissions`) in
+        `packages/schema/src/config.ts`, a provider's `Info` and `Model` (`package` with the `aisdk:`
+        prefix of `packages/core/src/provider.ts` `AISDK_PREFIX`, `settings`, `models`, `capabilities`)
+        in `packages/schema/src/config/provider.ts` and `Capabilities` in `packages/schema/src/model.ts`,
+        a rule (`action`, `resource`, `effect`) in `packages/schema/src/permission.ts`; the file is
+        found from the session's directory upward (`packages/core/src/config.ts` `discover`), all at
+        anomalyco/opencode @2092350cf (the `v2` branch). 1.x's `provider`/`options`/`npm` shape is
+        migrated too (`packages/core/src/config/normalize.ts`), but this is the line's own."""
         model = {"name": "Mock", "capabilities": {"tools": True, "input": ["text"], "output": ["text"]}}
         provider = {
             "name": "Mock",

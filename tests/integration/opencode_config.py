@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from proxy.demo.lines import Line1x
+
 
 def opencode_environment(root: Path) -> dict[str, str]:
     """The environment an opencode process of the tests gets: data, state and cache dirs of its own
@@ -29,11 +31,6 @@ def opencode_environment(root: Path) -> dict[str, str]:
 
 
 def project_config(model_base_url: str) -> dict[str, object]:
-    """A project's opencode.json: its only model is the mock one, and every tool is allowed."""
-    provider = {
-        "npm": "@ai-sdk/openai-compatible",
-        "name": "Mock",
-        "options": {"baseURL": model_base_url, "apiKey": "x"},
-        "models": {"m": {"name": "Mock", "tool_call": True}},
-    }
-    return {"provider": {"mock": provider}, "model": "mock/m", "permission": "allow"}
+    """A project's opencode.json: its only model is the mock one, and every tool is allowed
+    (`proxy.demo.lines.Line1x.config`)."""
+    return Line1x().config(model_base_url)

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import aiohttp
 import orjson
 
+from proxy.demo.lines import Line2x
 from proxy.demo.model import DEFAULT_COMMAND, MockModel, Plan
 from tests.integration.http_client import free_port
 from tests.integration.proctree import descendants, kill_tree
@@ -43,27 +44,8 @@ _ASK_S = 10.0
 
 
 def config_2x(model_base_url: str) -> dict[str, Any]:
-    """The project `opencode.json` a 2.x server reads: the `mock` provider, its one model `m`, and
-    every permission allowed. Its shape: `Info` (`providers`, `model`, `permissions`) in
-    `packages/schema/src/config.ts`, a provider's `Info` and `Model` (`package` with the `aisdk:`
-    prefix of `packages/core/src/provider.ts` `AISDK_PREFIX`, `settings`, `models`, `capabilities`)
-    in `packages/schema/src/config/provider.ts` and `Capabilities` in `packages/schema/src/model.ts`,
-    a rule (`action`, `resource`, `effect`) in `packages/schema/src/permission.ts`; the file is
-    found from the session's directory upward (`packages/core/src/config.ts` `discover`), all at
-    anomalyco/opencode @2092350cf (the `v2` branch). 1.x's `provider`/`options`/`npm` shape is
-    migrated too (`packages/core/src/config/normalize.ts`), but this is the line's own."""
-    model = {"name": "Mock", "capabilities": {"tools": True, "input": ["text"], "output": ["text"]}}
-    provider = {
-        "name": "Mock",
-        "package": "aisdk:@ai-sdk/openai-compatible",
-        "settings": {"baseURL": model_base_url, "apiKey": "x"},
-        "models": {"m": model},
-    }
-    return {
-        "providers": {"mock": provider},
-        "model": "mock/m",
-        "permissions": [{"action": "*", "resource": "*", "effect": "allow"}],
-    }
+    """The project `opencode.json` a 2.x server reads (`proxy.demo.lines.Line2x.config`)."""
+    return Line2x().config(model_base_url)
 
 
 def shell_plan(command: str = DEFAULT_COMMAND) -> Plan:
