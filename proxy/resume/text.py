@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 
-from proxy.resume.turns import InterruptedCall
+from proxy.resume.last_turn import InterruptedCall
 
 __all__ = ["PROCESS_TOOLS", "ProcessFate", "resume_text", "shortened"]
 
