@@ -106,7 +106,8 @@ class LivenessTracker:
         self.kept = KeptReadings(self._clock)
         """What the stream vouches for: believed only while it is followed."""
         self._log = DurableLog(line_limit)
-        """Where the stream left each session's durable log: where a reconnection reads what the stream missed."""
+        """Where the stream left each session's durable log: from there a reconnection reads what
+        the stream missed."""
         self._said: set[str] = set()
         self._unread_said: KnownServer | None = None
         self.state = StreamState.CONNECTING
@@ -234,8 +235,11 @@ class LivenessTracker:
             )
 
     def _tell(self, hook: str, call: Callable[[StreamListener], None]) -> None:
-        """Call every listener, each isolated from the others as a failing addon is."""
+        """Call every listener that implements `hook`, each isolated from the others as a failing
+        addon is."""
         for listener in list(self.listeners):
+            if getattr(type(listener), hook) is getattr(StreamListener, hook):
+                continue
             try:
                 call(listener)
             except Exception:
@@ -250,8 +254,9 @@ class LivenessTracker:
 
     async def _follow(self, server: KnownServer) -> AsyncIterator[FollowedEvent | UnreadableEvent]:
         """The stream's events; once it answers, first what it missed while the proxy was away (from
-        the durable log, where the server keeps one: `DurableLog.read_missed`), and only then is it followed, so
-        that no reading is vouched for, and no listener told the stream is back, before that."""
+        the durable log, where the server keeps one: `DurableLog.read_missed`), and only then is it
+        followed, so that no reading is vouched for, and no listener told the stream is back, before
+        that."""
         headers = {hdrs.ACCEPT: "text/event-stream", hdrs.ACCEPT_ENCODING: "identity"}
         if self._authorization:
             headers[hdrs.AUTHORIZATION] = basic_as(self._authorization, self._server.user())

@@ -39,14 +39,13 @@ from proxy.resume.decision import (
     classed_calls,
     why_wait,
 )
-from proxy.resume.fates import Fates, no_fates
 from proxy.resume.journal import Journal
 from proxy.resume.last_turn import InterruptedTurn, last_turn
 from proxy.resume.ledger import Ledger
 from proxy.resume.prompting import Prompted, Prompting
 from proxy.resume.safety import Classed, Safety
 from proxy.resume.sending import READ_ERRORS, READY_TIMEOUT_S, read_failure, transient
-from proxy.resume.text import resume_text
+from proxy.resume.text import Fates, no_fates, resume_text
 from proxy.resume.waiting import Waiting, WaitingTurns
 from proxy.writeback.scheduler import Writer
 from rules import FRESH_MARGIN_MS, Api, Liveness

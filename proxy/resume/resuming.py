@@ -31,11 +31,11 @@ from proxy.resume.candidates import BusySessions, Candidate
 from proxy.resume.clients_back import Clients
 from proxy.resume.continuing import Continuation
 from proxy.resume.decision import ResumeOutcome
-from proxy.resume.fates import Fates, no_fates
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import Records, ResumeOptions, Resumer
 from proxy.resume.sending import Server
+from proxy.resume.text import Fates, no_fates
 from proxy.resume.waiting import Announcer, Continued, NotWaiting, Waiting, WaitingTurns
 from proxy.writeback.scheduler import Writer
 

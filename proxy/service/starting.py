@@ -26,13 +26,13 @@ from proxy.opencode.surveys import OtherProcesses
 from proxy.resume.admission import Admission
 from proxy.resume.clients_back import Clients
 from proxy.resume.decision import Policy
-from proxy.resume.fates import Fates, no_fates, process_fates
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import ResumeOptions
 from proxy.resume.resuming import Resuming, open_ledger
 from proxy.resume.resuming import resuming as assembled_resuming
 from proxy.resume.safety import Safety
+from proxy.resume.text import Fates, no_fates, process_fates
 from proxy.resume.waiting import Announcer
 from proxy.service.config import Settings
 from proxy.supervision.process_records import ProcessRecords
