@@ -67,8 +67,8 @@ def test_a_message_whose_time_is_no_object_changes_nothing_and_stops_nothing() -
 
 
 S, M, C, P = "ses_a", "msg_1", "call_1", "prt_1"
-ON_1_18 = {"sessionID": S}
-ON_2X = {"sessionID": S, "assistantMessageID": M}
+ON_1_18: dict[str, Any] = {"sessionID": S}
+ON_2X: dict[str, Any] = {"sessionID": S, "assistantMessageID": M}
 
 
 def shown(kind: str, *, line_2x: bool = False, **properties: Any) -> FollowedEvent:
