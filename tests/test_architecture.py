@@ -3,6 +3,7 @@ and its tables name every package and every module of `proxy`, `rules` and `benc
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -63,3 +64,46 @@ def test_the_tables_name_every_module(module: Path) -> None:
 def test_every_row_is_a_module() -> None:
     named = {f"{package}/{name}" for package, names in _tables().items() for name in names}
     assert named == {str(module) for module in _modules()}
+
+
+SOURCES = ("proxy", "rules")
+"""The product's packages, where each name has one meaning."""
+SHARED_MODULE_NAMES = {
+    "client.py": "an HTTP client of opencode's server (the proxy's own calls; the demo's)",
+    "liveness.py": "whether a session is active (as the rules read it; as the proxy asks it)",
+    "options.py": "what a package is configured with (the command line's; the relay's)",
+    "runtimes.py": "the message APIs (their shapes, in `rules`; their routes, in `proxy/opencode`)",
+    "stopping.py": "how the proxy stops (on a signal; what that does to the exchanges under way)",
+}
+"""Module names two packages use in one meaning, each package's side of the same thing."""
+CLASSES_BEING_MERGED = {"_Read"}
+"""Class names still defined in more than one module, until the live confirmations, which each read
+on their own, are configurations of one confirmer."""
+
+
+def _sources() -> list[Path]:
+    return sorted(path for package in SOURCES for path in (ROOT / package).rglob("*.py"))
+
+
+def _shared(names: list[tuple[str, Path]]) -> dict[str, list[str]]:
+    where: dict[str, set[str]] = {}
+    for name, path in names:
+        where.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    return {name: sorted(paths) for name, paths in where.items() if len(paths) > 1}
+
+
+def test_no_class_name_is_defined_in_two_modules() -> None:
+    classes = [
+        (node.name, path)
+        for path in _sources()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    ]
+    twice = {name: paths for name, paths in _shared(classes).items() if name not in CLASSES_BEING_MERGED}
+    assert twice == {}, f"each class name has one meaning, so one definition: {twice}"
+
+
+def test_no_module_name_means_two_things() -> None:
+    modules = [(path.name, path) for path in _sources() if path.name != "__init__.py"]
+    shared = {name: paths for name, paths in _shared(modules).items() if name not in SHARED_MODULE_NAMES}
+    assert shared == {}, f"a module name shared by two packages must mean one thing: {shared}"

@@ -31,7 +31,7 @@ from proxy.opencode.tracker import LivenessTracker
 from proxy.relay import codings
 from proxy.relay.bounded import Bounded
 from proxy.relay.hooks import Addon, Flow, FlowKey
-from proxy.views.message_views import Held, Kept, MessageViews, Reason, Unchanged
+from proxy.views.message_views import Held, MessageViews, Reason, StreamWord, Unchanged
 from proxy.views.rewrite import Rewritten
 from rules import DEFAULT_RULES, Api, Rule
 
@@ -42,7 +42,7 @@ RULES_HEADER = "X-Settle-Rules"
 _VALIDATORS = (hdrs.ETAG, hdrs.LAST_MODIFIED, "Content-MD5")
 REPORTED = 1_000
 """How many (session, problem) pairs are remembered as said: past it, one may be said again."""
-_KEPT = FlowKey[Kept]("settle: the stream's word on the view")
+_WORD = FlowKey[StreamWord]("settle: the stream's word on the view")
 """The stream's word on a view answered 200, taken with its headers: it decides whether the
 body is read, and `response` settles by it."""
 
@@ -86,11 +86,11 @@ class Settle(Addon):
         route = _route(flow)
         if route is None or flow.status != 200:
             return
-        kept = flow[_KEPT] = self._views.kept(route, flow.request.raw_path)
+        word = flow[_WORD] = self._views.stream_word(route, flow.request.raw_path)
         is_json = flow.response_headers.get(hdrs.CONTENT_TYPE, "").startswith("application/json")
         # A body with nothing to check goes out as it arrives, at any size: against the real server a
         # list's pieces come over a millisecond, and holding them only delays the client.
-        if not is_json or kept.unchanged:
+        if not is_json or word.unchanged:
             return
         absent = codings.missing(_codings(flow))
         if absent:
@@ -105,14 +105,14 @@ class Settle(Addon):
     async def response(self, flow: Flow) -> None:
         """Checked once each, in order of cost: the stream's word (taken with the headers), the
         body's bytes, a reading."""
-        route, kept = _route(flow), flow.get(_KEPT)
-        if route is None or kept is None:
+        route, word = _route(flow), flow.get(_WORD)
+        if route is None or word is None:
             return
-        body = None if kept.unchanged else self._decoded(route, flow)
+        body = None if word.unchanged else self._decoded(route, flow)
         if body is None or (route := await self._in_dialect(route, flow.request)) is None:
             return
         try:
-            settled = await self._views.settle(kept, route, body, flow.request)
+            settled = await self._views.settle(word, route, body, flow.request)
         except LivenessUnknown as error:
             log.warning("liveness of %s unknown, body passed on unchanged: %s", route.session_id, error)
             return

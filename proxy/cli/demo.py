@@ -34,7 +34,7 @@ INSTALL = (
 )
 
 
-class Exit(IntEnum):
+class DemoExit(IntEnum):
     SHOWN = 0
     FAILED = 1
     """Something the demo waits for did not happen; the line says what."""
@@ -66,12 +66,12 @@ def main(argv: Sequence[str]) -> None:
         outcome = asyncio.run(play(installed, _say))
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; everything it started is stopped", file=sys.stderr)
-        sys.exit(Exit.INTERRUPTED)
+        sys.exit(DemoExit.INTERRUPTED)
     except Failed as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
-        sys.exit(Exit.FAILED)
+        sys.exit(DemoExit.FAILED)
     print(f"\n{report(outcome)}", flush=True)
-    sys.exit(Exit.SHOWN)
+    sys.exit(DemoExit.SHOWN)
 
 
 def _installed(given: str | None) -> Installed:
@@ -95,4 +95,4 @@ def _say(step: str) -> None:
 
 def _refuse(why: str) -> NoReturn:
     print(f"{PROG}: error: {why}", file=sys.stderr)
-    sys.exit(Exit.BAD_USAGE)
+    sys.exit(DemoExit.BAD_USAGE)

@@ -43,7 +43,7 @@ from proxy.writeback.scheduler import Confirm, Written
 from rules import Api, Liveness, OpenTool
 
 
-class Exit(IntEnum):
+class SettleExit(IntEnum):
     """What the exit code tells a script."""
 
     NOTHING_TO_DO = 0
@@ -56,11 +56,13 @@ class Exit(IntEnum):
     """Ctrl-C (SIGINT), as a shell reports it (128 + 2)."""
 
 
-_EPILOG = f"""\
-exit codes: {Exit.NOTHING_TO_DO} nothing to do, {Exit.SETTLED} settled (or would settle) at least one part,
-{Exit.REFUSED} refused (a server may be running on the database), {Exit.BAD_USAGE} bad usage,
-{Exit.INTERRUPTED} interrupted (Ctrl-C).
-"""
+_EPILOG = (
+    f"exit codes: {SettleExit.NOTHING_TO_DO} nothing to do, {SettleExit.SETTLED} settled (or would settle) at"
+    " least one part,\n"
+    f"{SettleExit.REFUSED} refused (a server may be running on the database),"
+    f" {SettleExit.BAD_USAGE} bad usage,\n"
+    f"{SettleExit.INTERRUPTED} interrupted (Ctrl-C).\n"
+)
 
 
 class Refused(RuntimeError):
@@ -68,7 +70,7 @@ class Refused(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class Triage:
     """What a run found: the open tools it will settle and the live sessions it leaves alone."""
 
     settle: list[OpenTool]
@@ -129,11 +131,11 @@ async def readings(
         yield ask
 
 
-async def plan(tools: Sequence[OpenTool], read: Read) -> Plan:
+async def triage(tools: Sequence[OpenTool], read: Read) -> Triage:
     """Which open tools would be settled now, and which are in sessions that are live (--dry-run)."""
     sessions = sorted({(tool.api, tool.session_id) for tool in tools})
     active = {(api, session_id) for api, session_id in sessions if (await read(api, session_id)).active}
-    return Plan(
+    return Triage(
         [tool for tool in tools if (tool.api, tool.session_id) not in active],
         [tool for tool in tools if (tool.api, tool.session_id) in active],
     )
@@ -175,15 +177,15 @@ def _refuse_if_in_use(db_path: Path) -> None:
         )
 
 
-def show(plan_: Plan, console: Console) -> None:
+def show(found: Triage, console: Console) -> None:
     """The dry-run table: what would change, and what is left alone because it is live."""
     table = Table(title="open tool calls in opencode.db")
     for column in ("session", "api", "directory", "message", "tool", "open since", "action"):
         table.add_column(column, overflow="fold")
     rows = [
-        *((t, "settle") for t in plan_.settle),
-        *((t, "live: leave") for t in plan_.live),
-        *((t, "another process may run it: leave") for t in plan_.elsewhere),
+        *((t, "settle") for t in found.settle),
+        *((t, "live: leave") for t in found.live),
+        *((t, "another process may run it: leave") for t in found.elsewhere),
     ]
     for tool, action in rows:
         since = datetime.fromtimestamp((tool.since or 0) / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -231,7 +233,7 @@ def _recording(read: Read, api: Api, session_id: str, taken: list[Liveness]) -> 
     return confirm
 
 
-async def run(args: argparse.Namespace, console: Console, authorization: str | None = None) -> Exit:
+async def run(args: argparse.Namespace, console: Console, authorization: str | None = None) -> SettleExit:
     """Settle (or with --dry-run, list) what `args` asks; an `--upstream` is asked with
     `authorization`."""
     mark_this_process()
@@ -239,30 +241,30 @@ async def run(args: argparse.Namespace, console: Console, authorization: str | N
         tools = await database.open_tools()
         if not tools:
             console.print("nothing to do: no orphaned tool calls (0 live left alone)")
-            return Exit.NOTHING_TO_DO
+            return SettleExit.NOTHING_TO_DO
         others = OtherProcesses(args.upstream, database=args.db) if args.upstream is not None else None
         tools, elsewhere = await _apart_from_other_processes(tools, others, console)
         async with readings(args.db, args.upstream, others, authorization) as read:
             if args.dry_run:
-                found = dataclasses.replace(await plan(tools, read), elsewhere=elsewhere)
+                found = dataclasses.replace(await triage(tools, read), elsewhere=elsewhere)
                 if not found.settle:
                     console.print(
                         f"nothing to do: no orphaned tool calls ({len(found.live)} live left alone)"
                     )
-                    return Exit.NOTHING_TO_DO
+                    return SettleExit.NOTHING_TO_DO
                 show(found, console)
                 console.print(f"would settle {len(found.settle)} tool call(s); nothing written (--dry-run)")
-                return Exit.SETTLED
+                return SettleExit.SETTLED
             outcome = await settle_all(database, tools, read, console)
         calls = [item for item in outcome.written if item.part is not None]
         if not calls:
             console.print(f"nothing to do: no orphaned tool calls ({outcome.live} live left alone)")
-            return Exit.NOTHING_TO_DO
+            return SettleExit.NOTHING_TO_DO
         console.print(
             f"settled {len(calls)} tool call(s) in {len({item.session_id for item in calls})} "
             f"session(s), {len(outcome.written)} row(s) written"
         )
-        return Exit.SETTLED
+        return SettleExit.SETTLED
 
 
 def main(argv: Sequence[str]) -> None:
@@ -274,18 +276,18 @@ def main(argv: Sequence[str]) -> None:
         code = asyncio.run(run(args, console, opencode_authorization()))
     except Refused as refusal:
         print(f"settle-proxy settle: refused: {refusal}", file=sys.stderr)
-        code = Exit.REFUSED
+        code = SettleExit.REFUSED
     except FileNotFoundError as error:
         print(f"settle-proxy settle: error: {error} (--db, or SETTLE_DB, names where it is)", file=sys.stderr)
-        code = Exit.BAD_USAGE
+        code = SettleExit.BAD_USAGE
     except NotOpencodeDatabase as error:
         print(f"settle-proxy settle: error: {error}", file=sys.stderr)
-        code = Exit.BAD_USAGE
+        code = SettleExit.BAD_USAGE
     except KeyboardInterrupt:
         # A session's transaction is all or nothing: one cut short was rolled back.
         print(
             "settle-proxy settle: interrupted: sessions settled stay so, the rest is as it was",
             file=sys.stderr,
         )
-        code = Exit.INTERRUPTED
+        code = SettleExit.INTERRUPTED
     sys.exit(code)

@@ -32,7 +32,7 @@ from proxy.system.reaper import end_groups
 GRACE_S = 10.0
 
 
-class Exit(IntEnum):
+class OrphansExit(IntEnum):
     NONE = 0
     FOUND = 10
     """Orphaned processes were found (and, with --terminate, the running calls' ones ended)."""
@@ -75,7 +75,7 @@ def _records_in(path: Path) -> bool:
 
 def _refuse(why: str) -> NoReturn:
     print(f"settle-proxy orphans: error: {why}", file=sys.stderr)
-    sys.exit(Exit.BAD_USAGE)
+    sys.exit(OrphansExit.BAD_USAGE)
 
 
 async def orphans(path: Path) -> list[Recorded]:
@@ -104,15 +104,15 @@ def main(argv: Sequence[str]) -> None:
         _refuse(f"not a state database: {args.state}: it is a directory")
     if not args.state.is_file() or not _records_in(args.state):
         console.print(f"nothing recorded at {args.state}")
-        sys.exit(Exit.NONE)
+        sys.exit(OrphansExit.NONE)
     found = asyncio.run(orphans(args.state))
     if not found:
         console.print("no orphaned tool processes")
-        sys.exit(Exit.NONE)
+        sys.exit(OrphansExit.NONE)
     show(found, console)
     if args.terminate:
         terminate([recorded.process.pid for recorded in found if recorded.call.running], console)
-    sys.exit(Exit.FOUND)
+    sys.exit(OrphansExit.FOUND)
 
 
 def terminate(doomed: list[int], console: Console) -> None:
@@ -128,5 +128,5 @@ def terminate(doomed: list[int], console: Console) -> None:
             "run it again to see what still runs",
             file=sys.stderr,
         )
-        sys.exit(Exit.INTERRUPTED)
+        sys.exit(OrphansExit.INTERRUPTED)
     console.print(f"ended the process groups of {len(doomed)} call(s) that were running")

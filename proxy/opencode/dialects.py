@@ -102,8 +102,8 @@ class Dialect:
     the server does it itself (2.x: the continuation's own drain); None when only a writer of the
     proxy's can (1.18), so a turn is resumed there only through one of `writers`."""
     session_log: str | None = None
-    """Its durable session log, a path with `{session}`, read to catch up what its volatile stream
-    missed (`proxy.opencode.catch_up`); None for a line that keeps none."""
+    """Its durable session log, a path with `{session}`, read for what its volatile stream
+    missed (`proxy.opencode.durable_log`); None for a line that keeps none."""
     username: str | None = None
     """The user its Basic auth always takes, when the line fixes it (2.x: `opencode`,
     `packages/server/src/auth.ts` @605784f48417); None: the one configured (1.x's

@@ -16,7 +16,13 @@ from proxy.opencode.vocabulary import (
 )
 from rules import Api
 
-__all__ = ["api_call_id", "api_event", "api_execution_interrupted", "api_stated_liveness", "api_tool_failed"]
+__all__ = [
+    "api_call_id",
+    "api_execution_interrupted",
+    "api_stated_liveness",
+    "api_tool_failed",
+    "new_api_frame",
+]
 
 
 def api_stated_liveness(kind: str, data: Mapping[str, Any]) -> tuple[Api, bool | None] | None:
@@ -34,7 +40,7 @@ def api_call_id(data: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def api_event(kind: str, data: Mapping[str, Any], created: Any, directory: str | None) -> dict[str, Any]:
+def new_api_frame(kind: str, data: Mapping[str, Any], created: Any, directory: str | None) -> dict[str, Any]:
     """A 2.x event as `/api/event` frames one; no `durable`: its `seq` is the server's to give."""
     where = {"location": {"directory": directory}} if directory is not None else {}
     return {"id": ascending_id("evt"), "created": created, "type": kind, "data": dict(data)} | where
@@ -56,11 +62,11 @@ def api_tool_failed(
     data |= {"error": state["error"], "executed": item.get("executed") is True}
     if state.get("metadata"):
         data["metadata"] = state["metadata"]
-    return api_event(API_TOOL_FAILED, data, item["time"]["completed"], directory)
+    return new_api_frame(API_TOOL_FAILED, data, item["time"]["completed"], directory)
 
 
 def api_execution_interrupted(session_id: str, created: int, directory: str | None = None) -> dict[str, Any]:
     """How 2.x says an execution stopped because the server went away (reason `shutdown`): the
     turn is over for a client, and no `idle` message is projected that the server would not hold."""
     data = {"sessionID": session_id, "reason": API_SHUTDOWN}
-    return api_event(API_INTERRUPTED, data, created, directory)
+    return new_api_frame(API_INTERRUPTED, data, created, directory)

@@ -129,10 +129,10 @@ def parse_event(data: bytes) -> FollowedEvent | None:
 
 def parse_api_event(data: bytes) -> FollowedEvent | None:
     """One `/api/event` frame of 2.x, as `parse_event` reads one of `/global/event`."""
-    return api_event(load_frame(data))
+    return api_frame_event(load_frame(data))
 
 
-def api_event(envelope: dict[str, Any]) -> FollowedEvent | None:
+def api_frame_event(envelope: dict[str, Any]) -> FollowedEvent | None:
     """A 2.x frame already read as JSON (the durable log reads its marker from the same object)."""
     kind, properties = envelope.get("type"), envelope.get("data")
     if not isinstance(kind, str) or not isinstance(properties, dict):

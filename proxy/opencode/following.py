@@ -46,10 +46,15 @@ class StreamMetrics:
 
 @runtime_checkable
 class StreamListener(Protocol):
-    """Something else that wants the stream's events (after the tracker has applied them)."""
+    """Something else that wants the stream's events (after the tracker has applied them). A
+    subclass implements only the hooks it needs: the tracker calls a listener only for those (as
+    `relay.hooks.Addons` calls an addon's), so one that only wants to know the stream is back
+    defines `following` alone."""
 
     def following(self) -> None:
         """The stream has (re)connected: whatever happened while it was down was not seen."""
+        return None
 
     def event(self, event: FollowedEvent) -> None:
         """One event, in stream order."""
+        return None

@@ -31,8 +31,8 @@ import aiohttp
 from aiohttp import hdrs
 from yarl import URL
 
-from proxy.opencode.catch_up import DurableLog
 from proxy.opencode.client import basic_as
+from proxy.opencode.durable_log import DurableLog
 from proxy.opencode.followed_events import (
     PARSERS,
     FollowedEvent,
@@ -106,7 +106,8 @@ class LivenessTracker:
         self.kept = KeptReadings(self._clock)
         """What the stream vouches for: believed only while it is followed."""
         self._log = DurableLog(line_limit)
-        """Where the stream left each session's durable log: what a reconnection catches up from."""
+        """Where the stream left each session's durable log: from there a reconnection reads what
+        the stream missed."""
         self._said: set[str] = set()
         self._unread_said: KnownServer | None = None
         self.state = StreamState.CONNECTING
@@ -205,7 +206,7 @@ class LivenessTracker:
         if self._log.heard(event):
             self._apply(event)
 
-    def _caught_up(self, event: FollowedEvent | UnreadableEvent) -> None:
+    def _from_log(self, event: FollowedEvent | UnreadableEvent) -> None:
         """An event the durable log delivered: as one of the stream, already in its cursor."""
         if isinstance(event, UnreadableEvent):
             self._skip(str(event))
@@ -234,8 +235,11 @@ class LivenessTracker:
             )
 
     def _tell(self, hook: str, call: Callable[[StreamListener], None]) -> None:
-        """Call every listener, each isolated from the others as a failing addon is."""
+        """Call every listener that implements `hook`, each isolated from the others as a failing
+        addon is."""
         for listener in list(self.listeners):
+            if getattr(type(listener), hook) is getattr(StreamListener, hook):
+                continue
             try:
                 call(listener)
             except Exception:
@@ -250,8 +254,9 @@ class LivenessTracker:
 
     async def _follow(self, server: KnownServer) -> AsyncIterator[FollowedEvent | UnreadableEvent]:
         """The stream's events; once it answers, first what it missed while the proxy was away (from
-        the durable log, where the server keeps one: `catch_up`), and only then is it followed, so
-        that no reading is vouched for, and no listener told the stream is back, before that."""
+        the durable log, where the server keeps one: `DurableLog.read_missed`), and only then is it
+        followed, so that no reading is vouched for, and no listener told the stream is back, before
+        that."""
         headers = {hdrs.ACCEPT: "text/event-stream", hdrs.ACCEPT_ENCODING: "identity"}
         if self._authorization:
             headers[hdrs.AUTHORIZATION] = basic_as(self._authorization, self._server.user())
@@ -272,8 +277,8 @@ class LivenessTracker:
             self._clock.observe(stream.headers.get(hdrs.DATE))
             self.kept.clear()
             timeout = min(self._connect_timeout, STREAM_START_TIMEOUT_S)
-            await self._log.catch_up(
-                self._session, self._origin, headers, server, within=timeout, take=self._caught_up
+            await self._log.read_missed(
+                self._session, self._origin, headers, server, within=timeout, take=self._from_log
             )
             self.state = StreamState.FOLLOWING
             log.info("following %s: liveness now comes from events", self._path)

@@ -1,7 +1,7 @@
 """Which sessions were running when the server went away: kept from the followed event stream.
 
 Only a turn the proxy saw running can be one a crash interrupted: a stale session found in a
-view later may be an old crash from before the proxy was watching. So the watch remembers the
+view later may be an old crash from before the proxy was watching. So `BusySessions` keeps the
 sessions the stream last showed busy (`TurnRunning` until `TurnStopped`, decoded once in
 :mod:`proxy.opencode.sessions`: v1 `session.status` busy or retrying, or a tool part shown
 running, until idle; v2 any `session.next.*` event until a step ends with a finish other than
@@ -24,7 +24,7 @@ from proxy.opencode.tracker import FollowedEvent, StreamListener
 from proxy.relay.bounded import Bounded
 from rules import Api
 
-__all__ = ["Candidate", "Watch"]
+__all__ = ["BusySessions", "Candidate"]
 
 REMEMBERED = 10_000
 """Sessions kept busy, asking a person, or with a newest message, each the least recently heard
@@ -54,7 +54,7 @@ class Candidate:
     crash cut off is never newer (ids ascend with creation)."""
 
 
-class Watch(StreamListener):
+class BusySessions(StreamListener):
     """A `StreamListener`; `start(candidate)` is called for each session busy at a loss."""
 
     def __init__(

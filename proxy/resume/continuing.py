@@ -32,8 +32,8 @@ from yarl import URL
 from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
 from proxy.opencode.dialects import LINE_2X
 from proxy.opencode.liveness import LivenessProbe
+from proxy.resume.last_turn import InterruptedTurn, message_after
 from proxy.resume.sending import Server
-from proxy.resume.turns import InterruptedTurn, message_after
 from proxy.system import procfs
 
 __all__ = ["Continuation"]

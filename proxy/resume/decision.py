@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from proxy.resume.last_turn import InterruptedTurn, LastTurn
 from proxy.resume.safety import CallClass, Classed, Safety, classify
 from proxy.resume.text import shortened
-from proxy.resume.turns import InterruptedTurn, LastTurn
 
 __all__ = [
     "After",

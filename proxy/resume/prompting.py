@@ -11,9 +11,9 @@ from typing import Any, Protocol
 from proxy.opencode.ids import ascending_id
 from proxy.resume.decision import ResumeOutcome
 from proxy.resume.journal import Journal
+from proxy.resume.last_turn import InterruptedTurn, user_message_after
 from proxy.resume.ledger import Ledger
 from proxy.resume.sending import READ_ERRORS
-from proxy.resume.turns import InterruptedTurn, user_message_after
 from rules import Api, Runtime
 
 __all__ = ["Prompted", "Prompting"]

@@ -28,7 +28,7 @@ from proxy.opencode.dialects import Dialect
 from proxy.relay.tasks import KeyedTasks
 from proxy.resume.admission import Admission
 from proxy.resume.candidates import Candidate
-from proxy.resume.clients import Clients, clients_back
+from proxy.resume.clients_back import Clients, clients_back
 from proxy.resume.decision import (
     After,
     Before,
@@ -39,19 +39,18 @@ from proxy.resume.decision import (
     classed_calls,
     why_wait,
 )
-from proxy.resume.fates import Fates, no_fates
 from proxy.resume.journal import Journal
+from proxy.resume.last_turn import InterruptedTurn, last_turn
 from proxy.resume.ledger import Ledger
 from proxy.resume.prompting import Prompted, Prompting
 from proxy.resume.safety import Classed, Safety
 from proxy.resume.sending import READ_ERRORS, READY_TIMEOUT_S, read_failure, transient
-from proxy.resume.text import resume_text
-from proxy.resume.turns import InterruptedTurn, last_turn
+from proxy.resume.text import Fates, no_fates, resume_text
 from proxy.resume.waiting import Waiting, WaitingTurns
 from proxy.writeback.scheduler import Writer
 from rules import FRESH_MARGIN_MS, Api, Liveness
 
-__all__ = ["Known", "Records", "ResumeOptions", "Resumer"]
+__all__ = ["Records", "ResumeOptions", "Resumer"]
 
 log = logging.getLogger(__name__)
 RETRY_PAUSE_S = 5.0
@@ -112,21 +111,12 @@ class Records:
     journal: Journal
 
 
-@dataclass(frozen=True, slots=True)
-class Known:
-    """What the resume learns beside the server: what became of the interrupted calls' processes
-    (`fates`), and the client streams it waits for (`clients`; None: it waits for none)."""
-
-    fates: Fates = no_fates
-    clients: Clients | None = None
-    waiting: WaitingTurns | None = None
-    """Where a turn left for a person is kept (None: one of the resumer's own, in memory)."""
-    admission: Admission | None = None
-    """What spaces the continuations of one crash (None: one of the resumer's own, as by default)."""
-
-
 class Resumer:
-    """Considers each candidate once at a time per session; owns those tasks until closed."""
+    """Considers each candidate once at a time per session; owns those tasks until closed.
+
+    Beside the server it learns what became of the interrupted calls' processes (`fates`) and
+    waits for the client streams (`clients`; None: for none); a turn left for a person is kept in
+    `waiting` and the continuations of one crash spaced by `admission` (None: its own of each)."""
 
     def __init__(
         self,
@@ -137,7 +127,10 @@ class Resumer:
         *,
         credentials: Credentials,
         writer: Writer | None,
-        known: Known = Known(),
+        fates: Fates = no_fates,
+        clients: Clients | None = None,
+        waiting: WaitingTurns | None = None,
+        admission: Admission | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -149,12 +142,12 @@ class Resumer:
         self._journal = records.journal
         self._options = options
         self._credentials = credentials
-        self._fates = known.fates
-        self._clients = known.clients
+        self._fates = fates
+        self._clients = clients
         self._clock = clock
         self._sleep = sleep
-        self.waiting = known.waiting or WaitingTurns()
-        self._admission = known.admission or Admission()
+        self.waiting = waiting or WaitingTurns()
+        self._admission = admission or Admission()
         self._prompting = Prompting(
             server,
             records.ledger,

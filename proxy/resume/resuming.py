@@ -1,5 +1,5 @@
 """Putting `--resume` together, from values, in one place: its ledger, its servers, its resumers
-and the watch that hands them candidates, as one part of the application (`Resuming`).
+and the busy sessions that hand them candidates, as one part of the application (`Resuming`).
 
 A candidate is resumed as the line whose stream showed it resumes a turn: on 1.18 through a
 prompt, after the proxy's write-back settled its calls; on 2.x through the server's own
@@ -27,15 +27,15 @@ from proxy.opencode.tracker import FollowedEvent, StreamListener
 from proxy.opencode.vocabulary import mentioned_message
 from proxy.relay.tasks import KeyedTasks, Together, Working
 from proxy.resume.admission import Admission
-from proxy.resume.candidates import Candidate, Watch
-from proxy.resume.clients import Clients
+from proxy.resume.candidates import BusySessions, Candidate
+from proxy.resume.clients_back import Clients
 from proxy.resume.continuing import Continuation
 from proxy.resume.decision import ResumeOutcome
-from proxy.resume.fates import Fates, no_fates
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
-from proxy.resume.resumer import Known, Records, ResumeOptions, Resumer
+from proxy.resume.resumer import Records, ResumeOptions, Resumer
 from proxy.resume.sending import Server
+from proxy.resume.text import Fates, no_fates
 from proxy.resume.waiting import Announcer, Continued, NotWaiting, Waiting, WaitingTurns
 from proxy.writeback.scheduler import Writer
 
@@ -90,7 +90,10 @@ def resuming(
         probe=probe,
         records=Records(ledger, journal),
         credentials=credentials,
-        known=Known(fates, clients, waiting, admission or Admission()),
+        fates=fates,
+        clients=clients,
+        waiting=waiting,
+        admission=admission or Admission(),
     )
     servers = (
         Server(session, api, probe, origin, credentials, dialect=LINE_1_18),
@@ -105,10 +108,10 @@ def resuming(
     for resumer in running:
         stack.push_async_callback(resumer.tasks.close)
     _said(options, [way.why for way in by_line.values() if isinstance(way, _Refused)])
-    watch = Watch(lambda candidate: by_line[candidate.dialect.name].consider(candidate))
+    busy = BusySessions(lambda candidate: by_line[candidate.dialect.name].consider(candidate))
     ends: KeyedTasks[str] = KeyedTasks("resume-waits")
     stack.push_async_callback(ends.close)
-    return Resuming(watch, Together(ends, *(resumer.tasks for resumer in running)), waiting, by_line, ends)
+    return Resuming(busy, Together(ends, *(resumer.tasks for resumer in running)), waiting, by_line, ends)
 
 
 def _said(options: ResumeOptions, refused: Iterable[str]) -> None:
@@ -134,30 +137,30 @@ def _said(options: ResumeOptions, refused: Iterable[str]) -> None:
 
 
 class Resuming(StreamListener, Working):
-    """Resume in the application: follows the server's stream (its `Watch`), holds its resumers'
+    """Resume in the application: follows the server's stream (its `BusySessions`), holds its resumers'
     background work (`tasks`), says which sessions it would consider should the server die now
     (`running`), keeps the turns that wait for a person (`waiting`: a message of theirs in the
     session ends the wait) and continues one on a person's word (`proceed`)."""
 
     def __init__(
         self,
-        watch: Watch,
+        busy: BusySessions,
         tasks: Together,
         waiting: WaitingTurns,
         by_line: Mapping[str, Resumer | _Refused],
         ends: KeyedTasks[str],
     ) -> None:
-        self._watch = watch
+        self._busy = busy
         self.tasks = tasks
         self.waiting = waiting
         self._by_line = by_line
         self._ends = ends
 
     def following(self) -> None:
-        self._watch.following()
+        self._busy.following()
 
     def event(self, event: FollowedEvent) -> None:
-        self._watch.event(event)
+        self._busy.event(event)
         session_id = event.session_id
         if session_id is None or (waiting := self.waiting.get(session_id)) is None:
             return
@@ -167,7 +170,7 @@ class Resuming(StreamListener, Working):
             self._ends.start(session_id, functools.partial(self.waiting.end, session_id, why))
 
     def running(self) -> list[str]:
-        return self._watch.running()
+        return self._busy.running()
 
     def refusal(self, line: str) -> str | None:
         """Why nothing is resumed, and no turn waits, on `line` (a dialect's name); None if they do."""

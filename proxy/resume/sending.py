@@ -22,7 +22,7 @@ from proxy.opencode.client import Credentials, UpstreamApi, UpstreamRefused
 from proxy.opencode.dialects import LINE_1_18, Dialect
 from proxy.opencode.liveness import LivenessProbe, LivenessUnknown
 from proxy.opencode.runtimes import HttpRuntime
-from proxy.resume.turns import InterruptedTurn, message_after
+from proxy.resume.last_turn import InterruptedTurn, message_after
 from rules import Api, Runtime
 
 __all__ = ["READ_ERRORS", "Server", "read_failure", "transient"]

@@ -4,17 +4,29 @@ Measured on opencode 1.18.33: after write-back, v1 replays a settled call to the
 ordinary tool result holding the partial output, with no error marker. So the text names each
 interrupted call, says what became of its process, says its outcome is unknown, and asks the
 model to check before it relies on the call or repeats it.
+
+What became of a process is a policy over values (`process_fates`): the service reads them from
+the supervisor of a server `run` started, or from the records of a server it did not start.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from enum import StrEnum
 
-from proxy.resume.turns import InterruptedCall
+from proxy.resume.last_turn import InterruptedCall
 
-__all__ = ["PROCESS_TOOLS", "ProcessFate", "resume_text", "shortened"]
+__all__ = [
+    "PROCESS_TOOLS",
+    "Fates",
+    "LeftRunning",
+    "ProcessFate",
+    "no_fates",
+    "process_fates",
+    "resume_text",
+    "shortened",
+]
 
 SHORT_CHARS = 160
 
@@ -28,6 +40,38 @@ class ProcessFate(StrEnum):
     UNKNOWN = "whether its process still runs is not known"
     NONE = ""
     """A call that runs no process of its own (read, edit, …)."""
+
+
+Fates = Callable[[Sequence[str]], Awaitable[Mapping[str, ProcessFate]]]
+"""What became of the processes of the named calls (by call id), as the proxy knows it."""
+LeftRunning = Callable[[], Awaitable[Mapping[str, bool]]]
+"""The calls whose processes a dead server left running, each with whether the call itself was
+still running at the crash (and not completed)."""
+
+
+async def no_fates(_: Sequence[str]) -> Mapping[str, ProcessFate]:
+    return {}
+
+
+def process_fates(
+    left_running: LeftRunning, *, ending: bool = False, tied: Callable[[str], bool] | None = None
+) -> Fates:
+    """The fates of calls' processes: one left running is `ENDED` when `ending` (`--orphans
+    terminate`) ends the processes of calls running at the crash, else `LEFT_RUNNING`; one no
+    longer running but `tied` to its call (a subreaper saw it) is `ENDED` when `ending`, else
+    `GONE`; of any other call nothing is known."""
+
+    async def fates(calls: Sequence[str]) -> Mapping[str, ProcessFate]:
+        alive = await left_running()
+        found = {}
+        for call in calls:
+            if (was_running := alive.get(call)) is not None:
+                found[call] = ProcessFate.ENDED if ending and was_running else ProcessFate.LEFT_RUNNING
+            elif tied is not None and tied(call):
+                found[call] = ProcessFate.ENDED if ending else ProcessFate.GONE
+        return found
+
+    return fates
 
 
 PROCESS_TOOLS = frozenset({"bash", "shell"})

@@ -18,9 +18,9 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.relay.bounded import Bounded
+from proxy.resume.last_turn import InterruptedCall, InterruptedTurn
 from proxy.resume.ledger import Ledger
 from proxy.resume.safety import CallClass, Classed
-from proxy.resume.turns import InterruptedCall, InterruptedTurn
 from rules import Api
 
 __all__ = [

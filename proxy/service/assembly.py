@@ -51,10 +51,10 @@ from proxy.service.config import Settings
 from proxy.service.metrics import Metrics
 from proxy.service.settle_routes import SettleRoutes
 from proxy.service.starting import (
-    kept_memory,
     modes_said,
     resume_ledger,
     resuming,
+    stored_memory,
     tool_processes,
     write_back,
     writer,
@@ -237,7 +237,7 @@ class Assembly:
         addons = [factory(built) for factory in self._addons]
         watcher = await tool_processes(settings.state_db, self.supervisor, others, stack)
         clients = ResumeClients() if settings.resume else None
-        if (kept := await kept_memory(settings, stack)) is not None:
+        if (kept := await stored_memory(settings, stack)) is not None:
             live.remember(*kept)
             self.background.add(kept[0])
         announcer = self.announcer if self.announcer is not None else live.notices

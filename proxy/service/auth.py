@@ -23,6 +23,7 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
 from proxy.opencode.client import AUTH_TOKEN_PARAM, basic_as
+from proxy.opencode.tracker import StreamListener
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -57,7 +58,7 @@ def require_basic_auth(username: str, password: str) -> Middleware:
     return guard
 
 
-class DetailsGuard:
+class DetailsGuard(StreamListener):
     """Keeps what the proxy knows about itself and the server (health, metrics, orphans) from
     anyone the server itself would refuse.
 
@@ -99,9 +100,6 @@ class DetailsGuard:
         an answer of the upstream that stands while it cannot be reached (a crash before anyone
         asked for details)."""
         self._lets_through = True
-
-    def event(self, event: object) -> None:
-        """Events say nothing about who may see details."""
 
     def guard(self, handler: Handler) -> Handler:
         """`handler`, answered only for whom the guard admits."""

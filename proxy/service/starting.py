@@ -18,21 +18,21 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import Counter
 
-from proxy.addons.live.kept import Kept, KeptMemory
+from proxy.addons.live.stored import Inherited, StoredMemory
 from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.liveness import LivenessProbe
 from proxy.opencode.server_line import KnownServer, ServerLine
 from proxy.opencode.surveys import OtherProcesses
 from proxy.resume.admission import Admission
-from proxy.resume.clients import Clients
+from proxy.resume.clients_back import Clients
 from proxy.resume.decision import Policy
-from proxy.resume.fates import Fates, no_fates, process_fates
 from proxy.resume.journal import Journal
 from proxy.resume.ledger import Ledger
 from proxy.resume.resumer import ResumeOptions
 from proxy.resume.resuming import Resuming, open_ledger
 from proxy.resume.resuming import resuming as assembled_resuming
 from proxy.resume.safety import Safety
+from proxy.resume.text import Fates, no_fates, process_fates
 from proxy.resume.waiting import Announcer
 from proxy.service.config import Settings
 from proxy.supervision.process_records import ProcessRecords
@@ -46,7 +46,15 @@ from proxy.writeback.locks import SessionLocks
 from proxy.writeback.modes import WriteBackMode
 from proxy.writeback.scheduler import CountingWriter, ServersWrittenInto, WriteBack, Writer
 
-__all__ = ["kept_memory", "modes_said", "resume_ledger", "resuming", "tool_processes", "write_back", "writer"]
+__all__ = [
+    "modes_said",
+    "resume_ledger",
+    "resuming",
+    "stored_memory",
+    "tool_processes",
+    "write_back",
+    "writer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -126,14 +134,16 @@ async def tool_processes(
     return watcher
 
 
-async def kept_memory(settings: Settings, stack: AsyncExitStack) -> tuple[KeptMemory, list[Kept]] | None:
+async def stored_memory(
+    settings: Settings, stack: AsyncExitStack
+) -> tuple[StoredMemory, list[Inherited]] | None:
     """Where the stream memory is kept for the proxy that runs next on this address, and what the
     one before kept; None without a state database or a fixed port (no proxy comes back there)."""
     if settings.state_db is None or not settings.port:
         return None
     try:
         kept = await stack.enter_async_context(
-            KeptMemory.open(settings.state_db, f"{settings.host}:{settings.port}")
+            StoredMemory.open(settings.state_db, f"{settings.host}:{settings.port}")
         )
         return kept, await kept.load()
     except (OSError, sqlite3.Error) as error:

@@ -1,6 +1,6 @@
 """Message views: the one sequence from a view's bytes to what goes out, and what is left open.
 
-Each thing is checked once, cheapest first. The stream's word (`kept`): a session it shows
+Each thing is checked once, cheapest first. The stream's word (`stream_word`): a session it shows
 active, or a view it saw clean since its last event, goes out unread. Then the bytes: a body in
 which no rule's trigger occurs is clean, and one equal to a body rewritten before is that rewrite
 again. Then a reading: the kept one bounded by the other processes on the server's database, or
@@ -32,11 +32,11 @@ from rules import DEFAULT_RULES, Doubt, Liveness, Rule, UnexpectedShape
 __all__ = [
     "REMEMBERED_VIEWS",
     "Held",
-    "Kept",
     "MessageViews",
     "Reason",
     "RecentRewrites",
     "Settled",
+    "StreamWord",
     "Unchanged",
 ]
 
@@ -66,7 +66,7 @@ class Held:
 
 
 @dataclass(frozen=True, slots=True)
-class Kept:
+class StreamWord:
     """What the stream says of a view before its body is read: its kept reading (None: one must
     be asked), and whether that leaves nothing to settle, so the body goes out unread."""
 
@@ -185,27 +185,29 @@ class MessageViews:
         """What look-ups made on behalf of `request` authenticate with."""
         return self._probe.credentials(request)
 
-    def kept(self, route: MessageRoute, view: str) -> Kept:
+    def stream_word(self, route: MessageRoute, view: str) -> StreamWord:
         """The stream's word on `view`: asked once per request, before its body is read."""
         kept = self._tracker.cached(route.api, route.session_id)
         liveness = None if kept is None else kept.liveness
         if liveness is not None and liveness.active:
-            return Kept(view, liveness, unchanged=True)
-        return Kept(view, liveness, unchanged=self._tracker.known_clean(route.session_id, view))
+            return StreamWord(view, liveness, unchanged=True)
+        return StreamWord(view, liveness, unchanged=self._tracker.known_clean(route.session_id, view))
 
-    async def settle(self, kept: Kept, route: MessageRoute, body: bytes, request: web.Request) -> Settled:
-        """`body` of the view `kept` speaks of, settled as far as a reading vouches for it;
+    async def settle(
+        self, word: StreamWord, route: MessageRoute, body: bytes, request: web.Request
+    ) -> Settled:
+        """`body` of the view `word` speaks of, settled as far as a reading vouches for it;
         look-ups are made on behalf of `request`."""
-        scanned = self._scan(route, kept.view, body)
+        scanned = self._scan(route, word.view, body)
         if isinstance(scanned, Unchanged):
-            self._tracker.mark_clean(route.session_id, kept.view)
+            self._tracker.mark_clean(route.session_id, word.view)
             return Settled(scanned)
         repeated = isinstance(scanned, _Repeated)
-        asked = kept.liveness is None
-        if kept.liveness is None:
+        asked = word.liveness is None
+        if word.liveness is None:
             reading = await self._ask(route, request)
         else:
-            reading = await self._probe.bounded(kept.liveness)
+            reading = await self._probe.bounded(word.liveness)
         if reading.active:
             return Settled(Unchanged(Reason.ACTIVE), repeated=repeated)
         unbounded = self._unbounded(scanned)

@@ -19,12 +19,6 @@ def trigger_offsets(body: bytes, api: Api, rules: Sequence[Rule] = DEFAULT_RULES
     return sorted({position for trigger in triggers_of(rules) for position in trigger.positions(body, api)})
 
 
-def mentions_open_status(body: bytes, api: Api, rules: Sequence[Rule] = DEFAULT_RULES) -> bool:
-    """Whether a trigger occurs at all: rules out most bodies before any parse or liveness
-    look-up (an open tool status, or an assistant message without `time.completed`)."""
-    return any(next(iter(trigger.positions(body, api)), -1) >= 0 for trigger in triggers_of(rules))
-
-
 def candidates(starts: list[int], positions: Sequence[int]) -> list[int]:
     """Indexes of the messages (starting at `starts`) in which a trigger occurs, in order."""
     indexes = {bisect.bisect_right(starts, position) - 1 for position in positions}

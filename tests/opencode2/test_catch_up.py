@@ -1,5 +1,5 @@
 """After a lost `/api/event`, what the stream missed is read from 2.x's durable session log before the
-follower says it follows (`proxy.opencode.catch_up`), against each log the stand-in answers
+follower says it follows (`proxy.opencode.durable_log`), against each log the stand-in answers
 (`tests.opencode2.session_log`): the events, the marker alone (the `v2` build @2092350c), no route."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tests.opencode2.proxied import PASSWORD, Client, Seen, proxied
 from tests.opencode2.session_log import Log
 from tests.opencode2.stand_in import StandIn
 
-CATCH_UP_LOG = "proxy.opencode.catch_up"
+CATCH_UP_LOG = "proxy.opencode.durable_log"
 NO_LOG = "the server keeps no durable session log the proxy can read"
 
 

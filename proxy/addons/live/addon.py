@@ -49,10 +49,10 @@ from proxy.addons.context import SettleContext
 from proxy.addons.live.calls import OpenCalls
 from proxy.addons.live.clients import ClientStreams
 from proxy.addons.live.default_directory import DefaultDirectory
-from proxy.addons.live.kept import Kept
 from proxy.addons.live.memory import Keeper, StreamMemory
 from proxy.addons.live.notices import Notices
 from proxy.addons.live.parts import OpenParts
+from proxy.addons.live.stored import Inherited
 from proxy.addons.live.turns import DeadTurns
 from proxy.addons.routing import event_stream
 from proxy.opencode.server_line import TOLD_1_18, ServerLine
@@ -89,7 +89,7 @@ class LiveSettle(Addon, StreamListener):
             self._default, self._parts.tasks, self._turns.tasks, self._calls.tasks
         )
 
-    def remember(self, keeper: Keeper, kept: list[Kept]) -> None:
+    def remember(self, keeper: Keeper, kept: list[Inherited]) -> None:
         """Keep the memory through `keeper` from now on, holding first what it `kept` of the proxy
         before: confirmed, once the server's stream is followed, as after a loss of that stream."""
         for thing in kept:

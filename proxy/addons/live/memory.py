@@ -65,7 +65,7 @@ class Keeper(Protocol):
     def drop(self, kind: Kind, key: str) -> None: ...
 
 
-class _Kept(Bounded[str, V]):
+class _KindMemory(Bounded[str, V]):
     """One kind of the memory: each entry set anew, deleted or forgotten is told to the keeper."""
 
     def __init__(self, kind: Kind) -> None:
@@ -99,13 +99,13 @@ class StreamMemory:
     showed them."""
 
     def __init__(self) -> None:
-        self.parts: _Kept[OpenTool] = _Kept("part")
+        self.parts: _KindMemory[OpenTool] = _KindMemory("part")
         """Open v1 tool parts, by part id."""
-        self.busy: _Kept[Place] = _Kept("session")
+        self.busy: _KindMemory[Place] = _KindMemory("session")
         """Sessions the stream last showed busy (`message_id` empty), by session id."""
-        self.unfinished: _Kept[Place] = _Kept("message")
+        self.unfinished: _KindMemory[Place] = _KindMemory("message")
         """Assistant messages the stream last showed without `time.completed`, by message id."""
-        self.calls: _Kept[OpenCall] = _Kept("call")
+        self.calls: _KindMemory[OpenCall] = _KindMemory("call")
         """Calls 2.x's `/api/event` showed open (`calls` reads and changes them), by call id."""
 
     def kept_by(self, keeper: Keeper) -> None:

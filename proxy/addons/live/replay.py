@@ -24,7 +24,7 @@ from typing import Any
 
 from proxy.addons.live.memory import Place
 from proxy.opencode import jsonio
-from proxy.opencode.events_2x import api_event
+from proxy.opencode.events_2x import new_api_frame
 from proxy.opencode.followed_events import FollowedEvent
 from proxy.opencode.vocabulary import (
     API_TOOL_FAILED,
@@ -189,7 +189,7 @@ def _heard_2x(
         return None, None
     agrees = event.turn_over or (event.kind == API_TOOL_FAILED and subjects[0] in kept)
     if agrees and not event.durable:
-        said = api_event(event.kind, event.properties, int(time.time() * 1000), event.directory)
+        said = new_api_frame(event.kind, event.properties, int(time.time() * 1000), event.directory)
         return subjects[0], Replayed.of(place, said, True)
     return subjects[0], None
 

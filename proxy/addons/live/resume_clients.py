@@ -1,5 +1,5 @@
 """The `resume-clients` addon: the clients watching through the proxy's event streams, counted so
-that a resume waits for them (`proxy.resume.clients.Clients` is what the resume sees of it).
+that a resume waits for them (`proxy.resume.clients_back.Clients` is what the resume sees of it).
 
 The TUI and the web UI load a transcript once and then live on `/global/event`: an event sent
 while their stream is down (a crash cuts it; they reconnect by themselves, after a pause of
@@ -7,7 +7,7 @@ their own) never reaches them, and they never fetch again. Measured with the 1.1
 resume sent 0.5 s after the restart reached the page only from its answer on, the call still
 drawn running and the resume's prompt missing. So the resume first waits until as many client
 streams are open as were open from when the server was last heard until the crash cut them, for at
-most `CLIENTS_BACK_S` (`proxy.resume.clients`). The server may say nothing for seconds (a tool
+most `CLIENTS_BACK_S` (`proxy.resume.clients_back`). The server may say nothing for seconds (a tool
 runs quietly, heartbeats are 10 s apart): a stream that opened after its last word was open at
 the crash all the same, and counted only at that last word, a resume went ahead before it was
 back (issue 28).

@@ -16,7 +16,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from rich.console import Console
 
-from proxy.cli.offline import Exit, build_parser, run
+from proxy.cli.offline import SettleExit, build_parser, run
 from tests.fixtures import js_json
 from tests.fixtures.new_turn import call_status, start_v2_turn
 from tests.fixtures.stale_db import DIRECTORY, V1_SESSION, V2_SESSION, build_stale_db
@@ -29,7 +29,7 @@ def db_path(tmp_path: Path) -> Path:
     return build_stale_db(tmp_path / "opencode.db")
 
 
-async def settle_against(upstream: TestServer, db_path: Path, console: Console) -> Exit:
+async def settle_against(upstream: TestServer, db_path: Path, console: Console) -> SettleExit:
     """`settle-proxy settle --db DB_PATH --upstream UPSTREAM`, in this process."""
     return await run(
         build_parser().parse_args(["--db", str(db_path), "--upstream", str(upstream.make_url("/"))]), console
@@ -39,7 +39,7 @@ async def settle_against(upstream: TestServer, db_path: Path, console: Console) 
 def test_dry_run_lists_and_writes_nothing(db_path: Path) -> None:
     before = db_path.read_bytes()
     result = settle_proxy("settle", "--db", str(db_path), "--dry-run")
-    assert result.returncode == Exit.SETTLED
+    assert result.returncode == SettleExit.SETTLED
     assert V1_SESSION in result.stdout
     assert V2_SESSION in result.stdout
     assert "would settle 2 tool call(s)" in result.stdout
@@ -48,10 +48,10 @@ def test_dry_run_lists_and_writes_nothing(db_path: Path) -> None:
 
 def test_settles_then_has_nothing_to_do(db_path: Path) -> None:
     first = settle_proxy("settle", "--db", str(db_path))
-    assert first.returncode == Exit.SETTLED, first.stderr
+    assert first.returncode == SettleExit.SETTLED, first.stderr
     assert "settled 2 tool call(s) in 2 session(s)" in first.stdout
     second = settle_proxy("settle", "--db", str(db_path))
-    assert second.returncode == Exit.NOTHING_TO_DO
+    assert second.returncode == SettleExit.NOTHING_TO_DO
     assert "nothing to do" in second.stdout
 
 
@@ -65,7 +65,7 @@ def test_rows_cut_inside_an_emoji_are_settled(db_path: Path) -> None:
     connection.commit()
     connection.close()
     result = settle_proxy("settle", "--db", str(db_path))
-    assert result.returncode == Exit.SETTLED, result.stderr
+    assert result.returncode == SettleExit.SETTLED, result.stderr
     assert "settled 2 tool call(s) in 2 session(s)" in result.stdout
     connection = sqlite3.connect(db_path)
     rows = connection.execute("SELECT data FROM part UNION ALL SELECT data FROM session_message").fetchall()
@@ -105,10 +105,10 @@ def test_refuses_when_another_process_has_the_database_open(
     db_path: Path, database_in_use: subprocess.Popen[bytes]
 ) -> None:
     result = settle_proxy("settle", "--db", str(db_path))
-    assert result.returncode == Exit.REFUSED
+    assert result.returncode == SettleExit.REFUSED
     assert f"pid {database_in_use.pid}" in result.stderr
     assert "--upstream" in result.stderr
-    assert settle_proxy("settle", "--db", str(db_path), "--dry-run").returncode == Exit.REFUSED
+    assert settle_proxy("settle", "--db", str(db_path), "--dry-run").returncode == SettleExit.REFUSED
 
 
 def test_refuses_when_another_process_has_the_database_open_through_a_hard_link(
@@ -120,7 +120,7 @@ def test_refuses_when_another_process_has_the_database_open_through_a_hard_link(
     before = db_path.read_bytes()
     with held_open(other_path) as holder:
         result = settle_proxy("settle", "--db", str(db_path))
-    assert result.returncode == Exit.REFUSED
+    assert result.returncode == SettleExit.REFUSED
     assert f"pid {holder.pid}" in result.stderr
     assert db_path.read_bytes() == before
 
@@ -131,9 +131,9 @@ async def test_upstream_says_which_sessions_are_live(
     fake.v2_active.add(V2_SESSION)
     fake.directories[V1_SESSION] = "/home/dev/work/proj"
     console = Console(record=True, width=200)
-    assert await settle_against(upstream, db_path, console) == Exit.SETTLED
+    assert await settle_against(upstream, db_path, console) == SettleExit.SETTLED
     assert "settled 1 tool call(s) in 1 session(s)" in console.export_text()
-    assert await settle_against(upstream, db_path, console) == Exit.NOTHING_TO_DO
+    assert await settle_against(upstream, db_path, console) == SettleExit.NOTHING_TO_DO
     assert "(1 live left alone)" in console.export_text()
 
 
@@ -149,7 +149,7 @@ async def test_upstream_leaves_alone_what_another_holder_may_run(
         )
         before = db.execute("SELECT data FROM part WHERE session_id = ?", (V1_SESSION,)).fetchall()
     console = Console(record=True, width=200)
-    assert await settle_against(upstream, db_path, console) == Exit.SETTLED
+    assert await settle_against(upstream, db_path, console) == SettleExit.SETTLED
     text = console.export_text()
     assert "1 tool call(s) left alone: another process may run them" in text
     assert "settled 1 tool call(s) in 1 session(s)" in text
@@ -169,7 +169,7 @@ async def test_upstream_in_doubt_is_a_refusal(
 
 def test_missing_database(tmp_path: Path) -> None:
     result = settle_proxy("settle", "--db", str(tmp_path / "none.db"))
-    assert result.returncode == Exit.BAD_USAGE
+    assert result.returncode == SettleExit.BAD_USAGE
     assert result.stderr.splitlines() == [
         f"settle-proxy settle: error: no opencode database at {tmp_path / 'none.db'} "
         "(--db, or SETTLE_DB, names where it is)"
@@ -178,7 +178,7 @@ def test_missing_database(tmp_path: Path) -> None:
 
 def test_no_database_at_the_default_place_names_the_flag(tmp_path: Path) -> None:
     result = settle_proxy("settle", env={"XDG_DATA_HOME": str(tmp_path)})
-    assert result.returncode == Exit.BAD_USAGE
+    assert result.returncode == SettleExit.BAD_USAGE
     assert result.stderr.splitlines() == [
         f"settle-proxy settle: error: no opencode database at {tmp_path / 'opencode' / 'opencode.db'} "
         "(--db, or SETTLE_DB, names where it is)"

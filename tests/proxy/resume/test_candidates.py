@@ -6,7 +6,7 @@ import pytest
 
 from proxy.opencode.tracker import FollowedEvent
 from proxy.resume import candidates as watch_module
-from proxy.resume.candidates import Candidate, Watch
+from proxy.resume.candidates import BusySessions, Candidate
 from rules import Api
 
 
@@ -21,9 +21,9 @@ class Clock:
         return self.now
 
 
-def watched(*events: FollowedEvent) -> tuple[Watch, list[Candidate]]:
+def watched(*events: FollowedEvent) -> tuple[BusySessions, list[Candidate]]:
     found: list[Candidate] = []
-    watch = Watch(found.append, Clock())
+    watch = BusySessions(found.append, Clock())
     watch.following()
     for each in events:
         watch.event(each)

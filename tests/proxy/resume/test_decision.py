@@ -6,7 +6,7 @@ import math
 import pytest
 
 from proxy.resume.decision import After, Before, Policy, after_settling, before_settling
-from proxy.resume.turns import InterruptedCall, InterruptedTurn, LastTurn
+from proxy.resume.last_turn import InterruptedCall, InterruptedTurn, LastTurn
 from rules import Api
 
 CALL = InterruptedCall("prt_1", "bash", {"command": "make"}, still_open=False)

@@ -2,8 +2,7 @@
 
 from collections.abc import Mapping
 
-from proxy.resume.fates import process_fates
-from proxy.resume.text import ProcessFate
+from proxy.resume.text import ProcessFate, process_fates
 
 
 async def left_running() -> Mapping[str, bool]:

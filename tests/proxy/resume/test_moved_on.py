@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.resume.candidates import Candidate
-from proxy.resume.turns import last_turn
+from proxy.resume.last_turn import last_turn
 from rules import V1, Api
 from tests.proxy.resume.test_resumer import NOW, FakeServer, SettlingWriter, considered, ledger, resumer
 from tests.proxy.resume.views import v1_settled, v1_tool, v1_user, v1_view

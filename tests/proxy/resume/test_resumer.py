@@ -17,9 +17,9 @@ from proxy.resume.admission import Admission
 from proxy.resume.candidates import Candidate
 from proxy.resume.decision import Policy
 from proxy.resume.journal import Journal
+from proxy.resume.last_turn import InterruptedTurn
 from proxy.resume.ledger import Ledger
-from proxy.resume.resumer import SETTLE_ATTEMPTS, Known, Records, ResumeOptions, Resumer
-from proxy.resume.turns import InterruptedTurn
+from proxy.resume.resumer import SETTLE_ATTEMPTS, Records, ResumeOptions, Resumer
 from proxy.writeback.modes import WriteBackMode
 from proxy.writeback.scheduler import Confirm, Written
 from rules import Api, Liveness, Runtime
@@ -151,7 +151,7 @@ def resumer(
         credentials=Credentials(),
         clock=lambda: NOW,
         sleep=sleep or no_pause,
-        known=Known(admission=admission),
+        admission=admission,
     )
     return made, journal
 

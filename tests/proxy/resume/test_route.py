@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
 from proxy.opencode.dialects import LINE_1_18
-from proxy.resume.turns import InterruptedTurn
+from proxy.resume.last_turn import InterruptedTurn
 from proxy.resume.waiting import Waiting
 from proxy.service.app import ASSEMBLY, create_app
 from proxy.service.config import Settings

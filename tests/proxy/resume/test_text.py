@@ -1,7 +1,7 @@
 from __future__ import annotations
 
+from proxy.resume.last_turn import InterruptedCall
 from proxy.resume.text import ProcessFate, resume_text, shortened
-from proxy.resume.turns import InterruptedCall
 
 BASH = InterruptedCall(
     "prt_1", "bash", {"command": "echo hello &&\n  sleep 600", "description": "demo"}, False

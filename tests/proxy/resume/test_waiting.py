@@ -19,14 +19,14 @@ from proxy.opencode.followed_events import FollowedEvent
 from proxy.relay.tasks import KeyedTasks, Together
 from proxy.resume import waiting as waiting_module
 from proxy.resume.admission import Admission
-from proxy.resume.candidates import Watch
+from proxy.resume.candidates import BusySessions
 from proxy.resume.decision import Policy
 from proxy.resume.journal import Journal
+from proxy.resume.last_turn import InterruptedTurn
 from proxy.resume.ledger import Ledger
-from proxy.resume.resumer import Known, Records, ResumeOptions, Resumer
+from proxy.resume.resumer import Records, ResumeOptions, Resumer
 from proxy.resume.resuming import Resuming
 from proxy.resume.safety import Safety
-from proxy.resume.turns import InterruptedTurn
 from proxy.resume.waiting import TITLE, Continued, NotWaiting, Waiting, WaitingTurns
 from proxy.writeback.scheduler import Written
 from rules import Api
@@ -99,7 +99,8 @@ def made(
         options,
         writer=UnsafeSettling(server),
         credentials=Credentials(),
-        known=Known(waiting=waiting, admission=Admission(spacing=0)),
+        waiting=waiting,
+        admission=Admission(spacing=0),
         clock=lambda: NOW,
     )
     return resumer, journal, waiting
@@ -209,7 +210,7 @@ async def test_a_persons_own_message_ends_the_wait_and_nothing_is_sent(ledger: L
     resumer, _, waiting = made(server, ledger, told=told)
     await decided(resumer)
     ends: KeyedTasks[str] = KeyedTasks("ends")
-    resuming = Resuming(Watch(lambda _: None), Together(ends), waiting, {"1.18": resumer}, ends)
+    resuming = Resuming(BusySessions(lambda _: None), Together(ends), waiting, {"1.18": resumer}, ends)
     old = {"sessionID": "ses_1", "info": {"id": "msg_002", "role": "assistant", "sessionID": "ses_1"}}
     resuming.event(FollowedEvent("/work", None, "message.updated", old))
     await ends.idle()

@@ -81,7 +81,7 @@ async def settled(
         tracker.store(Api.V1, kept)
     views = MessageViews(tracker, probe)
     request = testing.flow("GET", VIEW).request
-    return await views.settle(views.kept(ROUTE, VIEW), ROUTE, body, request)
+    return await views.settle(views.stream_word(ROUTE, VIEW), ROUTE, body, request)
 
 
 async def test_a_body_without_a_trigger_is_clean_before_any_reading(
@@ -90,7 +90,7 @@ async def test_a_body_without_a_trigger_is_clean_before_any_reading(
     probe = AnsweringProbe(upstream_api, [IDLE])
     assert await settled(tracker, probe, CLEAN) == Settled(Unchanged(Reason.CLEAN))
     assert probe.asked == 0
-    assert MessageViews(tracker, probe).kept(ROUTE, VIEW).unchanged, "the view is known clean"
+    assert MessageViews(tracker, probe).stream_word(ROUTE, VIEW).unchanged, "the view is known clean"
 
 
 async def test_a_stale_body_is_settled_by_a_kept_reading_as_rewrite_settles_it(
@@ -106,7 +106,7 @@ async def test_an_active_session_leaves_it_unchanged(
     probe = AnsweringProbe(upstream_api, [Liveness(V1, active=True)])
     assert await settled(tracker, probe, STALE) == Settled(Unchanged(Reason.ACTIVE))
     views = MessageViews(tracker, probe)
-    assert views.kept(ROUTE, VIEW).unchanged, "the active reading asked is kept"
+    assert views.stream_word(ROUTE, VIEW).unchanged, "the active reading asked is kept"
 
 
 async def test_a_body_of_another_shape_is_unchanged_with_what_is_wrong(
@@ -151,8 +151,8 @@ async def test_equal_bytes_are_repeated_from_the_last_rewrite(
     tracker.store(Api.V1, IDLE)
     views = MessageViews(tracker, AnsweringProbe(upstream_api, []))
     request = testing.flow("GET", VIEW).request
-    first = await views.settle(views.kept(ROUTE, VIEW), ROUTE, STALE, request)
-    again = await views.settle(views.kept(ROUTE, VIEW), ROUTE, bytes(STALE), request)
+    first = await views.settle(views.stream_word(ROUTE, VIEW), ROUTE, STALE, request)
+    again = await views.settle(views.stream_word(ROUTE, VIEW), ROUTE, bytes(STALE), request)
     assert isinstance(first.outcome, Rewritten)
     assert (first.repeated, again.repeated) == (False, True)
     assert again.outcome is first.outcome

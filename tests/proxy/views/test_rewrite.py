@@ -8,7 +8,7 @@ import pytest
 
 from proxy.opencode.routes import MessageRoute, match_message_route
 from proxy.views.rewrite import rewrite
-from proxy.views.scan import mentions_open_status
+from proxy.views.scan import trigger_offsets
 from rules import Api, Liveness, UnexpectedShape, settle
 from tests.fixtures import js_json, load
 
@@ -183,7 +183,7 @@ called yet): the assistant message has no `time.completed` (paths and cursors sh
 def test_an_assistant_message_cut_before_any_tool_is_found_and_closed(
     body: bytes, route: MessageRoute, created: bytes
 ) -> None:
-    assert mentions_open_status(body, route.api)
+    assert trigger_offsets(body, route.api)
     result = rewrite(body, route, INACTIVE)
     assert result is not None
     assert result.spliced
@@ -191,15 +191,15 @@ def test_an_assistant_message_cut_before_any_tool_is_found_and_closed(
     closed = messages[1]["info"] if route.api is Api.V1 else messages["data"][0]
     assert closed["time"] == {"created": int(created), "completed": int(created)}
     finished = body.replace(b'"created":' + created + b"}", b'"created":' + created + b',"completed":1}')
-    assert not mentions_open_status(finished, route.api)
+    assert not trigger_offsets(finished, route.api)
     assert rewrite(finished, route, INACTIVE) is None
 
 
 def test_byte_scan() -> None:
-    assert mentions_open_status(b'{"status":"streaming"}', Api.V2)
-    assert not mentions_open_status(b'{"status":"pending"}', Api.V2)
-    assert mentions_open_status(b'{"status":"pending"}', Api.V1)
-    assert not mentions_open_status(b'{"status":"completed"}', Api.V1)
+    assert trigger_offsets(b'{"status":"streaming"}', Api.V2)
+    assert not trigger_offsets(b'{"status":"pending"}', Api.V2)
+    assert trigger_offsets(b'{"status":"pending"}', Api.V1)
+    assert not trigger_offsets(b'{"status":"completed"}', Api.V1)
 
 
 @pytest.mark.parametrize(
@@ -247,6 +247,6 @@ def test_v2_context_view_is_a_message_list() -> None:
 def test_an_unfinished_message_is_found_in_a_spaced_layout_too(body: bytes, indent: int | None) -> None:
     api = Api.V1 if body.startswith(b"[") else Api.V2
     spaced = json.dumps(orjson.loads(body), indent=indent).encode()
-    assert mentions_open_status(spaced, api)
+    assert trigger_offsets(spaced, api)
     finished = spaced.replace(b'"created": 1796061527', b'"completed": 1, "created": 1796061527')
-    assert not mentions_open_status(finished, api)
+    assert not trigger_offsets(finished, api)

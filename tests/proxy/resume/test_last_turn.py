@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from proxy.resume.turns import InterruptedCall, last_turn
+from proxy.resume.last_turn import InterruptedCall, last_turn
 from rules import V1, V2, V2X
 from tests.fixtures.opencode2 import load
 from tests.proxy.resume.views import RUNNING_INPUT, v1_settled, v1_tool, v1_user, v1_view, v2_view

@@ -13,10 +13,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from yarl import URL
 
-from proxy.addons.live import kept as live_kept
+from proxy.addons.live import stored as live_stored
 from proxy.addons.live.addon import LiveSettle
-from proxy.addons.live.kept import Kept, KeptMemory
 from proxy.addons.live.memory import Kind, OpenCall, Place, Remembered, StreamMemory
+from proxy.addons.live.stored import Inherited, StoredMemory
 from proxy.service.app import create_app
 from proxy.service.config import Settings
 from proxy.testing import idle
@@ -78,15 +78,15 @@ def test_what_the_memory_forgets_beyond_its_bound_is_dropped(monkeypatch: pytest
 
 async def test_the_next_proxy_on_the_address_reads_what_is_left_open(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
-    async with KeptMemory.open(path, ADDRESS) as kept:
+    async with StoredMemory.open(path, ADDRESS) as kept:
         assert await kept.load() == []
         kept.keep("part", "prt_1", OPEN)
         kept.keep("session", "ses_a", BUSY)
         kept.keep("message", "msg_1", Place("ses_a", "msg_1", "/cwd", None))
         kept.drop("message", "msg_1")
-    async with KeptMemory.open(path, ADDRESS) as again:
-        assert await again.load() == [Kept("part", "prt_1", OPEN), Kept("session", "ses_a", BUSY)]
-    async with KeptMemory.open(path, "127.0.0.1:4097") as elsewhere:
+    async with StoredMemory.open(path, ADDRESS) as again:
+        assert await again.load() == [Inherited("part", "prt_1", OPEN), Inherited("session", "ses_a", BUSY)]
+    async with StoredMemory.open(path, "127.0.0.1:4097") as elsewhere:
         assert await elsewhere.load() == []
 
 
@@ -95,21 +95,21 @@ async def test_an_open_2x_call_is_read_back_with_the_key_it_was_named_under(tmp_
     the call open (the soak's proxy rounds), so it must know the call, and under which key."""
     call = OpenCall("ses_a", "msg_1", "call_1", "callID", "/cwd")
     memory = StreamMemory()
-    async with KeptMemory.open(tmp_path / "state.db", ADDRESS) as kept:
+    async with StoredMemory.open(tmp_path / "state.db", ADDRESS) as kept:
         memory.kept_by(kept)
         memory.calls["call_1"] = call
         memory.calls["call_2"] = OpenCall("ses_a", "msg_1", "call_2", "id", None)
         del memory.calls["call_2"]
-    async with KeptMemory.open(tmp_path / "state.db", ADDRESS) as again:
-        assert await again.load() == [Kept("call", "call_1", call)]
+    async with StoredMemory.open(tmp_path / "state.db", ADDRESS) as again:
+        assert await again.load() == [Inherited("call", "call_1", call)]
 
 
 async def test_only_the_newest_of_a_kind_are_read_back_and_the_rest_deleted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(live_kept, "REMEMBERED", 2)
+    monkeypatch.setattr(live_stored, "REMEMBERED", 2)
     path = tmp_path / "state.db"
-    async with KeptMemory.open(path, ADDRESS) as kept:
+    async with StoredMemory.open(path, ADDRESS) as kept:
         for number in range(4):
             kept.keep("session", f"ses_{number}", Place(f"ses_{number}", "", None, None))
             await kept.idle()
@@ -120,20 +120,20 @@ async def test_only_the_newest_of_a_kind_are_read_back_and_the_rest_deleted(
 
 async def test_a_row_this_proxy_cannot_read_is_left_out(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
-    async with KeptMemory.open(path, ADDRESS) as kept:
+    async with StoredMemory.open(path, ADDRESS) as kept:
         kept.keep("session", "ses_a", BUSY)
     async with aiosqlite.connect(path) as db:
         await db.execute("INSERT INTO stream_memory VALUES (?, 'part', 'prt_x', '{\"tool\": 1}')", (ADDRESS,))
         await db.commit()
-    async with KeptMemory.open(path, ADDRESS) as again:
-        assert await again.load() == [Kept("session", "ses_a", BUSY)]
+    async with StoredMemory.open(path, ADDRESS) as again:
+        assert await again.load() == [Inherited("session", "ses_a", BUSY)]
 
 
 async def test_a_write_that_fails_is_said_once_and_the_memory_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "state.db"
-    async with KeptMemory.open(path, ADDRESS) as kept:
+    async with StoredMemory.open(path, ADDRESS) as kept:
         async with aiosqlite.connect(path) as db:
             await db.execute(
                 "CREATE TRIGGER full BEFORE INSERT ON stream_memory BEGIN SELECT RAISE(ABORT, 'disk full'); END"
@@ -163,8 +163,8 @@ async def test_a_turn_the_proxy_before_saw_cut_while_writing_is_told_closed_and_
     live.remember(
         keeper,
         [
-            Kept("session", V1, Place(V1, "", "/cwd", "prj")),
-            Kept("message", WRITING_INFO["id"], Place(V1, WRITING_INFO["id"], "/cwd", "prj")),
+            Inherited("session", V1, Place(V1, "", "/cwd", "prj")),
+            Inherited("message", WRITING_INFO["id"], Place(V1, WRITING_INFO["id"], "/cwd", "prj")),
         ],
     )
     assert keeper.changes == []  # what was read back is not written again
@@ -174,7 +174,7 @@ async def test_a_turn_the_proxy_before_saw_cut_while_writing_is_told_closed_and_
 
 
 async def test_a_part_the_proxy_before_saw_open_is_told_settled(live: LiveSettle) -> None:
-    live.remember(Keeper(), [Kept("part", PART["id"], _open_part())])
+    live.remember(Keeper(), [Inherited("part", PART["id"], _open_part())])
     live.following()
     kinds = payload_kinds(await hooks.told_a_new_stream(live))
     assert kinds == ["message.updated", "message.part.updated", "session.status"]
@@ -184,7 +184,7 @@ async def test_nothing_is_told_of_what_was_kept_while_the_server_says_the_sessio
     live: LiveSettle, fake: FakeOpencode
 ) -> None:
     fake.v1_busy["/cwd"] = {V1}
-    live.remember(Keeper(), [Kept("session", V1, Place(V1, "", "/cwd", "prj"))])
+    live.remember(Keeper(), [Inherited("session", V1, Place(V1, "", "/cwd", "prj"))])
     live.following()
     assert await hooks.told_a_new_stream(live) == []
 

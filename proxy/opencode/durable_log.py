@@ -13,7 +13,7 @@ a subscriber 256 frames behind is ended (`subscriberCapacity`, `packages/server/
 know is 404 `{_tag: "SessionNotFoundError", sessionID, message}` (measured on @2092350cf).
 
 The cursor of a session is the `durable.seq` of the last of its events heard, so only sessions the
-follower heard of are read, the most recent first, at most `CAUGHT_UP_SESSIONS`, all within one
+follower heard of are read, the most recent first, at most `LOGGED_SESSIONS`, all within one
 deadline. Each read starts one before the cursor: the log must give back the event the stream
 showed. The `v2` build @2092350cf gives back none (measured: its `event` table stays empty while
 `event_sequence` counts, so its log is the marker alone), nor does 2.1.2 (measured: the marker
@@ -39,7 +39,7 @@ from proxy.opencode import jsonio
 from proxy.opencode.followed_events import (
     FollowedEvent,
     UnreadableEvent,
-    api_event,
+    api_frame_event,
     event_lines,
     load_frame,
 )
@@ -49,11 +49,11 @@ from proxy.relay.errors import reason_of
 
 log = logging.getLogger(__name__)
 
-CAUGHT_UP_SESSIONS = 64
+LOGGED_SESSIONS = 64
 """How many sessions (those heard last) are caught up after a loss: each costs one read then."""
 MARKERS = frozenset({"log.synced", "log.caught_up"})
 STALL_S = 30.0
-"""The longest wait for a line of a log (the catch-up's deadline is shorter, and ends it first)."""
+"""The longest wait for a line of a log (the reads' deadline is shorter, and ends them first)."""
 Take = Callable[[FollowedEvent | UnreadableEvent], None]
 
 
@@ -62,13 +62,13 @@ class _Absent(Exception):
 
 
 class DurableLog:
-    """The follower's cursor into each session's durable log, and the reads that catch it up."""
+    """The follower's cursor into each session's durable log, and the reads of what the stream missed."""
 
-    def __init__(self, line_limit: int, *, capacity: int = CAUGHT_UP_SESSIONS) -> None:
+    def __init__(self, line_limit: int, *, capacity: int = LOGGED_SESSIONS) -> None:
         self._line_limit = line_limit
         self._cursors: Bounded[str, int] = Bounded(capacity)
         self._replayed: Bounded[str, int] = Bounded(capacity)
-        """What the last catch-up delivered of each session: the stream's repeats are at or before it."""
+        """What the last read delivered of each session: the stream's repeats are at or before it."""
         self.absent_on: KnownServer | None = None
         """The server (as detected) whose log gives nothing back: not read again until it changes."""
         self._said: set[str] = set()
@@ -83,12 +83,12 @@ class DurableLog:
         self._cursors[session_id] = event.seq if cursor is None else max(event.seq, cursor)
         return True
 
-    async def catch_up(
+    async def read_missed(
         self, http: aiohttp.ClientSession, origin: URL, headers: LooseHeaders, server: KnownServer,
         *, within: float, take: Take,
     ) -> None:  # fmt: skip
         """Hand `take` each durable event after the cursors, session by session, in log order. A read
-        that fails or stalls ends the catch-up, all of it within `within` seconds."""
+        that fails or stalls ends the reads, all of them within `within` seconds."""
         self._replayed.clear()
         if (path := server.dialect.session_log) is None or self.absent_on == server:
             return
@@ -193,4 +193,4 @@ def _item(line: bytes | None) -> FollowedEvent | UnreadableEvent | _Marker | Non
     if body.get("type") in MARKERS:
         seq = body.get("seq")
         return _Marker(seq if isinstance(seq, int) and not isinstance(seq, bool) else None)
-    return api_event(body)
+    return api_frame_event(body)

@@ -44,7 +44,7 @@ _BUSY_TIMEOUT_MS = 5000
 
 
 @dataclass(frozen=True, slots=True)
-class Kept:
+class Inherited:
     """One thing the stream showed open, as the proxy before kept it."""
 
     kind: Kind
@@ -52,9 +52,9 @@ class Kept:
     place: Remembered
 
 
-class KeptMemory:
+class StoredMemory:
     """The stream memory of the proxy listening on `address`, in an open state database; use
-    `KeptMemory.open(path, address)`."""
+    `StoredMemory.open(path, address)`."""
 
     def __init__(self, connection: aiosqlite.Connection, address: str) -> None:
         self._db = connection
@@ -65,7 +65,7 @@ class KeptMemory:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, path: Path, address: str) -> AsyncIterator[KeptMemory]:
+    async def open(cls, path: Path, address: str) -> AsyncIterator[StoredMemory]:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         async with aiosqlite.connect(path) as connection:
             await connection.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
@@ -77,10 +77,10 @@ class KeptMemory:
             finally:
                 await kept.close()
 
-    async def load(self) -> list[Kept]:
+    async def load(self) -> list[Inherited]:
         """What the proxy before kept, the newest `REMEMBERED` of each kind (the rest are deleted:
         its memory forgot them too)."""
-        found: list[Kept] = []
+        found: list[Inherited] = []
         for kind in KINDS:
             rows = await self._db.execute_fetchall(
                 "SELECT rowid, key, place FROM stream_memory WHERE address = ? AND kind = ? "
@@ -170,7 +170,7 @@ def _json(place: Remembered) -> str:
     return orjson.dumps(fields).decode()
 
 
-def _read(kind: Kind, key: str, text: str) -> Kept | None:
+def _read(kind: Kind, key: str, text: str) -> Inherited | None:
     """A row as the proxy before kept it; one this proxy cannot read is left out."""
     try:
         fields = orjson.loads(text)
@@ -179,9 +179,11 @@ def _read(kind: Kind, key: str, text: str) -> Kept | None:
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return None
     if kind == "call":
-        return Kept(kind, key, OpenCall(session, message, key, str(fields.get("key") or "id"), directory))
+        return Inherited(
+            kind, key, OpenCall(session, message, key, str(fields.get("key") or "id"), directory)
+        )
     if kind == "part":
         tool = fields.get("tool")
         part = OpenTool(V1.api, session, message, key, tool, directory=directory, project=project)
-        return Kept(kind, key, part)
-    return Kept(kind, key, Place(session, message, directory, project))
+        return Inherited(kind, key, part)
+    return Inherited(kind, key, Place(session, message, directory, project))
