@@ -23,10 +23,9 @@ from typing import Any, ClassVar
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live.clients import ClientStreams, Telling
-from proxy.addons.live.confirmations import Asked, Confirmer, Held, Told, Verdict, Words, said
+from proxy.addons.live.confirmations import Asked, Confirmer, Held, Told, Verdict, Words, read_messages, said
 from proxy.addons.live.held import Holds
 from proxy.addons.live.memory import OpenCall, Place, StreamMemory
-from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.events_2x import api_execution_interrupted, api_tool_failed
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.server_line import ServerLine
@@ -131,19 +130,16 @@ class OpenCalls:
             raise LivenessUnknown(f"the upstream's opencode server is not known: {self._server.why_unknown}")
         if (http := known.dialect.runtime(Api.V2)) is None:
             return None
-        messages = {}
-        for message_id in dict.fromkeys(call.message_id for call in calls):
-            try:
-                path = http.messages_path(session_id, message_id)
-                messages[message_id] = await self._ctx.upstream.get(path, asked.credentials)
-            except UpstreamRefused as refusal:
-                if refusal.status != 404:
-                    raise
-                for call in calls:
-                    if call.message_id == message_id:
-                        self._open.pop(call.call_id, None)
+        ids = (call.message_id for call in calls)
+        messages = await read_messages(
+            self._ctx, asked, partial(http.messages_path, session_id), ids, self._gone
+        )
         liveness = await self._ctx.probe.read(Api.V2, session_id, asked.credentials)
         return CallsRead(calls, messages, liveness, http.rules)
+
+    def _gone(self, message_id: str) -> None:
+        for call in [call for call in self._open.values() if call.message_id == message_id]:
+            del self._open[call.call_id]
 
     def _settle(self, call: OpenCall, reading: CallsRead, verdict: Verdict) -> dict[str, Any] | None:
         """Tell the clients a call the rules settled (or say the server did, unseen); the event told."""

@@ -30,7 +30,7 @@ is published or written back.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
@@ -38,7 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from proxy.addons.context import SettleContext
 from proxy.addons.live.after_grace import found_active, read_after_grace
 from proxy.addons.live.held import HeldBack, Holds
-from proxy.opencode.client import Credentials
+from proxy.opencode.client import Credentials, UpstreamRefused
 from proxy.opencode.tracker import FollowedEvent
 from proxy.relay.tasks import KeyedTasks, Together
 from rules import Api, Liveness
@@ -115,6 +115,26 @@ class Verdict:
 def said(done: str, dry: str, what: str) -> tuple[str, str]:
     """A told line: `done what`, or under `--dry-run`, `dry what`."""
     return f"{done} {what}", f"{dry} {what}"
+
+
+async def read_messages(
+    ctx: SettleContext,
+    asked: Asked,
+    path: Callable[[str], str],
+    ids: Iterable[str],
+    gone: Callable[[str], None],
+) -> dict[str, Any]:
+    """The messages `ids` read afresh, by id; one the server no longer has is left out, and `gone`
+    told its id (nothing can show what it held any more)."""
+    messages = {}
+    for message_id in dict.fromkeys(ids):
+        try:
+            messages[message_id] = await ctx.upstream.get(path(message_id), asked.credentials)
+        except UpstreamRefused as refusal:
+            if refusal.status != 404:
+                raise
+            gone(message_id)
+    return messages
 
 
 class Reading(Protocol):

@@ -15,7 +15,6 @@ of the session's idle status, which the server's write-back does not announce.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -23,11 +22,10 @@ from typing import Any, ClassVar
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live.clients import ClientStreams, Telling
-from proxy.addons.live.confirmations import Asked, Confirmer, Held, Told, Verdict, Words, said
+from proxy.addons.live.confirmations import Asked, Confirmer, Held, Told, Verdict, Words, read_messages, said
 from proxy.addons.live.held import Holds
 from proxy.addons.live.memory import StreamMemory
-from proxy.addons.live.turns import directory_of
-from proxy.opencode.client import UpstreamRefused
+from proxy.addons.live.turns import placed
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import FollowedEvent
 from proxy.opencode.vocabulary import is_open_tool, part_settled, session_idle, settled_part_id
@@ -84,8 +82,10 @@ class OpenParts:
         )
         if not parts:
             return None
-        parts = [await self._placed(part) for part in parts]
-        messages = await self._messages(session_id, parts)
+        parts = [await placed(self._ctx, part) for part in parts]
+        path = partial(V1_HTTP.messages_path, session_id)
+        gone = partial(self._gone, session_id, parts)
+        messages = await read_messages(self._ctx, asked, path, (part.message_id for part in parts), gone)
         liveness = await self._ctx.probe.read(Api.V1, session_id, asked.credentials)
         return PartsRead(parts, messages, liveness)
 
@@ -96,34 +96,16 @@ class OpenParts:
             self._judge_message(message, parts, reading.liveness, verdict)
         return verdict
 
-    async def _placed(self, part: OpenTool) -> OpenTool:
-        """`part` with its session's directory, asked of the server when only a view named it."""
-        if part.directory is not None:
-            return part
-        return dataclasses.replace(part, directory=await directory_of(self._ctx, part.session_id))
-
-    async def _messages(self, session_id: str, parts: list[OpenTool]) -> dict[str, Any]:
-        """The messages holding `parts`, read afresh; one the server no longer has is left out,
-        and its parts forgotten (nothing can show them any more)."""
-        messages = {}
-        for message_id in dict.fromkeys(part.message_id for part in parts):
-            try:
-                messages[message_id] = await self._ctx.upstream.get(
-                    V1_HTTP.messages_path(session_id, message_id), self._ctx.credentials
-                )
-            except UpstreamRefused as refusal:
-                if refusal.status != 404:
-                    raise
-                log.info(
-                    "live settle of %s: message %s is gone, its parts are forgotten",
-                    session_id,
-                    message_id,
-                    extra={"fields": {"session": session_id, "message": message_id, "decision": "gone"}},
-                )
-                for part in parts:
-                    if part.message_id == message_id:
-                        self._memory.parts.pop(part.part, None)
-        return messages
+    def _gone(self, session_id: str, parts: list[OpenTool], message_id: str) -> None:
+        log.info(
+            "live settle of %s: message %s is gone, its parts are forgotten",
+            session_id,
+            message_id,
+            extra={"fields": {"session": session_id, "message": message_id, "decision": "gone"}},
+        )
+        for part in parts:
+            if part.message_id == message_id:
+                self._memory.parts.pop(part.part, None)
 
     def _judge_message(
         self, message: Any, parts: list[OpenTool], liveness: Liveness, verdict: Verdict

@@ -20,7 +20,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live.clients import ClientStreams, Telling
@@ -36,7 +36,7 @@ from proxy.opencode.vocabulary import (
     session_idle,
     settled_part_id,
 )
-from rules import V1, Api, Liveness, UnexpectedShape, settle_view
+from rules import V1, Api, Liveness, OpenTool, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
 
@@ -125,18 +125,12 @@ class DeadTurns:
             return None
         read = [
             (
-                await self._placed(place),
+                await placed(self._ctx, place),
                 await self._ctx.upstream.get(V1_HTTP.messages_path(session_id, mid), asked.credentials),
             )
             for mid, place in self._memory.unfinished_messages(session_id)
         ]
         return TurnsRead(read, await self._ctx.probe.read(Api.V1, session_id, asked.credentials))
-
-    async def _placed(self, place: Place) -> Place:
-        """`place` with its session's directory, asked of the server when only a view named it."""
-        if place.directory is not None:
-            return place
-        return dataclasses.replace(place, directory=await directory_of(self._ctx, place.session_id))
 
     def _closed(
         self, session_id: str, read: list[tuple[Place, Any]], liveness: Liveness
@@ -177,10 +171,17 @@ def _settled_unseen(event: FollowedEvent) -> Place | None:
     return Place(event.session_id, message_id, event.directory, event.project)
 
 
-async def directory_of(ctx: SettleContext, session_id: str) -> str:
-    """The session's directory (what `/global/event` and `/event` are framed by), asked of the server."""
+P = TypeVar("P", Place, OpenTool)
+
+
+async def placed(ctx: SettleContext, thing: P) -> P:
+    """`thing` with its session's directory (what `/global/event` and `/event` are framed by),
+    asked of the server when only a view named it."""
+    if thing.directory is not None:
+        return thing
+    session_id = thing.session_id
     info = await ctx.upstream.get(f"/session/{session_id}", ctx.credentials)
     directory = info.get("directory") if isinstance(info, dict) else None
     if not isinstance(directory, str):
         raise LivenessUnknown(f"/session/{session_id}: no `directory`")
-    return directory
+    return dataclasses.replace(thing, directory=directory)
