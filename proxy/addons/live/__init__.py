@@ -5,6 +5,6 @@ Three addons share it: `live-settle` (`addon`: tells `/global/event`, `/event` a
 `memory`, `stored`, `parts`, `turns`, `calls`, `held`, `clients`, `replay`, `catch_up`,
 `notices`, `default_directory`), `session-stream-settle` (`session_streams`: a 1.18 v2 session's
 own stream) and `resume-clients` (`resume_clients`: the clients a resume waits for). What they
-share: `confirmations` (news of a session withdraws a confirmation under way), `after_grace`
-(the reading a confirmation takes) and `frames` (events in opencode's framing).
+share: `confirmations` (the confirmer: each confirmation, `parts`, `calls`, `turns` and the
+session stream's, is a kind of it), `after_grace` (the reading a confirmation takes) and `held`.
 """

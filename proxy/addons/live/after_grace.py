@@ -1,7 +1,6 @@
 """A confirmation's reading of the server, the grace period after it was asked for, and asked again
-while it fails (and, `confirmed`, the steps every confirmation of open calls takes with it):
-right after a restart the server may not answer in time, and nothing else would make the proxy
-ask again (the stream that came back says nothing more of the session).
+while it fails: right after a restart the server may not answer in time, and nothing else would
+make the proxy ask again (the stream that came back says nothing more of the session).
 
 Each try is bounded: a server that has just restarted can hold a request for good while it boots
 the session's instance, and a confirmation that never ends holds back every later one of its
@@ -13,30 +12,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import aiohttp
 
-from proxy.addons.live.confirmations import Confirmations, Ticket
 from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.liveness import LivenessUnknown
-from rules import Liveness
 
 ATTEMPTS = 3
 """Tries in all: after the grace period, then twice and four times it."""
 TRY_TIMEOUT_S = 15.0
 """The longest one try may take (a v2 read of a large session takes well under a second)."""
 T = TypeVar("T")
-
-
-class Reading(Protocol):
-    """What a confirmation read: its messages, whatever their shape, and a reading taken after."""
-
-    @property
-    def liveness(self) -> Liveness: ...
-
-
-R = TypeVar("R", bound=Reading)
 log = logging.getLogger(__name__)
 
 
@@ -75,20 +62,3 @@ def found_active(session_id: str, active: bool) -> bool:
             extra={"fields": {"session": session_id, "decision": "active"}},
         )
     return active
-
-
-async def confirmed(
-    confirmations: Confirmations,
-    ticket: Ticket,
-    read: Callable[[], Awaitable[R | None]],
-    grace: float,
-    what: str,
-) -> R | None:
-    """The steps a confirmation of open calls takes before it settles: `read()` the server after
-    the grace period (asked again while it fails); then what it read, unless there was nothing to
-    read, the stream spoke of the session meanwhile (withdrawn), or the reading found the session
-    active. Each confirmation supplies what it reads, and settles what it is handed."""
-    found = await read_after_grace(read, grace, what, ticket.session_id)
-    if found is None or not confirmations.vouches(ticket):
-        return None
-    return None if found_active(ticket.session_id, found.liveness.active) else found

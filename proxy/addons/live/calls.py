@@ -19,29 +19,28 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from proxy.addons.context import SettleContext
-from proxy.addons.live.after_grace import confirmed
 from proxy.addons.live.clients import ClientStreams, Telling
-from proxy.addons.live.confirmations import Confirmations, Ticket
-from proxy.addons.live.held import HeldBack, Holds
+from proxy.addons.live.confirmations import Asked, Confirmer, Held, Told, Verdict, Words, read_messages, said
+from proxy.addons.live.held import Holds
 from proxy.addons.live.memory import OpenCall, Place, StreamMemory
-from proxy.opencode.client import UpstreamRefused
 from proxy.opencode.events_2x import api_execution_interrupted, api_tool_failed
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.server_line import ServerLine
 from proxy.opencode.sessions import CallClosed, CallOpened, SessionIdle
 from proxy.opencode.tracker import FollowedEvent
 from proxy.opencode.vocabulary import is_open_tool
-from proxy.relay.tasks import Together
 from rules import Api, Liveness, Runtime, settle_view
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class _Read:
+class CallsRead:
+    """The session's open calls, their messages as read afresh, and a reading taken after."""
+
     calls: list[OpenCall]
     messages: dict[str, Any]
     liveness: Liveness
@@ -53,6 +52,8 @@ class OpenCalls:
     """One confirmation at a time per session, of the 2.x calls the stream last showed open;
     read and settled as the dialect of the server `server` says it is."""
 
+    words: ClassVar[Words] = Words("live-settle", "open calls", "open calls", "live settle", Api.V2, log)
+
     def __init__(
         self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams, server: ServerLine
     ) -> None:
@@ -60,20 +61,19 @@ class OpenCalls:
         self._clients = clients
         self._server = server
         self._open = memory.calls
-        self._confirmations = Confirmations("live-settle", "open calls", ctx.metrics.withdrawn_confirmations)
-        self._held = HeldBack(ctx.probe, "open calls")
-        self.tasks = Together(self._confirmations.tasks, self._held)
+        self._confirmer = Confirmer(ctx, self)
+        self.tasks = self._confirmer.tasks
 
     def following(self) -> None:
         for session_id in dict.fromkeys(call.session_id for call in self._open.values()):
-            self._confirmations.schedule(session_id, self._confirm)
+            self._confirmer.schedule(session_id)
 
     def heard(self, event: FollowedEvent) -> None:
         """Withdraw on news; remember what opens and ends a call; an execution that ended with a
         call open is confirmed."""
         if not event.line_2x or event.session_id is None:
             return
-        self._confirmations.heard(event)
+        self._confirmer.heard(event)
         for change in event.transitions:
             match change:
                 case CallOpened(session_id, call_id, message_id, key, directory, line_2x=True):
@@ -81,129 +81,108 @@ class OpenCalls:
                 case CallClosed(_, call_id, line_2x=True):
                     self._open.pop(call_id, None)
                 case SessionIdle(session_id) if self._calls(session_id):
-                    self._confirmations.schedule(session_id, self._confirm)
+                    self._confirmer.schedule(session_id)
 
     def _calls(self, session_id: str) -> list[OpenCall]:
         return [call for call in self._open.values() if call.session_id == session_id]
 
-    async def _confirm(self, ticket: Ticket) -> None:
-        session_id = ticket.session_id
-        read = await confirmed(
-            self._confirmations, ticket, partial(self._read, session_id), self._ctx.grace, "live settle"
-        )
-        if read is None:
-            return
-        holds = self._holds(read)
-        told = [self._settle(call, read) for call in read.calls if call.call_id not in holds.calls]
-        settled = [event for event in told if event is not None]
-        if settled and not self._ctx.dry_run:
-            call = read.calls[-1]
+    def judge(self, session_id: str, reading: CallsRead, asked: Asked) -> Verdict:
+        """Each call the rules settled told, then the execution's end; the calls held back kept."""
+        holds = self._holds(reading)
+        verdict = Verdict()
+        events = [
+            self._settle(call, reading, verdict) for call in reading.calls if call.call_id not in holds.calls
+        ]
+        if settled := [event for event in events if event is not None]:
+            call = reading.calls[-1]
             place = Place(session_id, call.message_id, call.directory, None)
             ended = api_execution_interrupted(session_id, settled[-1]["created"], call.directory)
-            self._clients.publish(f"execution {session_id}", Telling(place, [ended], line_2x=True))
-        if held := holds.calls & {call.call_id for call in read.calls}:
-            self._held.hold(
-                session_id,
-                holds,
-                read.liveness,
-                lambda: self._confirmations.schedule(session_id, self._confirm),
-                lambda: any(call.call_id in held for call in self._calls(session_id)),
+            telling = Telling(place, [ended], line_2x=True)
+            verdict.told.append(
+                Told(None, publish=partial(self._clients.publish, f"execution {session_id}", telling))
             )
+        if held := holds.calls & {call.call_id for call in reading.calls}:
+            verdict.held.append(
+                Held(holds, lambda: any(call.call_id in held for call in self._calls(session_id)))
+            )
+        return verdict
 
-    def _holds(self, read: _Read) -> Holds:
+    def _holds(self, reading: CallsRead) -> Holds:
         """What held back the calls a reading left open that a later one may settle: they stay
         remembered, to be confirmed again."""
 
         def settles(liveness: Liveness) -> set[str]:
             views = (
-                settle_view(message, Api.V2, liveness, single=True, runtime=read.rules)
-                for message in read.messages.values()
+                settle_view(message, Api.V2, liveness, single=True, runtime=reading.rules)
+                for message in reading.messages.values()
             )
             return set().union(*(_changed(view) for view in views))
 
-        return Holds.of(settles, read.liveness)
+        return Holds.of(settles, reading.liveness)
 
-    async def _read(self, session_id: str) -> _Read | None:
+    async def read(self, session_id: str, asked: Asked) -> CallsRead | None:
         """The session's open calls, their messages read afresh, and a reading taken after them;
         None when there is nothing to confirm, or the server's line serves no `/api` views. A
         server that cannot say which it is is a failed try, asked again."""
         if not (calls := self._calls(session_id)):
             return None
-        if (known := await self._server.known(self._ctx.credentials)) is None:
+        if (known := await self._server.known(asked.credentials)) is None:
             raise LivenessUnknown(f"the upstream's opencode server is not known: {self._server.why_unknown}")
         if (http := known.dialect.runtime(Api.V2)) is None:
             return None
-        messages = {}
-        for message_id in dict.fromkeys(call.message_id for call in calls):
-            try:
-                path = http.messages_path(session_id, message_id)
-                messages[message_id] = await self._ctx.upstream.get(path, self._ctx.credentials)
-            except UpstreamRefused as refusal:
-                if refusal.status != 404:
-                    raise
-                for call in calls:
-                    if call.message_id == message_id:
-                        self._open.pop(call.call_id, None)
-        liveness = await self._ctx.probe.read(Api.V2, session_id, self._ctx.credentials)
-        return _Read(calls, messages, liveness, http.rules)
+        ids = (call.message_id for call in calls)
+        messages = await read_messages(
+            self._ctx, asked, partial(http.messages_path, session_id), ids, self._gone
+        )
+        liveness = await self._ctx.probe.read(Api.V2, session_id, asked.credentials)
+        return CallsRead(calls, messages, liveness, http.rules)
 
-    def _settle(self, call: OpenCall, read: _Read) -> dict[str, Any] | None:
-        """Tell the clients a call the rules settled (or the server did, unseen); the event told."""
-        if (message := read.messages.get(call.message_id)) is None:
+    def _gone(self, message_id: str) -> None:
+        for call in [call for call in self._open.values() if call.message_id == message_id]:
+            del self._open[call.call_id]
+
+    def _settle(self, call: OpenCall, reading: CallsRead, verdict: Verdict) -> dict[str, Any] | None:
+        """Tell the clients a call the rules settled (or say the server did, unseen); the event told."""
+        if (message := reading.messages.get(call.message_id)) is None:
             return None
-        view = settle_view(message, Api.V2, read.liveness, single=True, runtime=read.rules)
+        view = settle_view(message, Api.V2, reading.liveness, single=True, runtime=reading.rules)
         document = view.document if view is not None else message
         content = document.get("data", {}).get("content", []) if isinstance(document, dict) else []
         item = next((i for i in content if isinstance(i, dict) and i.get("id") == call.call_id), None)
         self._open.pop(call.call_id, None)
         if item is None or is_open_tool(item, Api.V2) or not isinstance(item["state"].get("error"), dict):
             return None
+        fields: dict[str, Any] = {
+            "session": call.session_id,
+            "message": call.message_id,
+            "call": call.call_id,
+        }
         if call.call_id not in _changed(view):
-            _log_settled_by_server(call)
+            # The server holds the call settled itself: it published that (`durable`), and its view
+            # and log say it to any client that reads them; a copy would only repeat it.
+            line = (
+                f"call {call.call_id} of {call.session_id}: the server settled it itself; "
+                "not repeated to clients"
+            )
+            verdict.told.append(Told((line, line), fields | {"decision": "settled by the server"}))
             return None
         event = api_tool_failed(
             call.session_id, call.message_id, item, key=call.key, directory=call.directory
         )
-        verb = "would settle" if self._ctx.dry_run else "settled"
-        log.info(
-            "%s orphaned call in client streams",
-            verb,
-            extra={
-                "fields": {
-                    "session": call.session_id,
-                    "message": call.message_id,
-                    "call": call.call_id,
-                    "tool": item.get("name"),
-                    "rule": "orphaned-tool",
-                    "api": str(Api.V2),
-                    "why": "open when the server went away; inactive in two readings",
-                }
-            },
+        fields |= {
+            "tool": item.get("name"),
+            "rule": "orphaned-tool",
+            "api": str(Api.V2),
+            "why": "open when the server went away; inactive in two readings",
+        }
+        place = Place(call.session_id, call.message_id, call.directory, None)
+        publish = partial(self._clients.publish, call.call_id, Telling(place, [event], line_2x=True))
+        verdict.told.append(
+            Told(said("settled", "would settle", "orphaned call in client streams"), fields, publish)
         )
-        if not self._ctx.dry_run:
-            place = Place(call.session_id, call.message_id, call.directory, None)
-            self._clients.publish(call.call_id, Telling(place, [event], line_2x=True))
         return event
 
 
 def _changed(view: Any) -> set[str]:
     """The items a settled view changed (none for no view)."""
     return set() if view is None else {str(change.target.part) for change in view.changes}
-
-
-def _log_settled_by_server(call: OpenCall) -> None:
-    """The server holds the call settled itself: it published that (`durable`), and its view and
-    log say it to any client that reads them; a copy would only repeat it."""
-    log.info(
-        "call %s of %s: the server settled it itself; not repeated to clients",
-        call.call_id,
-        call.session_id,
-        extra={
-            "fields": {
-                "session": call.session_id,
-                "message": call.message_id,
-                "call": call.call_id,
-                "decision": "settled by the server",
-            }
-        },
-    )

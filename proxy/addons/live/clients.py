@@ -26,10 +26,10 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from proxy.addons.live.catch_up import CatchUp
-from proxy.addons.live.frames import event_frame
 from proxy.addons.live.memory import Place
 from proxy.addons.live.replay import Replayed, Replays
 from proxy.addons.routing import route_of
+from proxy.opencode import jsonio
 from proxy.opencode.followed_events import FollowedEvent
 from proxy.opencode.routes import EventStream
 from proxy.relay.hooks import Flow, FlowKey
@@ -276,3 +276,9 @@ def _requested_directory(request: web.Request) -> str | None:
         return directory
     header = request.headers.get(_DIRECTORY_HEADER)
     return unquote(header) if header else None
+
+
+def event_frame(envelope: object) -> bytes:
+    """One SSE event carrying `envelope` as JSON, framed as opencode frames its own (the relay
+    only slips the frames in; the events themselves are built by :mod:`proxy.opencode.vocabulary`)."""
+    return b"data: " + jsonio.dumps(envelope) + b"\n\n"

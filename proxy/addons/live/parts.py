@@ -15,31 +15,27 @@ of the session's idle status, which the server's write-back does not announce.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from proxy.addons.context import SettleContext
-from proxy.addons.live.after_grace import confirmed
 from proxy.addons.live.clients import ClientStreams, Telling
-from proxy.addons.live.confirmations import Confirmations, Ticket
-from proxy.addons.live.held import HeldBack, Holds
+from proxy.addons.live.confirmations import Asked, Confirmer, Held, Told, Verdict, Words, read_messages, said
+from proxy.addons.live.held import Holds
 from proxy.addons.live.memory import StreamMemory
-from proxy.addons.live.turns import directory_of
-from proxy.opencode.client import UpstreamRefused
+from proxy.addons.live.turns import placed
 from proxy.opencode.runtimes import V1_HTTP
 from proxy.opencode.tracker import FollowedEvent
 from proxy.opencode.vocabulary import is_open_tool, part_settled, session_idle, settled_part_id
-from proxy.relay.tasks import Together
 from rules import Api, Liveness, OpenTool, settle_view
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class _Read:
+class PartsRead:
     """The parts the stream showed open, their messages as read afresh, and a reading taken after."""
 
     parts: list[OpenTool]
@@ -51,87 +47,69 @@ class OpenParts:
     """One confirmation at a time per session, of the parts the stream last showed open there;
     any news of the session withdraws it."""
 
+    words: ClassVar[Words] = Words("live-settle", "open parts", "open parts", "live settle", Api.V1, log)
+
     def __init__(self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams) -> None:
         self._ctx = ctx
         self._memory = memory
         self._clients = clients
-        self._confirmations = Confirmations("live-settle", "open parts", ctx.metrics.withdrawn_confirmations)
-        self._held = HeldBack(ctx.probe, "open parts")
-        self.tasks = Together(self._confirmations.tasks, self._held)
         self._settled_meanwhile: dict[str, dict[str, OpenTool]] = {}
         """Per session under confirmation, the open parts the server settled meanwhile."""
+        self._confirmer = Confirmer(
+            ctx, self, ended=lambda session_id: self._settled_meanwhile.pop(session_id, None)
+        )
+        self.tasks = self._confirmer.tasks
 
     def schedule(self, session_id: str) -> None:
-        self._confirmations.schedule(session_id, self._confirm)
+        self._confirmer.schedule(session_id)
 
     def heard(self, event: FollowedEvent) -> None:
         settled = self._open_part_settled(event)
-        if settled is not None and self._confirmations.under_way(settled.session_id):
+        if settled is not None and self._confirmer.under_way(settled.session_id):
             self._settled_meanwhile.setdefault(settled.session_id, {})[settled.part] = settled
             return
-        self._confirmations.heard(event)
+        self._confirmer.heard(event)
 
     def _open_part_settled(self, event: FollowedEvent) -> OpenTool | None:
         """The remembered open part `event` shows settled, if it does."""
         part_id = settled_part_id(event.kind, event.properties)
         return self._memory.parts.get(part_id) if part_id is not None else None
 
-    async def _confirm(self, ticket: Ticket) -> None:
-        session_id = ticket.session_id
-        try:
-            read = await confirmed(
-                self._confirmations, ticket, partial(self._read, session_id), self._ctx.grace, "live settle"
-            )
-        finally:
-            self._settled_meanwhile.pop(session_id, None)
-        if read is None:
-            return
-        for message_id, message in read.messages.items():
-            parts = [part for part in read.parts if part.message_id == message_id]
-            self._settle_message(message, parts, read.liveness)
-
-    async def _read(self, session_id: str) -> _Read | None:
+    async def read(self, session_id: str, asked: Asked) -> PartsRead | None:
         """The parts the stream still shows open, their messages read afresh, then a reading."""
         parts = self._memory.open_parts(session_id) + list(
             self._settled_meanwhile.get(session_id, {}).values()
         )
         if not parts:
             return None
-        parts = [await self._placed(part) for part in parts]
-        messages = await self._messages(session_id, parts)
-        liveness = await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials)
-        return _Read(parts, messages, liveness)
+        parts = [await placed(self._ctx, part) for part in parts]
+        path = partial(V1_HTTP.messages_path, session_id)
+        gone = partial(self._gone, session_id, parts)
+        messages = await read_messages(self._ctx, asked, path, (part.message_id for part in parts), gone)
+        liveness = await self._ctx.probe.read(Api.V1, session_id, asked.credentials)
+        return PartsRead(parts, messages, liveness)
 
-    async def _placed(self, part: OpenTool) -> OpenTool:
-        """`part` with its session's directory, asked of the server when only a view named it."""
-        if part.directory is not None:
-            return part
-        return dataclasses.replace(part, directory=await directory_of(self._ctx, part.session_id))
+    def judge(self, session_id: str, reading: PartsRead, asked: Asked) -> Verdict:
+        verdict = Verdict()
+        for message_id, message in reading.messages.items():
+            parts = [part for part in reading.parts if part.message_id == message_id]
+            self._judge_message(message, parts, reading.liveness, verdict)
+        return verdict
 
-    async def _messages(self, session_id: str, parts: list[OpenTool]) -> dict[str, Any]:
-        """The messages holding `parts`, read afresh; one the server no longer has is left out,
-        and its parts forgotten (nothing can show them any more)."""
-        messages = {}
-        for message_id in dict.fromkeys(part.message_id for part in parts):
-            try:
-                messages[message_id] = await self._ctx.upstream.get(
-                    V1_HTTP.messages_path(session_id, message_id), self._ctx.credentials
-                )
-            except UpstreamRefused as refusal:
-                if refusal.status != 404:
-                    raise
-                log.info(
-                    "live settle of %s: message %s is gone, its parts are forgotten",
-                    session_id,
-                    message_id,
-                    extra={"fields": {"session": session_id, "message": message_id, "decision": "gone"}},
-                )
-                for part in parts:
-                    if part.message_id == message_id:
-                        self._memory.parts.pop(part.part, None)
-        return messages
+    def _gone(self, session_id: str, parts: list[OpenTool], message_id: str) -> None:
+        log.info(
+            "live settle of %s: message %s is gone, its parts are forgotten",
+            session_id,
+            message_id,
+            extra={"fields": {"session": session_id, "message": message_id, "decision": "gone"}},
+        )
+        for part in parts:
+            if part.message_id == message_id:
+                self._memory.parts.pop(part.part, None)
 
-    def _settle_message(self, message: Any, parts: list[OpenTool], liveness: Liveness) -> None:
+    def _judge_message(
+        self, message: Any, parts: list[OpenTool], liveness: Liveness, verdict: Verdict
+    ) -> None:
         view = settle_view(message, Api.V1, liveness, single=True)
         document = view.document if view is not None else message
         changed = set() if view is None else {change.target.part for change in view.changes}
@@ -146,33 +124,36 @@ class OpenParts:
             if now is not None and not is_open_tool(now, Api.V1):
                 # Settled by the rules, or by the server while the stream was down: either way
                 # a client that saw the part open must be told its state now.
-                self._orphan(part_id, part, now, document["info"], settled_here=part_id in changed)
+                verdict.told.append(self._told(part, now, document["info"], settled_here=part_id in changed))
         if held := holds.calls & {part.part for part in parts}:
-            session_id = parts[0].session_id
-            self._held.hold(
-                session_id,
-                holds,
-                liveness,
-                lambda: self.schedule(session_id),
-                lambda: any(part.part in held for part in self._memory.open_parts(session_id)),
-            )
+            verdict.held.append(Held(holds, partial(self._any_open, parts[0].session_id, held)))
 
-    def _orphan(
-        self,
-        part_id: str,
-        part: OpenTool,
-        settled_part: dict[str, Any],
-        info: dict[str, Any],
-        *,
-        settled_here: bool,
-    ) -> None:
+    def _any_open(self, session_id: str, parts: frozenset[str]) -> bool:
+        return any(part.part in parts for part in self._memory.open_parts(session_id))
+
+    def _told(
+        self, part: OpenTool, settled_part: dict[str, Any], info: dict[str, Any], *, settled_here: bool
+    ) -> Told:
         state = part_settled(part.session_id, settled_part, info)
-        _log_orphan(part_id, part, settled_part, settled_here=settled_here, dry_run=self._ctx.dry_run)
-        if self._ctx.dry_run:
-            return
-        self._clients.publish(part_id, Telling(part, state, [session_idle(part.session_id)]))
-        if settled_here and self._ctx.write_back is not None:
-            self._ctx.write_back.schedule(Api.V1, part.session_id, self._ctx.credentials, {part_id})
+        why = "open when the server went away; inactive in two readings"
+        fields = {
+            "session": part.session_id,
+            "message": part.message_id,
+            "part": part.part,
+            "tool": settled_part.get("tool"),
+            "rule": "orphaned-tool" if settled_here else None,
+            "api": "v1",
+            "why": why if settled_here else "settled by the server while the event stream was down",
+        }
+        publish = partial(
+            self._clients.publish, part.part, Telling(part, state, [session_idle(part.session_id)])
+        )
+        if not settled_here:
+            relayed = said("relayed", "relayed", "part the server settled unseen, to clients")
+            return Told(relayed, fields, publish)
+        return Told(
+            said("settled", "would settle", "orphaned part in client streams"), fields, publish, part.part
+        )
 
 
 def _settles(message: Any, liveness: Liveness) -> set[str]:
@@ -180,27 +161,3 @@ def _settles(message: Any, liveness: Liveness) -> set[str]:
     view = settle_view(message, Api.V1, liveness, single=True)
     changes = () if view is None else view.changes
     return {change.target.part for change in changes if change.target.part is not None}
-
-
-def _log_orphan(
-    part_id: str, part: OpenTool, settled_part: dict[str, Any], *, settled_here: bool, dry_run: bool
-) -> None:
-    verb = "would settle" if dry_run else "settled"
-    what = "orphaned part in client streams" if settled_here else "part the server settled unseen, to clients"
-    why = "open when the server went away; inactive in two readings"
-    log.info(
-        "%s %s",
-        verb if settled_here else "relayed",
-        what,
-        extra={
-            "fields": {
-                "session": part.session_id,
-                "message": part.message_id,
-                "part": part_id,
-                "tool": settled_part.get("tool"),
-                "rule": "orphaned-tool" if settled_here else None,
-                "api": "v1",
-                "why": why if settled_here else "settled by the server while the event stream was down",
-            }
-        },
-    )

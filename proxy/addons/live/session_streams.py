@@ -32,12 +32,10 @@ from functools import partial
 from typing import Any, ClassVar
 
 from proxy.addons.context import SettleContext
-from proxy.addons.live.after_grace import read_after_grace
-from proxy.addons.live.confirmations import Confirmations, Ticket
-from proxy.addons.live.frames import event_frame
-from proxy.addons.live.held import HeldBack, Holds
+from proxy.addons.live.clients import event_frame
+from proxy.addons.live.confirmations import Asked, Confirmer, Held, Told, Verdict, Words, said
+from proxy.addons.live.held import Holds
 from proxy.addons.routing import event_stream, route_of
-from proxy.opencode.client import Credentials
 from proxy.opencode.routes import EventStream
 from proxy.opencode.runtimes import V2_HTTP
 from proxy.opencode.sessions import CallClosed, CallOpened
@@ -66,19 +64,30 @@ class SessionStream:
 STREAM = FlowKey[SessionStream]("session stream")
 
 
+@dataclass(frozen=True, slots=True)
+class HistoryRead:
+    """A session's messages as read afresh, and a reading taken after."""
+
+    document: Any
+    liveness: Liveness
+
+
 class SessionStreamSettle(Addon, StreamListener):
     """Settle orphaned v2 tool calls in the session event streams clients follow, and confirm the
-    calls the followed stream left open as soon as it is back."""
+    calls the followed stream left open as soon as it is back. After a loss (rare, and where a
+    client may be left spinning) every outcome is logged at INFO, while the confirmation each
+    client stream's opening asks for says "nothing to tell" at DEBUG."""
 
     name: ClassVar[str] = "session-stream-settle"
+    words: ClassVar[Words] = Words(
+        name, "session streams", "open calls", "stream settle", Api.V2, log, routine=True
+    )
 
     def __init__(self, ctx: SettleContext) -> None:
         self.scope = event_stream
         self._ctx = ctx
-        self._confirmations = Confirmations(self.name, "session streams", ctx.metrics.withdrawn_confirmations)
-        self._held = HeldBack(ctx.probe, "open calls")
-        self.tasks: Together = Together(self._confirmations.tasks, self._held)
-        self._credentials = ctx.credentials
+        self._confirmer = Confirmer(ctx, self)
+        self.tasks: Together = self._confirmer.tasks
         self._streams: dict[SessionStream, None] = {}
         """An ordered set: each is also kept in its flow (`STREAM`)."""
         self._open: Bounded[str, Bounded[str, None]] = Bounded(_REMEMBERED)
@@ -90,12 +99,10 @@ class SessionStreamSettle(Addon, StreamListener):
     def following(self) -> None:
         for session_id in list(self._open):
             del self._open[session_id]
-            self._confirmations.schedule(
-                session_id, partial(self._settle, self._credentials, after_loss=True)
-            )
+            self._confirmer.schedule(session_id)
 
     def event(self, event: FollowedEvent) -> None:
-        self._confirmations.heard(event)
+        self._confirmer.heard(event)
         for change in event.transitions:
             match change:
                 case CallOpened(session_id, call, line_2x=False):
@@ -115,8 +122,9 @@ class SessionStreamSettle(Addon, StreamListener):
         flow.inject(stream.queue, by=self.name)
         self._streams[stream] = None
         flow[STREAM] = stream
-        credentials = self._ctx.probe.credentials(flow.request)
-        self._confirmations.schedule(stream.session_id, partial(self._settle, credentials))
+        self._confirmer.schedule(
+            stream.session_id, Asked(self._ctx.probe.credentials(flow.request), loud=False)
+        )
 
     async def done(self, flow: Flow) -> None:
         if (stream := flow.get(STREAM)) is not None:
@@ -126,94 +134,61 @@ class SessionStreamSettle(Addon, StreamListener):
         """Cancel pending confirmations (application cleanup)."""
         await self.tasks.close()
 
-    async def _settle(self, credentials: Credentials, ticket: Ticket, *, after_loss: bool = False) -> None:
-        """Confirm and tell; after a loss (rare, and where a client may be left spinning) every
-        outcome is logged at INFO, while the one each client stream's opening runs says "nothing to
-        tell" at DEBUG."""
-        quiet = logging.INFO if after_loss else logging.DEBUG
-        session_id = ticket.session_id
-        found = await read_after_grace(
-            partial(self._read, session_id, credentials), self._ctx.grace, "stream settle", session_id
-        )
-        if found is None:
-            return
-        document, liveness = found
-        if liveness.active:
-            log.log(quiet, "stream settle of %s: the session is active, nothing told", session_id)
-            return
+    async def read(self, session_id: str, asked: Asked) -> HistoryRead:
+        """The session's messages read afresh, then a reading."""
+        document = await self._ctx.upstream.get(V2_HTTP.messages_path(session_id), asked.credentials)
+        return HistoryRead(document, await self._ctx.probe.read(Api.V2, session_id, asked.credentials))
+
+    def judge(self, session_id: str, reading: HistoryRead, asked: Asked) -> Verdict:
+        """Each call the rules fail told, then every open stream of the session; calls that only
+        the bound of other processes on the database, or the reading's recency, left open are
+        confirmed again once what held them back is gone (`held`)."""
+        if reading.liveness.active:
+            log.log(asked.level, "stream settle of %s: the session is active, nothing told", session_id)
+            return Verdict()
         try:
-            view = settle_view(document, Api.V2, liveness)
+            view = settle_view(reading.document, Api.V2, reading.liveness)
         except UnexpectedShape as error:
             log.info("stream settle of %s: %s", session_id, error)
-            return
+            return Verdict()
         calls = {} if view is None else _failed_calls(session_id, view)
-        self._hold_back(session_id, document, liveness, calls, credentials)
-        if not calls:
-            log.log(quiet, "stream settle of %s: no call left open to settle", session_id)
-            return
-        if not self._confirmations.vouches(ticket):
-            return
-        self._report(session_id, calls)
-        if self._ctx.dry_run:
-            return
-        for stream in self._streams:
-            if stream.session_id == session_id:
-                self._tell(stream, calls)
-        if self._ctx.write_back is not None:
-            self._ctx.write_back.schedule(Api.V2, session_id, credentials, calls)
 
-    def _hold_back(
-        self,
-        session_id: str,
-        document: Any,
-        liveness: Liveness,
-        calls: dict[str, FailedCall],
-        credentials: Credentials,
-    ) -> None:
-        """Calls that only the bound of other processes on the database, or the reading's recency,
-        left open are confirmed again, with every open stream of the session told then, once what
-        held them back is gone (`held`)."""
-
-        def settles(reading: Liveness) -> set[str]:
-            view = settle_view(document, Api.V2, reading)
+        def settles(later: Liveness) -> set[str]:
+            view = settle_view(reading.document, Api.V2, later)
             return set() if view is None else set(_failed_calls(session_id, view))
 
-        holds = Holds.of(settles, liveness)
-        if holds.calls - calls.keys():
-            again = partial(self._settle, credentials, after_loss=True)
-            self._held.hold(
-                session_id,
-                holds,
-                liveness,
-                lambda: self._confirmations.schedule(session_id, again),
-                lambda: True,
-            )
+        holds = Holds.of(settles, reading.liveness)
+        verdict = Verdict(held=[Held(holds, lambda: True)] if holds.calls - calls.keys() else [])
+        if not calls:
+            log.log(asked.level, "stream settle of %s: no call left open to settle", session_id)
+            return verdict
+        verdict.told = [self._told(session_id, call_id, call) for call_id, call in calls.items()]
+        verdict.told.append(Told(None, publish=partial(self._tell, session_id, calls)))
+        return verdict
 
-    async def _read(self, session_id: str, credentials: Credentials) -> tuple[Any, Liveness]:
-        """The session's messages read afresh, then a reading."""
-        document = await self._ctx.upstream.get(V2_HTTP.messages_path(session_id), credentials)
-        return document, await self._ctx.probe.read(Api.V2, session_id, credentials)
+    def _told(self, session_id: str, call_id: str, call: FailedCall) -> Told:
+        fields = {
+            "session": session_id,
+            "message": call.event["data"]["assistantMessageID"],
+            "part": call_id,
+            "tool": call.tool,
+            "rule": call.rule,
+            "api": "v2",
+            "why": "open in the session's history; inactive in a reading taken after its messages",
+        }
+        return Told(
+            said("settled", "would settle", "orphaned call in session streams"), fields, write_back=call_id
+        )
 
-    def _tell(self, stream: SessionStream, calls: dict[str, FailedCall]) -> None:
-        for call_id, call in calls.items():
-            if call_id not in stream.told:
-                stream.told.add(call_id)
-                stream.queue.put_nowait(event_frame(call.event))
-                self._ctx.metrics.injected_events.inc()
-
-    def _report(self, session_id: str, calls: dict[str, FailedCall]) -> None:
-        verb = "would settle" if self._ctx.dry_run else "settled"
-        for call_id, call in calls.items():
-            fields = {
-                "session": session_id,
-                "message": call.event["data"]["assistantMessageID"],
-                "part": call_id,
-                "tool": call.tool,
-                "rule": call.rule,
-                "api": "v2",
-                "why": "open in the session's history; inactive in a reading taken after its messages",
-            }
-            log.info("%s orphaned call in session streams", verb, extra={"fields": fields})
+    def _tell(self, session_id: str, calls: dict[str, FailedCall]) -> None:
+        for stream in self._streams:
+            if stream.session_id != session_id:
+                continue
+            for call_id, call in calls.items():
+                if call_id not in stream.told:
+                    stream.told.add(call_id)
+                    stream.queue.put_nowait(event_frame(call.event))
+                    self._ctx.metrics.injected_events.inc()
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,12 +20,11 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from proxy.addons.context import SettleContext
-from proxy.addons.live.after_grace import confirmed
 from proxy.addons.live.clients import ClientStreams, Telling
-from proxy.addons.live.confirmations import Confirmations, Ticket
+from proxy.addons.live.confirmations import Asked, Confirmer, Told, Verdict, Words, said
 from proxy.addons.live.memory import Place, StreamMemory
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
@@ -37,13 +36,13 @@ from proxy.opencode.vocabulary import (
     session_idle,
     settled_part_id,
 )
-from rules import V1, Api, Liveness, UnexpectedShape, settle_view
+from rules import V1, Api, Liveness, OpenTool, UnexpectedShape, settle_view
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class _Read:
+class TurnsRead:
     """Each unfinished message where it lives, as read afresh, and a reading taken after."""
 
     messages: list[tuple[Place, Any]]
@@ -53,20 +52,22 @@ class _Read:
 class DeadTurns:
     """One confirmation at a time per session; any event about the session withdraws it."""
 
+    words: ClassVar[Words] = Words(
+        "live-settle turns", "dead turns", "dead turns", "live settle of turn", Api.V1, log
+    )
+
     def __init__(self, ctx: SettleContext, memory: StreamMemory, clients: ClientStreams) -> None:
         self._ctx = ctx
         self._memory = memory
         self._clients = clients
-        self._confirmations = Confirmations(
-            "live-settle turns", "dead turns", ctx.metrics.withdrawn_confirmations
-        )
-        self.tasks = self._confirmations.tasks
+        self._confirmer = Confirmer(ctx, self)
+        self.tasks = self._confirmer.tasks
 
     def schedule(self, session_id: str) -> None:
-        self._confirmations.schedule(session_id, self._close_turn)
+        self._confirmer.schedule(session_id)
 
     def heard(self, event: FollowedEvent) -> None:
-        self._confirmations.heard(event)
+        self._confirmer.heard(event)
         if (place := _settled_unseen(event)) is not None:
             self._owed([place], f"part of {place.session_id} settled as interrupted, not seen open here")
 
@@ -93,43 +94,43 @@ class DeadTurns:
                 self._memory.unfinished[place.message_id] = place
         self.schedule(session_id)
 
-    async def _close_turn(self, ticket: Ticket) -> None:
-        session_id = ticket.session_id
-        read = await confirmed(
-            self._confirmations,
-            ticket,
-            partial(self._read, session_id),
-            self._ctx.grace,
-            "live settle of turn",
-        )
-        if read is None:
-            return
+    def judge(self, session_id: str, reading: TurnsRead, asked: Asked) -> Verdict:
+        """Each message closed, then the session idle; nothing unless the rules close every one."""
         busy = self._memory.busy.get(session_id)
-        closed = self._closed(session_id, read.messages, read.liveness)
+        closed = self._closed(session_id, reading.messages, reading.liveness)
         if closed is None or not (closed or busy):
-            return  # not vouched for: the turn is left alone
+            return Verdict()  # not vouched for: the turn is left alone
         self._memory.busy.pop(session_id, None)
-        self._tell(session_id, closed, busy)
+        verdict = Verdict()
+        for place, info in closed:
+            fields = {
+                "session": session_id,
+                "message": place.message_id,
+                "rule": "unfinished-message",
+                "api": "v1",
+                "why": "unfinished when the server went away; inactive in a reading taken after it",
+            }
+            publish = partial(self._announce, place, [message_updated(session_id, info)])
+            verdict.told.append(
+                Told(said("closed", "would close", "unfinished message in client streams"), fields, publish)
+            )
+        place = busy if busy is not None else closed[-1][0]
+        verdict.told.append(Told(None, publish=partial(self._announce, place, [idle_status(session_id)])))
+        return verdict
 
-    async def _read(self, session_id: str) -> _Read | None:
+    async def read(self, session_id: str, asked: Asked) -> TurnsRead | None:
         """Each unfinished message read afresh, then a reading; None while a part of the session
         is open (the parts' own confirmation tells the whole story)."""
         if self._memory.has_open(session_id):
             return None
         read = [
             (
-                await self._placed(place),
-                await self._ctx.upstream.get(V1_HTTP.messages_path(session_id, mid), self._ctx.credentials),
+                await placed(self._ctx, place),
+                await self._ctx.upstream.get(V1_HTTP.messages_path(session_id, mid), asked.credentials),
             )
             for mid, place in self._memory.unfinished_messages(session_id)
         ]
-        return _Read(read, await self._ctx.probe.read(Api.V1, session_id, self._ctx.credentials))
-
-    async def _placed(self, place: Place) -> Place:
-        """`place` with its session's directory, asked of the server when only a view named it."""
-        if place.directory is not None:
-            return place
-        return dataclasses.replace(place, directory=await directory_of(self._ctx, place.session_id))
+        return TurnsRead(read, await self._ctx.probe.read(Api.V1, session_id, asked.credentials))
 
     def _closed(
         self, session_id: str, read: list[tuple[Place, Any]], liveness: Liveness
@@ -150,31 +151,9 @@ class DeadTurns:
             closed.append((place, info))
         return closed
 
-    def _tell(self, session_id: str, closed: list[tuple[Place, dict[str, Any]]], busy: Place | None) -> None:
-        for place, info in closed:
-            self._announce(place, [message_updated(session_id, info)])
-            log.info(
-                "%s unfinished message in client streams",
-                "would close" if self._ctx.dry_run else "closed",
-                extra={
-                    "fields": {
-                        "session": session_id,
-                        "message": place.message_id,
-                        "rule": "unfinished-message",
-                        "api": "v1",
-                        "why": "unfinished when the server went away; inactive in a reading taken after it",
-                    }
-                },
-            )
-        if busy is not None or closed:
-            place = busy if busy is not None else closed[-1][0]
-            self._announce(place, [idle_status(session_id)])
-
     def _announce(self, place: Place, state: list[dict[str, Any]]) -> None:
         """Send `state` to every client stream now (with `session.idle` after an idle status),
         and to streams that open later until the stream says something newer of that same thing."""
-        if self._ctx.dry_run:
-            return
         idle = state[-1]["type"] == SESSION_STATUS
         moment = [session_idle(place.session_id)] if idle else []
         self._clients.publish(place.message_id or "status", Telling(place, state, moment))
@@ -192,10 +171,17 @@ def _settled_unseen(event: FollowedEvent) -> Place | None:
     return Place(event.session_id, message_id, event.directory, event.project)
 
 
-async def directory_of(ctx: SettleContext, session_id: str) -> str:
-    """The session's directory (what `/global/event` and `/event` are framed by), asked of the server."""
+P = TypeVar("P", Place, OpenTool)
+
+
+async def placed(ctx: SettleContext, thing: P) -> P:
+    """`thing` with its session's directory (what `/global/event` and `/event` are framed by),
+    asked of the server when only a view named it."""
+    if thing.directory is not None:
+        return thing
+    session_id = thing.session_id
     info = await ctx.upstream.get(f"/session/{session_id}", ctx.credentials)
     directory = info.get("directory") if isinstance(info, dict) else None
     if not isinstance(directory, str):
         raise LivenessUnknown(f"/session/{session_id}: no `directory`")
-    return directory
+    return dataclasses.replace(thing, directory=directory)

@@ -4,7 +4,7 @@ import re
 
 import orjson
 
-from proxy.addons.live.frames import event_frame
+from proxy.addons.live.clients import event_frame
 from proxy.opencode.vocabulary import opencode_event
 
 
