@@ -48,7 +48,7 @@ async def _until_idle(owners: Sequence[Idles]) -> None:
 class KeyedTasks(Generic[K]):
     """Confirmations and writes scheduled per session: a second request for a key whose task is
     still under way starts nothing (what it then means is its owner's to say: a confirmation asked
-    for meanwhile runs after the one under way, `live_watch.Confirmations`).
+    for meanwhile runs after the one under way, `proxy.addons.live.confirmations.Confirmer`).
 
     Its owner holds one as `tasks` (composition, never a base class: an addon's `close` is then
     its own, whatever its bases), which `Background` waits for and the owner's cleanup closes.

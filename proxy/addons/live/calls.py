@@ -23,7 +23,16 @@ from typing import Any, ClassVar
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live.clients import ClientStreams, Telling
-from proxy.addons.live.confirmations import Asked, Confirmer, Held, Told, Verdict, Words, read_messages, said
+from proxy.addons.live.confirmations import (
+    Asked,
+    Confirmer,
+    Judgement,
+    StillHeld,
+    Told,
+    Words,
+    read_messages,
+    said,
+)
 from proxy.addons.live.held import Holds
 from proxy.addons.live.memory import OpenCall, Place, StreamMemory
 from proxy.opencode.events_2x import api_execution_interrupted, api_tool_failed
@@ -86,10 +95,10 @@ class OpenCalls:
     def _calls(self, session_id: str) -> list[OpenCall]:
         return [call for call in self._open.values() if call.session_id == session_id]
 
-    def judge(self, session_id: str, reading: CallsRead, asked: Asked) -> Verdict:
+    def judge(self, session_id: str, reading: CallsRead, asked: Asked) -> Judgement:
         """Each call the rules settled told, then the execution's end; the calls held back kept."""
         holds = self._holds(reading)
-        verdict = Verdict()
+        verdict = Judgement()
         events = [
             self._settle(call, reading, verdict) for call in reading.calls if call.call_id not in holds.calls
         ]
@@ -103,7 +112,7 @@ class OpenCalls:
             )
         if held := holds.calls & {call.call_id for call in reading.calls}:
             verdict.held.append(
-                Held(holds, lambda: any(call.call_id in held for call in self._calls(session_id)))
+                StillHeld(holds, lambda: any(call.call_id in held for call in self._calls(session_id)))
             )
         return verdict
 
@@ -141,7 +150,7 @@ class OpenCalls:
         for call in [call for call in self._open.values() if call.message_id == message_id]:
             del self._open[call.call_id]
 
-    def _settle(self, call: OpenCall, reading: CallsRead, verdict: Verdict) -> dict[str, Any] | None:
+    def _settle(self, call: OpenCall, reading: CallsRead, verdict: Judgement) -> dict[str, Any] | None:
         """Tell the clients a call the rules settled (or say the server did, unseen); the event told."""
         if (message := reading.messages.get(call.message_id)) is None:
             return None

@@ -97,7 +97,7 @@ class Told:
 
 
 @dataclass(frozen=True, slots=True)
-class Held:
+class StillHeld:
     """What held back what a reading left open, and `still()`, whether any of it is left to confirm."""
 
     holds: Holds
@@ -105,11 +105,11 @@ class Held:
 
 
 @dataclass(slots=True)
-class Verdict:
+class Judgement:
     """What a kind settles from a reading: what it tells, in order, and what it holds back."""
 
     told: list[Told] = field(default_factory=list)
-    held: list[Held] = field(default_factory=list)
+    held: list[StillHeld] = field(default_factory=list)
 
 
 def said(done: str, dry: str, what: str) -> tuple[str, str]:
@@ -157,7 +157,7 @@ class Kind(Protocol[R]):
         """The session's messages read afresh, then a reading; None when there is nothing to
         confirm. A failure (`after_grace`) is a try asked again."""
 
-    def judge(self, session_id: str, reading: R, asked: Asked) -> Verdict:
+    def judge(self, session_id: str, reading: R, asked: Asked) -> Judgement:
         """What to tell of an inactive reading (a routine kind's may be active), and what it left
         held back; what is told may be forgotten here."""
 
@@ -260,7 +260,7 @@ class Confirmer(Generic[R]):
         if written and not dry_run and self._ctx.write_back is not None:
             self._ctx.write_back.schedule(self._words.api, session_id, asked.credentials, written)
 
-    def _hold(self, session_id: str, verdict: Verdict, liveness: Liveness, asked: Asked) -> None:
+    def _hold(self, session_id: str, verdict: Judgement, liveness: Liveness, asked: Asked) -> None:
         again = replace(asked, loud=True)
         for held in verdict.held:
             self._held.hold(

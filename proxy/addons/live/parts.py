@@ -22,7 +22,16 @@ from typing import Any, ClassVar
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live.clients import ClientStreams, Telling
-from proxy.addons.live.confirmations import Asked, Confirmer, Held, Told, Verdict, Words, read_messages, said
+from proxy.addons.live.confirmations import (
+    Asked,
+    Confirmer,
+    Judgement,
+    StillHeld,
+    Told,
+    Words,
+    read_messages,
+    said,
+)
 from proxy.addons.live.held import Holds
 from proxy.addons.live.memory import StreamMemory
 from proxy.addons.live.turns import placed
@@ -89,8 +98,8 @@ class OpenParts:
         liveness = await self._ctx.probe.read(Api.V1, session_id, asked.credentials)
         return PartsRead(parts, messages, liveness)
 
-    def judge(self, session_id: str, reading: PartsRead, asked: Asked) -> Verdict:
-        verdict = Verdict()
+    def judge(self, session_id: str, reading: PartsRead, asked: Asked) -> Judgement:
+        verdict = Judgement()
         for message_id, message in reading.messages.items():
             parts = [part for part in reading.parts if part.message_id == message_id]
             self._judge_message(message, parts, reading.liveness, verdict)
@@ -108,7 +117,7 @@ class OpenParts:
                 self._memory.parts.pop(part.part, None)
 
     def _judge_message(
-        self, message: Any, parts: list[OpenTool], liveness: Liveness, verdict: Verdict
+        self, message: Any, parts: list[OpenTool], liveness: Liveness, verdict: Judgement
     ) -> None:
         view = settle_view(message, Api.V1, liveness, single=True)
         document = view.document if view is not None else message
@@ -126,7 +135,7 @@ class OpenParts:
                 # a client that saw the part open must be told its state now.
                 verdict.told.append(self._told(part, now, document["info"], settled_here=part_id in changed))
         if held := holds.calls & {part.part for part in parts}:
-            verdict.held.append(Held(holds, partial(self._any_open, parts[0].session_id, held)))
+            verdict.held.append(StillHeld(holds, partial(self._any_open, parts[0].session_id, held)))
 
     def _any_open(self, session_id: str, parts: frozenset[str]) -> bool:
         return any(part.part in parts for part in self._memory.open_parts(session_id))

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live.clients import event_frame
-from proxy.addons.live.confirmations import Asked, Confirmer, Held, Told, Verdict, Words, said
+from proxy.addons.live.confirmations import Asked, Confirmer, Judgement, StillHeld, Told, Words, said
 from proxy.addons.live.held import Holds
 from proxy.addons.routing import event_stream, route_of
 from proxy.opencode.routes import EventStream
@@ -139,18 +139,18 @@ class SessionStreamSettle(Addon, StreamListener):
         document = await self._ctx.upstream.get(V2_HTTP.messages_path(session_id), asked.credentials)
         return HistoryRead(document, await self._ctx.probe.read(Api.V2, session_id, asked.credentials))
 
-    def judge(self, session_id: str, reading: HistoryRead, asked: Asked) -> Verdict:
+    def judge(self, session_id: str, reading: HistoryRead, asked: Asked) -> Judgement:
         """Each call the rules fail told, then every open stream of the session; calls that only
         the bound of other processes on the database, or the reading's recency, left open are
         confirmed again once what held them back is gone (`held`)."""
         if reading.liveness.active:
             log.log(asked.level, "stream settle of %s: the session is active, nothing told", session_id)
-            return Verdict()
+            return Judgement()
         try:
             view = settle_view(reading.document, Api.V2, reading.liveness)
         except UnexpectedShape as error:
             log.info("stream settle of %s: %s", session_id, error)
-            return Verdict()
+            return Judgement()
         calls = {} if view is None else _failed_calls(session_id, view)
 
         def settles(later: Liveness) -> set[str]:
@@ -158,7 +158,7 @@ class SessionStreamSettle(Addon, StreamListener):
             return set() if view is None else set(_failed_calls(session_id, view))
 
         holds = Holds.of(settles, reading.liveness)
-        verdict = Verdict(held=[Held(holds, lambda: True)] if holds.calls - calls.keys() else [])
+        verdict = Judgement(held=[StillHeld(holds, lambda: True)] if holds.calls - calls.keys() else [])
         if not calls:
             log.log(asked.level, "stream settle of %s: no call left open to settle", session_id)
             return verdict

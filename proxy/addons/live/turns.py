@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeVar
 
 from proxy.addons.context import SettleContext
 from proxy.addons.live.clients import ClientStreams, Telling
-from proxy.addons.live.confirmations import Asked, Confirmer, Told, Verdict, Words, said
+from proxy.addons.live.confirmations import Asked, Confirmer, Judgement, Told, Words, said
 from proxy.addons.live.memory import Place, StreamMemory
 from proxy.opencode.liveness import LivenessUnknown
 from proxy.opencode.runtimes import V1_HTTP
@@ -94,14 +94,14 @@ class DeadTurns:
                 self._memory.unfinished[place.message_id] = place
         self.schedule(session_id)
 
-    def judge(self, session_id: str, reading: TurnsRead, asked: Asked) -> Verdict:
+    def judge(self, session_id: str, reading: TurnsRead, asked: Asked) -> Judgement:
         """Each message closed, then the session idle; nothing unless the rules close every one."""
         busy = self._memory.busy.get(session_id)
         closed = self._closed(session_id, reading.messages, reading.liveness)
         if closed is None or not (closed or busy):
-            return Verdict()  # not vouched for: the turn is left alone
+            return Judgement()  # not vouched for: the turn is left alone
         self._memory.busy.pop(session_id, None)
-        verdict = Verdict()
+        verdict = Judgement()
         for place, info in closed:
             fields = {
                 "session": session_id,
