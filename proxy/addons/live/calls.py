@@ -98,23 +98,23 @@ class OpenCalls:
     def judge(self, session_id: str, reading: CallsRead, asked: Asked) -> Judgement:
         """Each call the rules settled told, then the execution's end; the calls held back kept."""
         holds = self._holds(reading)
-        verdict = Judgement()
+        judgement = Judgement()
         events = [
-            self._settle(call, reading, verdict) for call in reading.calls if call.call_id not in holds.calls
+            self._settle(call, reading, judgement) for call in reading.calls if call.call_id not in holds.calls
         ]
         if settled := [event for event in events if event is not None]:
             call = reading.calls[-1]
             place = Place(session_id, call.message_id, call.directory, None)
             ended = api_execution_interrupted(session_id, settled[-1]["created"], call.directory)
             telling = Telling(place, [ended], line_2x=True)
-            verdict.told.append(
+            judgement.told.append(
                 Told(None, publish=partial(self._clients.publish, f"execution {session_id}", telling))
             )
         if held := holds.calls & {call.call_id for call in reading.calls}:
-            verdict.held.append(
+            judgement.held.append(
                 StillHeld(holds, lambda: any(call.call_id in held for call in self._calls(session_id)))
             )
-        return verdict
+        return judgement
 
     def _holds(self, reading: CallsRead) -> Holds:
         """What held back the calls a reading left open that a later one may settle: they stay
@@ -150,7 +150,7 @@ class OpenCalls:
         for call in [call for call in self._open.values() if call.message_id == message_id]:
             del self._open[call.call_id]
 
-    def _settle(self, call: OpenCall, reading: CallsRead, verdict: Judgement) -> dict[str, Any] | None:
+    def _settle(self, call: OpenCall, reading: CallsRead, judgement: Judgement) -> dict[str, Any] | None:
         """Tell the clients a call the rules settled (or say the server did, unseen); the event told."""
         if (message := reading.messages.get(call.message_id)) is None:
             return None
@@ -173,7 +173,7 @@ class OpenCalls:
                 f"call {call.call_id} of {call.session_id}: the server settled it itself; "
                 "not repeated to clients"
             )
-            verdict.told.append(Told((line, line), fields | {"decision": "settled by the server"}))
+            judgement.told.append(Told((line, line), fields | {"decision": "settled by the server"}))
             return None
         event = api_tool_failed(
             call.session_id, call.message_id, item, key=call.key, directory=call.directory
@@ -186,7 +186,7 @@ class OpenCalls:
         }
         place = Place(call.session_id, call.message_id, call.directory, None)
         publish = partial(self._clients.publish, call.call_id, Telling(place, [event], line_2x=True))
-        verdict.told.append(
+        judgement.told.append(
             Told(said("settled", "would settle", "orphaned call in client streams"), fields, publish)
         )
         return event

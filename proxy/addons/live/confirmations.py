@@ -228,14 +228,14 @@ class Confirmer(Generic[R]):
             return
         if not routine and (not self._vouches(ticket) or found_active(session_id, reading.liveness.active)):
             return
-        verdict = self._kind.judge(session_id, reading, asked)
+        judgement = self._kind.judge(session_id, reading, asked)
         if routine:
-            self._hold(session_id, verdict, reading.liveness, asked)
-            if not verdict.told or not self._vouches(ticket):
+            self._hold(session_id, judgement, reading.liveness, asked)
+            if not judgement.told or not self._vouches(ticket):
                 return
-        self._tell(session_id, verdict.told, asked)
+        self._tell(session_id, judgement.told, asked)
         if not routine:
-            self._hold(session_id, verdict, reading.liveness, asked)
+            self._hold(session_id, judgement, reading.liveness, asked)
 
     def _vouches(self, ticket: Ticket) -> bool:
         """Whether the confirmation may announce; when news withdrew it, log and count that."""
@@ -260,9 +260,9 @@ class Confirmer(Generic[R]):
         if written and not dry_run and self._ctx.write_back is not None:
             self._ctx.write_back.schedule(self._words.api, session_id, asked.credentials, written)
 
-    def _hold(self, session_id: str, verdict: Judgement, liveness: Liveness, asked: Asked) -> None:
+    def _hold(self, session_id: str, judgement: Judgement, liveness: Liveness, asked: Asked) -> None:
         again = replace(asked, loud=True)
-        for held in verdict.held:
+        for held in judgement.held:
             self._held.hold(
                 session_id, held.holds, liveness, lambda: self.schedule(session_id, again), held.still
             )

@@ -99,11 +99,11 @@ class OpenParts:
         return PartsRead(parts, messages, liveness)
 
     def judge(self, session_id: str, reading: PartsRead, asked: Asked) -> Judgement:
-        verdict = Judgement()
+        judgement = Judgement()
         for message_id, message in reading.messages.items():
             parts = [part for part in reading.parts if part.message_id == message_id]
-            self._judge_message(message, parts, reading.liveness, verdict)
-        return verdict
+            self._judge_message(message, parts, reading.liveness, judgement)
+        return judgement
 
     def _gone(self, session_id: str, parts: list[OpenTool], message_id: str) -> None:
         log.info(
@@ -117,7 +117,7 @@ class OpenParts:
                 self._memory.parts.pop(part.part, None)
 
     def _judge_message(
-        self, message: Any, parts: list[OpenTool], liveness: Liveness, verdict: Judgement
+        self, message: Any, parts: list[OpenTool], liveness: Liveness, judgement: Judgement
     ) -> None:
         view = settle_view(message, Api.V1, liveness, single=True)
         document = view.document if view is not None else message
@@ -133,9 +133,9 @@ class OpenParts:
             if now is not None and not is_open_tool(now, Api.V1):
                 # Settled by the rules, or by the server while the stream was down: either way
                 # a client that saw the part open must be told its state now.
-                verdict.told.append(self._told(part, now, document["info"], settled_here=part_id in changed))
+                judgement.told.append(self._told(part, now, document["info"], settled_here=part_id in changed))
         if held := holds.calls & {part.part for part in parts}:
-            verdict.held.append(StillHeld(holds, partial(self._any_open, parts[0].session_id, held)))
+            judgement.held.append(StillHeld(holds, partial(self._any_open, parts[0].session_id, held)))
 
     def _any_open(self, session_id: str, parts: frozenset[str]) -> bool:
         return any(part.part in parts for part in self._memory.open_parts(session_id))

@@ -158,13 +158,13 @@ class SessionStreamSettle(Addon, StreamListener):
             return set() if view is None else set(_failed_calls(session_id, view))
 
         holds = Holds.of(settles, reading.liveness)
-        verdict = Judgement(held=[StillHeld(holds, lambda: True)] if holds.calls - calls.keys() else [])
+        judgement = Judgement(held=[StillHeld(holds, lambda: True)] if holds.calls - calls.keys() else [])
         if not calls:
             log.log(asked.level, "stream settle of %s: no call left open to settle", session_id)
-            return verdict
-        verdict.told = [self._told(session_id, call_id, call) for call_id, call in calls.items()]
-        verdict.told.append(Told(None, publish=partial(self._tell, session_id, calls)))
-        return verdict
+            return judgement
+        judgement.told = [self._told(session_id, call_id, call) for call_id, call in calls.items()]
+        judgement.told.append(Told(None, publish=partial(self._tell, session_id, calls)))
+        return judgement
 
     def _told(self, session_id: str, call_id: str, call: FailedCall) -> Told:
         fields = {

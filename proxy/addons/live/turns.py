@@ -101,7 +101,7 @@ class DeadTurns:
         if closed is None or not (closed or busy):
             return Judgement()  # not vouched for: the turn is left alone
         self._memory.busy.pop(session_id, None)
-        verdict = Judgement()
+        judgement = Judgement()
         for place, info in closed:
             fields = {
                 "session": session_id,
@@ -111,12 +111,12 @@ class DeadTurns:
                 "why": "unfinished when the server went away; inactive in a reading taken after it",
             }
             publish = partial(self._announce, place, [message_updated(session_id, info)])
-            verdict.told.append(
+            judgement.told.append(
                 Told(said("closed", "would close", "unfinished message in client streams"), fields, publish)
             )
         place = busy if busy is not None else closed[-1][0]
-        verdict.told.append(Told(None, publish=partial(self._announce, place, [idle_status(session_id)])))
-        return verdict
+        judgement.told.append(Told(None, publish=partial(self._announce, place, [idle_status(session_id)])))
+        return judgement
 
     async def read(self, session_id: str, asked: Asked) -> TurnsRead | None:
         """Each unfinished message read afresh, then a reading; None while a part of the session
