@@ -99,9 +99,8 @@ class OpenCalls:
         """Each call the rules settled told, then the execution's end; the calls held back kept."""
         holds = self._holds(reading)
         judgement = Judgement()
-        events = [
-            self._settle(call, reading, judgement) for call in reading.calls if call.call_id not in holds.calls
-        ]
+        open_calls = [call for call in reading.calls if call.call_id not in holds.calls]
+        events = [self._settle(call, reading, judgement) for call in open_calls]
         if settled := [event for event in events if event is not None]:
             call = reading.calls[-1]
             place = Place(session_id, call.message_id, call.directory, None)

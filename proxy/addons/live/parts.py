@@ -133,7 +133,8 @@ class OpenParts:
             if now is not None and not is_open_tool(now, Api.V1):
                 # Settled by the rules, or by the server while the stream was down: either way
                 # a client that saw the part open must be told its state now.
-                judgement.told.append(self._told(part, now, document["info"], settled_here=part_id in changed))
+                told = self._told(part, now, document["info"], settled_here=part_id in changed)
+                judgement.told.append(told)
         if held := holds.calls & {part.part for part in parts}:
             judgement.held.append(StillHeld(holds, partial(self._any_open, parts[0].session_id, held)))
 
