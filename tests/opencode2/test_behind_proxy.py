@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -357,3 +358,38 @@ async def test_a_service_server_resumes_by_itself_and_the_proxy_leaves_it_to_it(
     assert "serve --service" in said
     assert "The server restarted while you were working" in (continuation.latest_prompt or "")
     assert "resume resumed" not in proxy.log()
+
+
+async def test_four_turns_cut_at_once_on_2_1_2_are_continued_each_once_two_at_a_time_spaced(
+    real_2x: RealServer, mock_model: MockModel, tmp_path: Path
+) -> None:
+    """Never a stampede on 2.1.2 either (`--resume-concurrency 2 --resume-spacing 2`, the
+    defaults): four turns cut by one SIGKILL are each continued once, at least 2 s apart, never
+    more than 2 between admission and a seen start."""
+    commands = [f"echo stampede {n} && sleep 600" for n in range(4)]
+    async with proxy_in_front(real_2x, tmp_path, "--resume") as proxy:
+        await until_logged(proxy, "following /api/event")
+        calls = [await real_2x.running_call(command) for command in commands]
+        await real_2x.kill()
+        await real_2x.restart()
+        for call in calls:
+            await until_logged(proxy, f"resume resumed: session {call.session_id}")
+        for call in calls:
+            await real_2x.closed(f"/api/session/{call.session_id}/message/{call.message_id}")
+        finals = await asyncio.to_thread(resumed_decisions, proxy, real_2x, {c.session_id for c in calls})
+    asked = [r.latest_prompt or "" for r in _continued(mock_model)]
+    assert [sum(command in prompt for prompt in asked) for command in commands] == [1, 1, 1, 1]
+    admitted = sorted(d["admitted"] for d in finals)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(admitted)]
+    assert all(gap >= 2.0 - 1e-6 for gap in gaps), gaps
+    spans = [(d["admitted"], d["at"]) for d in finals]
+    assert max(sum(1 for start, end in spans if start <= moment <= end) for moment, _ in spans) <= 2
+
+
+def resumed_decisions(proxy: ProxyProcess, server: Server2x, sessions: set[str]) -> list[dict[str, Any]]:
+    """The proxy's `resumed` decisions on `sessions` (`GET /_settle/resume`), one each."""
+    reply = request("GET", f"{proxy.url}/_settle/resume", headers=server.headers, timeout=15)
+    assert reply.status == 200, reply.body
+    found = [d for d in reply.json()["decisions"] if d["outcome"] == "resumed" and d["session"] in sessions]
+    assert sorted(d["session"] for d in found) == sorted(sessions), found
+    return list(found)
