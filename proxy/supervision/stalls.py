@@ -28,7 +28,7 @@ from proxy.opencode.client import Credentials, UpstreamApi
 from proxy.opencode.followed_events import FollowedEvent
 from proxy.opencode.sessions import CallOpened, PersonAnswered, PersonAsked
 from proxy.opencode.vocabulary import PART_UPDATED, TOOL_RUNNING, tool_status
-from proxy.supervision.tool_processes import Group, ToolCall, ToolProcesses
+from proxy.supervision.tool_processes import Group, ToolCall
 from proxy.system.process_groups import Member, alive, holding, members
 from proxy.system.procfs import program_name
 
@@ -36,6 +36,14 @@ log = logging.getLogger(__name__)
 V1, V2_118, LINE_2X = "v1", "v2", "2.x"
 """Where a call lives, which says its session's abort route."""
 CHECK_EVERY_S = 1.0
+
+
+class Calls(Protocol):
+    """What the watcher reads of the tied calls (`ToolProcesses`)."""
+
+    def open_groups(self) -> list[tuple[ToolCall, Group]]: ...
+
+    async def server(self) -> int | None: ...
 
 
 class ProcessTable(Protocol):
@@ -132,7 +140,7 @@ class Stalls:
 
     def __init__(
         self,
-        processes: ToolProcesses,
+        processes: Calls,
         *,
         after: float,
         abort: Abort | None = None,
