@@ -38,7 +38,9 @@ OPTIONS = ("--stall-after", "2", "--stall-abort", "--resume", "--write-back", "a
 
 @pytest.fixture(scope="module")
 def server(mock_model: MockModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpencodeServer]:
-    with running_opencode(tmp_path_factory.mktemp("stalls"), mock_model.base_url, supervised=OPTIONS) as found:
+    with running_opencode(
+        tmp_path_factory.mktemp("stalls"), mock_model.base_url, supervised=OPTIONS
+    ) as found:
         yield found
 
 
@@ -97,12 +99,15 @@ def test_a_stalled_call_is_named_and_aborted_the_others_never(
     wait_tool_running(server.url, live)
     stalled = start_turn("v1", server.url, server.project, "stall me")
 
+    # Seen before it can be named (--stall-after 2), so before the abort ends it.
+    holder = poll(partial(sleep_below, server.pid), what="the holder adopted by the proxy", timeout=60)
     named = poll(partial(logged, server, "stalled call:"), what="the stalled call named", timeout=60)
-    holder = poll(partial(sleep_below, server.pid), what="the holder adopted by the proxy", timeout=10)
     fields = named[0]
     assert [each["session"] for each in named] == [stalled.session_id]
-    assert fields["tool"] == "bash" and fields["holders"] == [{"pid": holder, "program": "sleep"}]
-    assert fields["message"].startswith("msg_") and fields["call"].startswith("prt_")
+    assert fields["tool"] == "bash"
+    assert fields["holders"] == [{"pid": holder, "program": "sleep"}]
+    assert fields["message"].startswith("msg_")
+    assert fields["call"].startswith("prt_")
     poll(partial(logged, server, "ended through the server's abort"), what="the abort said", timeout=30)
     poll(partial(settled_by_abort, server, stalled), what="the turn ended by the abort", timeout=30)
     poll(lambda: True if is_gone(holder) else None, what="the holder ended with its call", timeout=30)

@@ -29,7 +29,8 @@ async def closed_call(server: RealServer, session: str) -> dict[str, Any]:
                 item for m in view["data"] for item in m.get("content") or [] if item.get("type") == "tool"
             ]
             if calls and calls[0]["state"]["status"] != "running":
-                return calls[0]
+                found: dict[str, Any] = calls[0]
+                return found
             await asyncio.sleep(0.25)
 
 

@@ -52,7 +52,8 @@ class Clock:
 
 
 def opened() -> FollowedEvent:
-    part = {"id": "prt_1", "messageID": "msg_1", "sessionID": "ses_a", "type": "tool", "tool": "bash"}
+    part: dict[str, Any] = {"id": "prt_1", "messageID": "msg_1", "sessionID": "ses_a", "type": "tool"}
+    part["tool"] = "bash"
     part["state"] = {"status": "running", "input": {"command": "sleep 90 & echo started"}}
     return FollowedEvent("/project", None, "message.part.updated", {"sessionID": "ses_a", "part": part})
 

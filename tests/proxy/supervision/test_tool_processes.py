@@ -17,7 +17,7 @@ from proxy.opencode.tracker import FollowedEvent
 from proxy.supervision import tool_processes
 from proxy.supervision.tool_processes import ToolProcesses
 from proxy.system.process_groups import Member
-from proxy.system.procfs import stat
+from proxy.system.procfs import stat, ticks_since_boot
 
 
 class Tools(list[subprocess.Popen[bytes]]):
@@ -249,7 +249,7 @@ async def test_processes_reported_once_are_remembered_up_to_a_bound(
 
 def gone_leader(monkeypatch: pytest.MonkeyPatch, group: int, *commands: str) -> None:
     """A group whose leader exited before any look, its members started now (faked /proc)."""
-    now = tool_processes.ticks_since_boot()
+    now = ticks_since_boot()
     found = [Member(group + 1 + n, command, now, 1) for n, command in enumerate(commands)]
     monkeypatch.setattr(tool_processes, "leaderless", lambda parents, since: {group: found})
 
