@@ -131,6 +131,7 @@ def build_parser(
     _connection_flags(flags)
     _settling_flags(flags)
     _resume_flags(parser, flags)
+    _stall_flags(parser, flags)
     add_database_option(
         parser,
         "opencode's database, for --write-back db; --write-back api reads a v2 session's log from it "
@@ -319,6 +320,26 @@ def _resume_safety_flags(parser: argparse.ArgumentParser, flags: _Flags) -> None
     )
 
 
+def _stall_flags(parser: argparse.ArgumentParser, flags: _Flags) -> None:
+    """When a call with nothing of its own left running is named stalled, and whether it is ended."""
+    flags.seconds(
+        "--stall-after",
+        "SETTLE_STALL_AFTER",
+        "10",
+        "seconds a running call's own process must have exited, while a process it started still "
+        "holds its output open, before the call is named stalled (/_settle/health, one log line, "
+        "a metric); a call whose own process lives, or that waits for a person, never is",
+        DAY_S,
+    )
+    parser.add_argument(
+        "--stall-abort",
+        action="store_true",
+        help="end a stalled call through the server's own abort (1.x POST /session/ID/abort, 2.x "
+        "POST /api/session/ID/interrupt), once per call, with one log line; a turn ended so is never "
+        "resumed",
+    )
+
+
 def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Settings:
     """Settings from parsed flags and, from `environ`, opencode's credentials, where the write
     locks live and where tool processes are recorded."""
@@ -348,4 +369,6 @@ def settings_from(args: argparse.Namespace, environ: Environ = os.environ) -> Se
         resume_unsafe=bool(args.resume_unsafe),
         resume_concurrency=args.resume_concurrency,
         resume_spacing=args.resume_spacing,
+        stall_after=args.stall_after,
+        stall_abort=bool(args.stall_abort),
     )

@@ -54,11 +54,13 @@ from proxy.service.starting import (
     modes_said,
     resume_ledger,
     resuming,
+    stalls,
     stored_memory,
     tool_processes,
     write_back,
     writer,
 )
+from proxy.supervision.stalls import Stalls
 from proxy.supervision.supervisor import Supervisor
 from proxy.supervision.tool_processes import ToolProcesses
 from proxy.writeback.locations import Locations
@@ -140,6 +142,8 @@ class Started:
     notices: Notices
     """Tells the client streams that a turn waits for a person: the resume's Announcer unless the
     application gives one."""
+    stalls: Stalls | None = None
+    """Names stalled calls (None: the server's tool processes are not known here)."""
 
 
 class Assembly:
@@ -244,14 +248,14 @@ class Assembly:
         journal, resumed = await self._resume(
             stack, session, probe, written, watcher=watcher, clients=clients, line=line, announcer=announcer
         )
-        parts = [*addons, clients, live.notices, self.routes.guard, watcher, resumed]
+        stalled = stalls(settings, watcher, upstream, metrics, stack)
+        parts = [*addons, clients, live.notices, self.routes.guard, watcher, stalled, resumed]
         dispatcher = wire(
             parts, tracker=tracker, background=self.background, errors=metrics.addon_errors, stack=stack
         )
         forwarder = self._forwarder(dispatcher, session, stack)
-        return Started(
-            session, line, others, tracker, forwarder, journal, resumed, scheduled, watcher, live.notices
-        )
+        found = (journal, resumed, scheduled, watcher, live.notices, stalled)
+        return Started(session, line, others, tracker, forwarder, *found)
 
     async def _resume(
         self,

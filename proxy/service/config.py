@@ -89,6 +89,11 @@ class Settings:
     """Continuations admitted at once after one crash."""
     resume_spacing: float = 2.0
     """Seconds at least between two admissions."""
+    stall_after: float = 10.0
+    """Seconds a call's own process must have exited, with what it started still holding its
+    output, before the call is named stalled (`proxy.supervision.stalls`)."""
+    stall_abort: bool = False
+    """End a stalled call through the server's own abort route, once."""
 
     def __post_init__(self) -> None:
         if self.max_body < 1:

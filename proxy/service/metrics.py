@@ -62,6 +62,17 @@ class Metrics:
             "Processes a dead server left running (under settle-proxy run).",
             registry=self.registry,
         )
+        self.stalled_calls = Gauge(
+            "settle_proxy_stalled_calls",
+            "Tool calls shown running whose own process has exited while one it started holds their output.",
+            registry=self.registry,
+        )
+        self.stall_aborts = Counter(
+            "settle_proxy_stall_aborts",
+            "Stalled calls ended through the server's abort (--stall-abort), by outcome (sent, failed).",
+            ("outcome",),
+            registry=self.registry,
+        )
         self.background_busy = Gauge(
             "settle_proxy_background_busy",
             "1 while a confirmation, a write-back pass or a resume is under way; 0 once all decided.",

@@ -30,6 +30,7 @@ from proxy.resume.waiting import Continued, NotWaiting
 from proxy.service.auth import DetailsGuard, Handler, Lookup
 from proxy.service.config import Settings
 from proxy.service.metrics import CONTENT_TYPE_LATEST, Metrics
+from proxy.supervision.stalls import Stalls
 from proxy.supervision.supervisor import Supervisor
 from proxy.supervision.tool_processes import ToolProcesses
 from proxy.version import VERSION
@@ -54,6 +55,8 @@ class Running(Protocol):
     def journal(self) -> Journal: ...
     @property
     def resuming(self) -> Resuming | None: ...
+    @property
+    def stalls(self) -> Stalls | None: ...
 
 
 PREFIX = "/_settle"
@@ -113,7 +116,9 @@ class SettleRoutes:
     async def health(self, request: web.Request) -> web.Response:
         """Whether the upstream answers, where liveness comes from, which version runs, and whether
         other processes share the upstream's database (`other_processes`: who, or why unknown),
-        and where the proxy listens (`listening`: the port bound, for `--port 0` too).
+        and where the proxy listens (`listening`: the port bound, for `--port 0` too); the calls
+        named stalled (`stalled`: each with its holders' pids and programs), and whether calls can
+        be judged here at all (`stalls_judged`: the server's tool processes are known).
 
         503 while the upstream is unreachable, so a supervisor can tell; the proxy itself keeps
         serving (and answering 502 on forwarded routes) until it is back. Under `run`, the server's
@@ -129,6 +134,8 @@ class SettleRoutes:
             "other_processes": (await running.others.current()).describe(),
             "write_back": str(settings.write_back),
             "dry_run": settings.dry_run,
+            "stalled": [stall.as_json() for stall in stalls.stalled] if (stalls := running.stalls) else [],
+            "stalls_judged": stalls is not None,
         } | _listening(request)
         if (supervisor := self._supervisor) is not None:
             server = supervisor.health()

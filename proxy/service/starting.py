@@ -35,7 +35,9 @@ from proxy.resume.safety import Safety
 from proxy.resume.text import Fates, no_fates, process_fates
 from proxy.resume.waiting import Announcer
 from proxy.service.config import Settings
+from proxy.service.metrics import Metrics
 from proxy.supervision.process_records import ProcessRecords
+from proxy.supervision.stalls import Stalls, server_abort
 from proxy.supervision.supervisor import Orphans, Supervisor
 from proxy.supervision.tool_processes import ToolProcesses
 from proxy.writeback.api_writer import ApiWriter
@@ -132,6 +134,32 @@ async def tool_processes(
     watcher.recorder = records
     stack.push_async_callback(watcher.flush)
     return watcher
+
+
+def stalls(
+    settings: Settings,
+    watcher: ToolProcesses | None,
+    upstream: UpstreamApi,
+    metrics: Metrics,
+    stack: AsyncExitStack,
+) -> Stalls | None:
+    """Who names stalled calls, started now and stopped with `stack`; None, said once, where the
+    server's tool processes are not known."""
+    if watcher is None:
+        log.info("stalled calls are not judged: tool processes are not recorded (no state database)")
+        return None
+    credentials = Credentials.configured(settings.authorization)
+    abort = server_abort(upstream, credentials) if settings.stall_abort else None
+    found = Stalls(
+        watcher,
+        after=settings.stall_after,
+        abort=abort,
+        aborts=lambda outcome: metrics.stall_aborts.labels(outcome).inc(),
+    )
+    metrics.stalled_calls.set_function(lambda: len(found.stalled))
+    found.start()
+    stack.push_async_callback(found.close)
+    return found
 
 
 async def stored_memory(

@@ -11,18 +11,28 @@ shows a call start (1.18's `message.part.updated` and `session.next.tool.called`
 start time (clock ticks since boot, from /proc): a pid the kernel hands out again later never
 matches, and nothing is ever matched by its name alone. A leader that cannot be tied to exactly
 one call is not tied to any: it is only ever reported.
+
+A command that starts something in the background and exits at once (`sleep 90 & echo started`)
+is often gone before the first look: measured on 1.18.33 and 2.1.2, its leader lived a few
+milliseconds. Its group lives on in what it started, so a group whose leader has exited, all of
+whose processes started after a call was heard of, children of the server or of whoever adopted
+them, is tied to that call when it is the only one that fits (`Group.leader_seen` false). Each
+tie keeps the call's group and the files its leader's output went to (`Group`), for
+:mod:`proxy.supervision.stalls`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from proxy.opencode.events_2x import api_call_id
+from proxy.opencode.sessions import PersonAnswered, PersonAsked
 from proxy.opencode.tracker import FollowedEvent
 from proxy.opencode.vocabulary import (
     API_CALL_ENDED,
@@ -31,17 +41,22 @@ from proxy.opencode.vocabulary import (
     CALL_ENDED,
     CALL_STARTED,
     PART_UPDATED,
+    PERSON_PREFIXES,
     TOOL_RUNNING,
     is_open_tool,
     tool_status,
 )
 from proxy.relay.bounded import Bounded
-from proxy.system.procfs import command_line, pids, program_name, stat
+from proxy.system.open_files import FileId
+from proxy.system.process_groups import Member, leaderless, outputs
+from proxy.system.procfs import command_line, pids, program_name, stat, ticks_since_boot
 from rules import Api
 
 _SCAN_AFTER_S = (0.2, 1.0, 3.0)
 """When to look for a started call's process: it may start a moment after the call is announced."""
 _REMEMBERED = 10_000
+_HEARD_MARGIN_S = 1.0
+"""How much earlier than the stream's word of a call its process may have started."""
 _SHELL = re.compile(r"(?:\S*/)?(?:ba|da|k|z)?sh -c ")
 """How a shell-run command's leader reads: `/bin/sh -c …` (1.18's v2), `/usr/bin/bash -c …` (2.x)."""
 DIRECT, SHELL = "direct", "shell"
@@ -63,6 +78,21 @@ class Identity:
     def of(cls, pid: int) -> Identity | None:
         found = stat(pid)
         return cls(pid, found.started) if found else None
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """The process group a call's command leads, and the files its leader's output went to."""
+
+    leader: int
+    """The leader's pid: the group's id."""
+    started: int | None
+    """The leader's start time; None when it had exited before it was seen (`leader_seen` false)."""
+    outputs: frozenset[FileId] = frozenset()
+
+    @property
+    def leader_seen(self) -> bool:
+        return self.started is not None
 
 
 @dataclass(slots=True)
@@ -135,6 +165,12 @@ class ToolProcesses:
         """2.x's tool of each call whose input began: `session.tool.called` names none."""
         self._awaiting: set[str] = set()
         self._processes: Bounded[Identity, str] = Bounded(_REMEMBERED)
+        self._groups: Bounded[str, Group] = Bounded(_REMEMBERED)
+        """The group of each tied call."""
+        self._heard: Bounded[str, int] = Bounded(_REMEMBERED)
+        """When each call was heard of, in clock ticks since boot less `_HEARD_MARGIN_S`."""
+        self._paused: dict[str, set[str]] = {}
+        """The calls of each session that waits for a person, not awaited until they answer."""
         self._at_crash: Bounded[Identity, ToolCall] = Bounded(_REMEMBERED)
         """The call of each process a dead server left, as it was at that crash: the call may end
         in a later server's life, but the process was left by a crash all the same."""
@@ -168,6 +204,8 @@ class ToolProcesses:
         return found
 
     def event(self, event: FollowedEvent) -> None:
+        if event.kind.startswith(PERSON_PREFIXES):
+            self._person(event)
         if event.kind == PART_UPDATED:
             self._v1_part(event.properties.get("part"))
         elif event.kind == CALL_STARTED or event.kind in CALL_ENDED:
@@ -189,9 +227,38 @@ class ToolProcesses:
             found.append(Orphan(pid, command_line(pid), call))
         return found
 
+    def open_groups(self) -> list[tuple[ToolCall, Group]]:
+        """The calls the stream still shows running, each with the group tied to it."""
+        return [
+            (known, group)
+            for call, group in self._groups.items()
+            if (known := self._calls.get(call)) is not None and known.running
+        ]
+
+    async def server(self) -> int | None:
+        """The server's pid now, if it can be found on this host."""
+        return await self._locate_server()
+
     def tied(self, call: str) -> bool:
         """Whether a process was tied to `call` (the v1 part id, or the v2 call id)."""
         return call in self._processes.values()
+
+    def _person(self, event: FollowedEvent) -> None:
+        """A call whose session waits for a person starts no process until they answer: it is
+        not awaited meanwhile (a group found then is not its), and is awaited anew once answered."""
+        for change in event.transitions:
+            if isinstance(change, PersonAsked):
+                held = {call for call in self._awaiting if self._session_of(call) == change.session_id}
+                self._paused.setdefault(change.session_id, set()).update(held)
+                self._awaiting -= held
+            elif isinstance(change, PersonAnswered) and (held := self._paused.pop(change.session_id, set())):
+                for call in held:
+                    self._heard[call] = _heard_now()
+                self._awaiting |= {call for call in held if call in self._calls}
+                self._write(self._tie())
+
+    def _session_of(self, call: str) -> str | None:
+        return known.session_id if (known := self._calls.get(call)) is not None else None
 
     def _v1_part(self, part: Any) -> None:
         if not isinstance(part, dict) or not isinstance(part.get("id"), str):
@@ -237,6 +304,7 @@ class ToolProcesses:
             return  # only calls that run a command start processes; a repeated update starts nothing
         log.debug("call %s started (%s): %r", call, "/".join(sorted(ways)), command)
         self._calls[call] = ToolCall(session_id, call, tool, command)
+        self._heard[call] = _heard_now()
         self._ways[call] = ways
         self._awaiting.add(call)
         self._write(self._tie())
@@ -244,6 +312,7 @@ class ToolProcesses:
     def _forgotten(self, call: str, _: ToolCall) -> None:
         """A call forgotten to make room for newer ones (past `_REMEMBERED`) waits for no process."""
         self._ways.pop(call, None)
+        self._groups.pop(call, None)
         self._awaiting.discard(call)
 
     async def _tie(self) -> None:
@@ -292,9 +361,36 @@ class ToolProcesses:
             log.debug("server's process group %d (%s): call %s", identity.pid, command[:80], call)
             if call is not None:
                 self._processes[identity] = call
+                self._groups[call] = Group(identity.pid, identity.started, outputs(identity.pid))
                 self._awaiting.discard(call)
                 if self.recorder is not None and server is not None:
                     self._write(self.recorder.record(identity, command, server, self._calls[call]))
+        if self._awaiting:
+            self._tie_leaderless(server_pid)
+
+    def _tie_leaderless(self, server_pid: int) -> None:
+        """Tie the groups whose leader exited before it was seen, each to the one call it fits."""
+        known = {group.leader for group in self._groups.values()}
+        since = min((self._heard.get(call, 0) for call in self._awaiting), default=0)
+        parents = {server_pid, os.getpid(), 1}
+        if (server := stat(server_pid)) is not None:
+            parents.add(server.parent)
+        for group, members in leaderless(parents, since).items():
+            if group in known or (call := self._call_of_group(members)) is None:
+                continue
+            log.debug("group %d, its leader gone (%s): call %s", group, members[0].command[:80], call)
+            self._groups[call] = Group(group, None)
+            self._awaiting.discard(call)
+
+    def _call_of_group(self, members: list[Member]) -> str | None:
+        """The one waiting call heard of before every process of a group started; of several, the
+        one whose command holds one of theirs."""
+        first = min(member.started for member in members)
+        fitting = [call for call in self._awaiting if self._heard.get(call, first + 1) <= first]
+        if len(fitting) > 1:
+            ran = [member.command for member in members if member.command not in ("", "?")]
+            fitting = [call for call in fitting if any(each in self._calls[call].command for each in ran)]
+        return fitting[0] if len(fitting) == 1 else None
 
     def _call_for(self, command: str) -> str | None:
         """The one waiting call whose command this process runs: as a shell's script (1.18's v2,
@@ -312,6 +408,10 @@ class ToolProcesses:
             if way in self._ways.get(call, ()) and self._calls[call].command.endswith(ran)
         ]
         return fitting[0] if len(fitting) == 1 else None
+
+
+def _heard_now() -> int:
+    return ticks_since_boot() - int(_HEARD_MARGIN_S * os.sysconf("SC_CLK_TCK"))
 
 
 def _group_leaders_below(parent: int) -> list[Identity]:

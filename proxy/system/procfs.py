@@ -6,11 +6,13 @@ Every reader returns None for a process that is gone, or not ours to read, by th
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 PROC = Path("/proc")
+_BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,3 +58,10 @@ def program_name(command: str) -> str:
 def pids() -> Iterator[int]:
     """Every process id in /proc right now."""
     return (int(entry.name) for entry in PROC.iterdir() if entry.name.isdigit())
+
+
+def ticks_since_boot() -> int:
+    """Now, in the unit of /proc's start times (clock ticks since boot); 0 where unknown."""
+    if _BOOT_CLOCK is None:
+        return 0
+    return time.clock_gettime_ns(_BOOT_CLOCK) * os.sysconf("SC_CLK_TCK") // 1_000_000_000

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from proxy.system.procfs import pids, stat
+from proxy.system.procfs import pids, stat, ticks_since_boot
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -48,16 +48,6 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-_BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", None)
-
-
-def _ticks_since_boot() -> int:
-    """Now, in the unit of /proc's start times (clock ticks since boot); 0 where unknown."""
-    if _BOOT_CLOCK is None:
-        return 0
-    return time.clock_gettime_ns(_BOOT_CLOCK) * os.sysconf("SC_CLK_TCK") // 1_000_000_000
-
-
 def _start_of(pid: int) -> int | None:
     found = stat(pid)
     return found.started if found is not None else None
@@ -75,7 +65,7 @@ class _OwnChildren:
 
     @contextlib.contextmanager
     def starting(self) -> Iterator[Callable[[int], None]]:
-        since = _ticks_since_boot()
+        since = ticks_since_boot()
         with self._lock:
             self._starting.append(since)
         try:

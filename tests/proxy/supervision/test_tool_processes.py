@@ -16,7 +16,8 @@ import pytest
 from proxy.opencode.tracker import FollowedEvent
 from proxy.supervision import tool_processes
 from proxy.supervision.tool_processes import ToolProcesses
-from proxy.system.procfs import stat
+from proxy.system.process_groups import Member
+from proxy.system.procfs import stat, ticks_since_boot
 
 
 class Tools(list[subprocess.Popen[bytes]]):
@@ -244,3 +245,50 @@ async def test_processes_reported_once_are_remembered_up_to_a_bound(
     watcher.following()
     await watcher.flush()
     assert len(watcher._reported) == 2
+
+
+def gone_leader(monkeypatch: pytest.MonkeyPatch, group: int, *commands: str) -> None:
+    """A group whose leader exited before any look, its members started now (faked /proc)."""
+    now = ticks_since_boot()
+    found = [Member(group + 1 + n, command, now, 1) for n, command in enumerate(commands)]
+    monkeypatch.setattr(tool_processes, "leaderless", lambda parents, since: {group: found})
+
+
+async def test_a_group_whose_leader_exited_at_once_is_tied_to_the_one_call_it_fits(
+    watcher: ToolProcesses, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gone_leader(monkeypatch, 70_000, "sleep 90")
+    watcher.event(v1_part("prt_1", "running", "sleep 90 & echo started"))
+    await watcher.flush()
+    assert [(call.call, group.leader, group.leader_seen) for call, group in watcher.open_groups()] == [
+        ("prt_1", 70_000, False)
+    ]
+
+
+async def test_a_call_that_waits_for_a_person_is_no_candidate_until_answered(
+    watcher: ToolProcesses, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two calls of the same command: the one whose session waits for a permission started no
+    process, so the group is the other's; once answered, it is awaited again."""
+    watcher.event(v1_part("prt_1", "running", "sleep 90 & echo started"))
+    asked = {"sessionID": "ses_a", "id": "per_1"}
+    watcher.event(FollowedEvent("/d", None, "permission.asked", asked))
+    await watcher.flush()
+    gone_leader(monkeypatch, 70_000, "sleep 90")
+    watcher.event(v2_called("call_2", "sleep 90 & echo started"))
+    await watcher.flush()
+    assert [call.call for call, _ in watcher.open_groups()] == ["call_2"]
+    gone_leader(monkeypatch, 71_000, "sleep 90")
+    watcher.event(FollowedEvent("/d", None, "permission.replied", asked))
+    await watcher.flush()
+    assert sorted(call.call for call, _ in watcher.open_groups()) == ["call_2", "prt_1"]
+
+
+async def test_a_group_two_calls_fit_is_tied_to_neither(
+    watcher: ToolProcesses, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    watcher.event(v1_part("prt_1", "running", "sleep 90 & echo one"))
+    watcher.event(v2_called("call_2", "sleep 90 & echo two"))
+    gone_leader(monkeypatch, 70_000, "sleep 90")
+    await watcher.flush()
+    assert watcher.open_groups() == []
