@@ -2,7 +2,8 @@
 it is: while the server is still starting, the log says nothing of it that is not so (before, it
 said "event stream /global/event lost: Cannot connect" four times, later once that it "cannot be
 reached" before it was even started); the server's own lines are prefixed with its program's
-name, and the proxy's line once it answers names the address clients use."""
+name (`opencode.exe`, as the binary the suite runs is called), and the proxy's line once it answers
+names the address clients use."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from proxy.demo.model import MockModel
 
 from .http_client import get_json
-from .opencode_server import running_opencode
+from .opencode_server import opencode_binary, running_opencode
 from .polling import poll
 
 pytestmark = pytest.mark.integration
@@ -37,5 +38,5 @@ def test_a_starting_server_is_waited_for_once_and_nothing_is_said_lost(
     assert any("following /global/event" in line for line in about_the_stream)
     own = [line for line in log if "listening on http://127.0.0.1:" in line]
     assert own, "\n".join(log)
-    assert all(line.startswith("opencode| ") for line in own), own
+    assert all(line.startswith(f"{opencode_binary().name}| ") for line in own), own
     assert any(f"clients use {server.url})" in line for line in log if "server answering, pid" in line)
